@@ -1,0 +1,146 @@
+"""From an upstream answer to a priced ledger record, metrics included.
+
+Usage comes from the upstream when it reports it; otherwise it is counted with
+the tokenizer (`usage_source="counted"`), which also covers streams cut short.
+Ledger writes run in the background so the reply never waits on Redis; `drain()`
+waits for them at shutdown. The ledger spools when Redis is down, so a record
+accepted here is written exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.ledger import CostLedger, SpendRecord
+from gateway.ledger.record import StatusType, UsageSourceType, usd
+from gateway.metrics import Metrics
+from gateway.runtime import DeploymentRuntime, RouteRuntime
+from gateway.tokens import count_prompt, count_text
+from gateway.upstreams.base import EndpointType
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    source: UsageSourceType
+
+
+def reported_usage(body: Mapping[str, Any]) -> Usage | None:
+    usage = body.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0)
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Usage(prompt, completion or 0, "upstream")
+
+
+def choice_texts(body: Mapping[str, Any]) -> Iterable[str]:
+    """Generated text in a reply or a stream chunk: content, tool-call arguments, text."""
+    for choice in body.get("choices") or ():
+        if not isinstance(choice, Mapping):
+            continue
+        message = choice.get("message") or choice.get("delta") or {}
+        if isinstance(message, Mapping):
+            if isinstance(message.get("content"), str):
+                yield message["content"]
+            for call in message.get("tool_calls") or ():
+                arguments = (call.get("function") or {}).get("arguments")
+                if isinstance(arguments, str):
+                    yield arguments
+        if isinstance(choice.get("text"), str):
+            yield choice["text"]
+
+
+def counted_usage(
+    model: str, endpoint: EndpointType, request: Mapping[str, Any], texts: Iterable[str]
+) -> Usage:
+    completion = sum(count_text(model, text) for text in texts)
+    return Usage(count_prompt(model, endpoint, request), completion, "counted")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Who asked what of whom; the fixed part of every record of one request."""
+
+    request_id: str
+    team: str
+    key: str
+    route: RouteRuntime
+    stream: bool
+    started: float  # time.perf_counter() at arrival
+
+
+class Accountant:
+    def __init__(self, ledger: CostLedger, metrics: Metrics) -> None:
+        self._ledger = ledger
+        self._metrics = metrics
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def settle(
+        self,
+        call: Call,
+        deployment: DeploymentRuntime,
+        usage: Usage,
+        *,
+        attempt: int = 0,
+        status: StatusType = "ok",
+        ttft_s: float | None = None,
+    ) -> SpendRecord:
+        """Price one attempt, count it in metrics and hand it to the ledger."""
+        route = call.route
+        elapsed = time.perf_counter() - call.started
+        record = SpendRecord(
+            record_id=call.request_id if attempt == 0 else f"{call.request_id}:{attempt}",
+            request_id=call.request_id,
+            ts=time.time(),
+            team=call.team,
+            key=call.key,
+            route=route.name,
+            tier=deployment.tier,
+            deployment=deployment.name,
+            model=deployment.target.model,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cost_nanos=deployment.price.cost_nanos(usage.prompt_tokens, usage.completion_tokens),
+            reference_model=route.reference_model,
+            reference_cost_nanos=route.reference_price.cost_nanos(
+                usage.prompt_tokens, usage.completion_tokens
+            ),
+            status=status,
+            usage_source=usage.source,
+            stream=call.stream,
+            latency_ms=round(elapsed * 1000, 3),
+            ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+        )
+        self._observe(record, deployment)
+        task = asyncio.get_running_loop().create_task(self._ledger.record(record))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return record
+
+    def _observe(self, record: SpendRecord, deployment: DeploymentRuntime) -> None:
+        m = self._metrics
+        labels = (record.route, record.deployment, record.team)
+        m.tokens.labels(*labels, "prompt").inc(record.prompt_tokens)
+        m.tokens.labels(*labels, "completion").inc(record.completion_tokens)
+        m.cost.labels(*labels).inc(usd(record.cost_nanos))
+        m.reference_cost.labels(record.route, record.team).inc(usd(record.reference_cost_nanos))
+        if not deployment.price.priced:
+            m.unpriced.labels(record.deployment).inc()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for background ledger writes (shutdown)."""
+        if self._pending:
+            _, late = await asyncio.wait(set(self._pending), timeout=timeout_s)
+            if late:
+                log.error("%d ledger writes still pending at shutdown", len(late))

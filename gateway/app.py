@@ -1,0 +1,146 @@
+"""The application factory. No import-time side effects: clients, the ledger and the
+policy reloader are created in the lifespan and closed with it.
+
+    uvicorn gateway.app:create_app --factory
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway import admin, endpoints
+from gateway.accounting import Accountant
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.executor import Executor
+from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
+from gateway.metrics import Metrics
+from gateway.proxy import Proxy, new_request_id
+from gateway.runtime import build_runtime
+from gateway.services import Services
+from gateway.settings import Settings
+from gateway.upstreams.base import UpstreamClient
+from gateway.upstreams.litellm_impl import LiteLLMClient
+from gateway.upstreams.openai_impl import OpenAICompatibleClient
+from policies import PolicyReloader, load_policy
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = await start_services(settings)
+        app.state.services = services
+        try:
+            yield
+        finally:
+            await stop_services(services)
+
+    app = FastAPI(title="cascade-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(endpoints.router)
+    app.include_router(admin.router)
+    app.add_exception_handler(GatewayError, gateway_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, validation_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, unexpected_error_handler)
+    return app
+
+
+def make_store(settings: Settings) -> LedgerStore:
+    if settings.redis_url:
+        return RedisStore(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            stream_maxlen=settings.ledger_stream_maxlen,
+        )
+    log.warning("REDIS_URL is not set: the ledger is in memory and lost on restart")
+    return MemoryStore(stream_maxlen=settings.ledger_stream_maxlen)
+
+
+async def start_services(settings: Settings) -> Services:
+    loaded = load_policy(settings.policy)
+    metrics = Metrics()
+    store = make_store(settings)
+    ledger = CostLedger(store, Spool(settings.spool_path))
+    ledger.start()
+    clients: dict[str, UpstreamClient] = {
+        "openai": OpenAICompatibleClient(
+            settings.upstream_max_connections, settings.upstream_max_keepalive
+        ),
+        "litellm": LiteLLMClient(),
+    }
+    accountant = Accountant(ledger, metrics)
+    executor = Executor(clients, metrics, settings.max_retry_wait_s)
+    services = Services(
+        settings=settings,
+        runtime=build_runtime(loaded),
+        metrics=metrics,
+        store=store,
+        ledger=ledger,
+        accountant=accountant,
+        proxy=Proxy(executor, accountant, metrics),
+        clients=clients,
+    )
+    services.reloader = PolicyReloader(
+        settings.policy,
+        services.apply,
+        interval_s=loaded.policy.gateway.reload_interval_s,
+        initial=loaded,
+    )
+    services.reloader.start()
+    return services
+
+
+async def stop_services(services: Services) -> None:
+    if services.reloader is not None:
+        await services.reloader.stop()
+    await services.accountant.drain(services.settings.shutdown_grace_s)
+    await services.ledger.stop()
+    for client in services.clients.values():
+        await client.close()
+    await services.store.close()
+
+
+def error_response(request: Request, error: GatewayError) -> Response:
+    request_id = getattr(request.state, "request_id", None) or new_request_id()
+    services: Services | None = getattr(request.app.state, "services", None)
+    if services is not None:
+        route = getattr(request.state, "route", "-")
+        services.metrics.errors.labels(str(route), error.type).inc()
+    headers = {"x-request-id": request_id, **error.headers}
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+async def gateway_error_handler(request: Request, exc: GatewayError) -> Response:
+    return error_response(request, exc)
+
+
+async def http_error_handler(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        error: GatewayError = NotFound(f"no such endpoint: {request.url.path}", code="not_found")
+    else:
+        error = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}")
+        error.status = exc.status_code  # type: ignore[misc]
+    return error_response(request, error)
+
+
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> Response:
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return error_response(request, InvalidRequest(str(first.get("msg", exc)), param=param))
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    error = GatewayError("internal error in the gateway; the request id identifies it in the logs")
+    return error_response(request, error)

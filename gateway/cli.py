@@ -1,0 +1,150 @@
+"""`cascade-gateway` command line: serve, policy check/explain, keys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from policies.keys import hash_key
+from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
+
+log = logging.getLogger("gateway")
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.settings import Settings
+
+    given = {"policy": args.policy, "host": args.host, "port": args.port, "workers": args.workers}
+    settings = Settings(**{name: value for name, value in given.items() if value is not None})
+    load_policy(settings.policy)  # fail fast, with the precise message, before binding
+    # Workers are separate processes that build their own Settings from the environment.
+    os.environ["CASCADE_POLICY"] = str(settings.policy)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        "gateway.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        access_log=False,  # per-request logging costs more than the proxying itself
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    return 0
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_policy(Path(args.path))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    policy = loaded.policy
+    print(
+        f"{args.path}: ok ({len(policy.deployments)} deployments, {len(policy.routes)} routes, "
+        f"{len(policy.keys)} keys)"
+    )
+    for name, spec in policy.deployments.items():
+        reason = spec.unavailable_reason()
+        if reason:
+            print(f"  note: deployment '{name}' is unavailable until configured: {reason}")
+    return 0
+
+
+def cmd_policy_explain(args: argparse.Namespace) -> int:
+    from gateway.runtime import build_runtime
+
+    try:
+        runtime = build_runtime(load_policy(Path(args.path)))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    model = args.model or runtime.policy.gateway.default_route or "auto"
+    route = runtime.resolve(model)
+    plan = runtime.plan(route)
+    first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
+    decision = {
+        "prompt_chars": len(args.prompt),
+        "route": route.name,
+        "strategy": route.strategy,
+        "tier": first.tier if first else None,
+        "deployment": first.name if first else None,
+        "score": None,  # the complexity classifier arrives with the router issue
+        "fallbacks": [s.deployment for s in plan.steps[1:]],
+        "reasons": plan.reasons(),
+    }
+    print(json.dumps(decision, indent=2))
+    return 0
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    secret = "cg-" + secrets.token_urlsafe(32)
+    print(json.dumps({"key": secret, "hash": hash_key(secret)}))
+    print("store only the hash in the policy; give the key to the client once", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_hash(args: argparse.Namespace) -> int:
+    secret = sys.stdin.readline().strip()
+    if not secret:
+        print("read no key on standard input", file=sys.stderr)
+        return 1
+    print(hash_key(secret))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cascade-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--policy", help=f"policy file or directory (default {DEFAULT_POLICY_PATH})")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=int)
+    serve.set_defaults(func=cmd_serve)
+
+    policy = sub.add_parser("policy", help="validate or explain a policy").add_subparsers(
+        dest="policy_command", required=True
+    )
+    check = policy.add_parser("check", help="validate a policy file or directory")
+    check.add_argument("path")
+    check.set_defaults(func=cmd_policy_check)
+    explain = policy.add_parser("explain", help="show the routing decision for a prompt")
+    explain.add_argument("path")
+    explain.add_argument("--prompt", required=True)
+    explain.add_argument("--model", help="route or deployment (default: the default route)")
+    explain.set_defaults(func=cmd_policy_explain)
+
+    keys = sub.add_parser("keys", help="client keys").add_subparsers(
+        dest="keys_command", required=True
+    )
+    keys.add_parser("new", help="make a new key and print it with its hash").set_defaults(
+        func=cmd_keys_new
+    )
+    keys.add_parser("hash", help="print the hash of a key read from stdin").set_defaults(
+        func=cmd_keys_hash
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Command = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

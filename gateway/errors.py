@@ -1,0 +1,104 @@
+"""Gateway exceptions, each carrying the OpenAI error shape it renders as.
+
+    GatewayError                      500 api_error (never raised bare on purpose)
+    ├── InvalidRequest                400 invalid_request_error (names the field in `param`)
+    │   └── PayloadTooLarge           413
+    ├── AuthenticationFailed          401
+    ├── PermissionDenied              403
+    ├── NotFound                      404 (unknown model / route)
+    ├── RateLimited                   429 with Retry-After
+    └── UpstreamError                 502 bad gateway
+        ├── UpstreamUnavailable       503 (no deployment can take the request)
+        └── UpstreamTimeout           504
+
+Endpoints raise; one handler in `gateway.app` renders `{"error": {...}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "api_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    default_code = "payload_too_large"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    default_code = "route_not_allowed"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float, code: str | None = None) -> None:
+        super().__init__(
+            message, code=code, headers={"retry-after": str(max(1, round(retry_after_s)))}
+        )
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    default_code = "bad_gateway"
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 503
+    default_code = "no_deployment_available"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    default_code = "upstream_timeout"

@@ -1,0 +1,180 @@
+"""Carry out a plan: call deployments in order, retrying and falling back.
+
+Per deployment: up to `max_retries` further tries on retryable failures (connect
+errors, timeouts, 408/409/429/5xx), waiting `Retry-After` when the upstream gives
+one (a wait longer than the cap moves on instead), else exponential backoff with
+jitter. Non-retryable answers: a 400/413/422 is the client's fault and is returned
+at once (another deployment would reject it too); a 401/403/404 means this
+deployment is misconfigured, so the next one is tried. A stream is only retried
+before its first event reached us; after that, failures go to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    PayloadTooLarge,
+    RateLimited,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from gateway.metrics import Metrics
+from gateway.runtime import DeploymentRuntime
+from gateway.upstreams.base import (
+    EndpointType,
+    UpstreamClient,
+    UpstreamConnectFailed,
+    UpstreamFailure,
+    UpstreamReply,
+    UpstreamStatus,
+    UpstreamTimedOut,
+)
+
+log = logging.getLogger(__name__)
+
+CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+
+Call = Callable[[DeploymentRuntime], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class Completed:
+    deployment: DeploymentRuntime
+    reply: UpstreamReply
+    attempts: int
+
+
+@dataclass(slots=True)
+class Opened:
+    """A stream whose first event has arrived; `rest` yields the others."""
+
+    deployment: DeploymentRuntime
+    first: bytes
+    rest: AsyncIterator[bytes]
+    attempts: int
+
+
+class Executor:
+    def __init__(
+        self,
+        clients: Mapping[str, UpstreamClient],
+        metrics: Metrics,
+        max_retry_wait_s: float = 5.0,
+    ) -> None:
+        self._clients = clients
+        self._metrics = metrics
+        self._max_wait = max_retry_wait_s
+
+    def client_for(self, deployment: DeploymentRuntime) -> UpstreamClient:
+        return self._clients.get(deployment.provider) or self._clients["litellm"]
+
+    async def complete(
+        self, candidates: list[DeploymentRuntime], endpoint: EndpointType, body: dict[str, Any]
+    ) -> Completed:
+        async def call(d: DeploymentRuntime) -> UpstreamReply:
+            return await self.client_for(d).complete(d.target, endpoint, upstream_body(d, body))
+
+        deployment, reply, attempts = await self._run(candidates, call)
+        return Completed(deployment, reply, attempts)
+
+    async def open_stream(
+        self, candidates: list[DeploymentRuntime], endpoint: EndpointType, body: dict[str, Any]
+    ) -> Opened:
+        async def call(d: DeploymentRuntime) -> tuple[bytes, AsyncIterator[bytes]]:
+            events = self.client_for(d).stream(d.target, endpoint, upstream_body(d, body))
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                raise UpstreamFailure(f"deployment '{d.name}' closed the stream empty") from None
+            except BaseException:
+                await _close(events)
+                raise
+            return first, events
+
+        deployment, (first, rest), attempts = await self._run(candidates, call)
+        return Opened(deployment, first, rest, attempts)
+
+    async def _run(self, candidates: list[DeploymentRuntime], call: Call) -> tuple[Any, Any, int]:
+        failures: list[UpstreamFailure] = []
+        attempts = 0
+        for deployment in candidates:
+            for retry in range(deployment.max_retries + 1):
+                attempts += 1
+                try:
+                    result = await call(deployment)
+                except UpstreamFailure as failure:
+                    failures.append(failure)
+                    wait = self._next_wait(deployment, failure, retry)
+                    self._count(deployment, "retry" if wait is not None else "fallback")
+                    log.info("attempt %d failed: %s", attempts, failure.message)
+                    if wait is None:
+                        break
+                    await asyncio.sleep(wait)
+                else:
+                    self._count(deployment, "ok")
+                    return deployment, result, attempts
+        raise final_error(candidates, failures)
+
+    def _next_wait(
+        self, deployment: DeploymentRuntime, failure: UpstreamFailure, retry: int
+    ) -> float | None:
+        """Seconds to wait before retrying here, or None to move to the next deployment."""
+        if isinstance(failure, UpstreamStatus) and failure.status in CLIENT_FAULT_STATUSES:
+            raise client_fault(failure) from failure
+        if not failure.retryable or retry >= deployment.max_retries:
+            return None
+        if failure.retry_after_s is not None:
+            return failure.retry_after_s if failure.retry_after_s <= self._max_wait else None
+        backoff = deployment.retry_backoff_s * (2**retry)
+        return min(self._max_wait, backoff * random.uniform(0.5, 1.5))
+
+    def _count(self, deployment: DeploymentRuntime, outcome: str) -> None:
+        self._metrics.upstream_attempts.labels(deployment.name, outcome).inc()
+
+
+def upstream_body(deployment: DeploymentRuntime, body: dict[str, Any]) -> dict[str, Any]:
+    """The client's body with the deployment's model name; every other field untouched."""
+    return {**body, "model": deployment.target.model}
+
+
+def client_fault(failure: UpstreamStatus) -> GatewayError:
+    error_type = PayloadTooLarge if failure.status == 413 else InvalidRequest
+    return error_type(f"upstream rejected the request: {failure.message}")
+
+
+def final_error(candidates: list[DeploymentRuntime], failures: list[UpstreamFailure]) -> GatewayError:
+    if not candidates:
+        return UpstreamUnavailable("no deployment is available for this route")
+    summary = "; ".join(f.message for f in failures[-3:])
+    names = ", ".join(d.name for d in candidates)
+    if failures and all(f.status == 429 for f in failures):
+        waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
+        return RateLimited(
+            f"every deployment is rate limited ({names}): {summary}",
+            retry_after_s=min(waits) if waits else 1.0,
+            code="upstream_rate_limited",
+        )
+    if failures and all(isinstance(f, UpstreamTimedOut) for f in failures):
+        return UpstreamTimeout(f"every deployment timed out ({names}): {summary}")
+    if failures and all(_is_unavailable(f) for f in failures):
+        return UpstreamUnavailable(f"no deployment could take the request ({names}): {summary}")
+    return UpstreamError(f"every deployment failed ({names}): {summary}")
+
+
+def _is_unavailable(failure: UpstreamFailure) -> bool:
+    return isinstance(failure, UpstreamConnectFailed) or failure.status in (429, 503)
+
+
+async def _close(events: AsyncIterator[bytes]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()

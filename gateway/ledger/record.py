@@ -1,0 +1,109 @@
+"""What the ledger stores: one priced attempt at an upstream call.
+
+Money is kept as integer nano-dollars (1e-9 USD) so that sums in Redis
+(HINCRBY) and in memory are exact; `usd()` converts for display.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+# Dimensions an aggregate can be grouped by (besides `day`).
+DIMENSIONS: tuple[str, ...] = ("team", "key", "route", "tier", "deployment", "model")
+DimensionType = Literal["day", "team", "key", "route", "tier", "deployment", "model"]
+StatusType = Literal["ok", "error", "partial"]
+UsageSourceType = Literal["upstream", "counted", "none"]
+
+NANOS_PER_USD = 1_000_000_000
+
+
+def to_nanos(usd: float) -> int:
+    return round(usd * NANOS_PER_USD)
+
+
+def usd(nanos: int) -> float:
+    return nanos / NANOS_PER_USD
+
+
+@dataclass(frozen=True, slots=True)
+class SpendRecord:
+    """One priced upstream attempt. `record_id` is the idempotency key:
+    `<request_id>` for the first attempt, `<request_id>:<n>` for later ones."""
+
+    record_id: str
+    request_id: str
+    ts: float  # unix seconds, when the attempt finished
+    team: str
+    key: str  # the key's id, never the secret
+    route: str
+    tier: str
+    deployment: str
+    model: str  # the upstream model name
+    prompt_tokens: int
+    completion_tokens: int
+    cost_nanos: int
+    reference_model: str
+    reference_cost_nanos: int
+    status: StatusType = "ok"
+    usage_source: UsageSourceType = "upstream"
+    stream: bool = False
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    escalations: int = 0
+
+    @property
+    def day(self) -> str:
+        return datetime.fromtimestamp(self.ts, UTC).strftime("%Y-%m-%d")
+
+    def dimension(self, name: str) -> str:
+        return self.day if name == "day" else str(getattr(self, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SpendRecord:
+        """Inverse of `to_dict`; also accepts the all-strings form a Redis Stream returns."""
+        kwargs: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            if field.name not in data:
+                continue
+            kwargs[field.name] = _coerce(field.name, data[field.name])
+        return cls(**kwargs)
+
+
+_INTS = {"prompt_tokens", "completion_tokens", "cost_nanos", "reference_cost_nanos", "escalations"}
+_FLOATS = {"ts", "latency_ms"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in _INTS:
+        return int(value)
+    if name in _FLOATS:
+        return float(value)
+    if name == "ttft_ms":
+        return None if value in (None, "", "None") else float(value)
+    if name == "stream":
+        return value in (True, "1", "true", "True", 1)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateRow:
+    """Totals for one group (e.g. {"team": "research", "day": "2026-11-30"})."""
+
+    group: dict[str, str]
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_nanos: int
+    reference_cost_nanos: int
+
+    @property
+    def savings_nanos(self) -> int:
+        return self.reference_cost_nanos - self.cost_nanos

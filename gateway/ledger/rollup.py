@@ -1,0 +1,70 @@
+"""Summing metrics into `AggregateRow`s, shared by the ledger stores.
+
+A store feeds `Rollup.add` with (group values, metric totals) pairs in whatever order
+it reads them; `rows()` returns one row per group, sorted by the group values so that
+every store answers the same query with the same list. Groups with no records produce
+no rows, so an empty ledger aggregates to `[]` even with an empty `group_by`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
+
+# The order of AggregateRow's counters; Redis field names use these words.
+METRICS: tuple[str, ...] = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_nanos",
+    "reference_cost_nanos",
+)
+GROUPABLE: tuple[str, ...] = ("day", *DIMENSIONS)
+
+
+def check_group_by(group_by: Sequence[str]) -> tuple[str, ...]:
+    """Validate `group_by` and drop repeats, keeping the caller's order."""
+    names = tuple(dict.fromkeys(group_by))
+    for name in names:
+        if name not in GROUPABLE:
+            raise ValueError(f"cannot group by {name!r}; choose from {', '.join(GROUPABLE)}")
+    return names
+
+
+def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
+    """The counters one record adds, in `METRICS` order."""
+    return (
+        1,
+        int(rec.status == "error"),
+        rec.prompt_tokens,
+        rec.completion_tokens,
+        rec.cost_nanos,
+        rec.reference_cost_nanos,
+    )
+
+
+class Rollup:
+    """Totals per group for one `aggregate` query.
+
+    >>> rollup = Rollup(("team",)); rollup.add(("research",), (1, 0, 10, 5, 300, 900))
+    """
+
+    def __init__(self, group_by: tuple[str, ...]) -> None:
+        self.group_by = group_by
+        self._totals: dict[tuple[str, ...], list[int]] = {}
+
+    def add(self, group: tuple[str, ...], amounts: Sequence[int]) -> None:
+        totals = self._totals.setdefault(group, [0] * len(METRICS))
+        for i, amount in enumerate(amounts):
+            totals[i] += amount
+
+    def add_metric(self, group: tuple[str, ...], metric: int, amount: int) -> None:
+        self._totals.setdefault(group, [0] * len(METRICS))[metric] += amount
+
+    def rows(self) -> list[AggregateRow]:
+        return [
+            AggregateRow(dict(zip(self.group_by, group, strict=True)), *totals)
+            for group, totals in sorted(self._totals.items())
+        ]

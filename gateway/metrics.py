@@ -1,0 +1,96 @@
+"""Prometheus metrics, on a registry owned by the app (no module globals), so
+several apps in one process (tests) do not collide.
+
+Names are a contract with dashboards/ and alert rules: change them together.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Latency buckets in seconds: gateway overhead is sub-millisecond, LLM calls take seconds.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "cascade_requests",
+            "Requests answered, by route, deployment, team and HTTP status",
+            ["route", "deployment", "team", "status"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "cascade_errors", "Error replies by route and error type", ["route", "type"], registry=r
+        )
+        self.latency = Histogram(
+            "cascade_request_duration_seconds",
+            "End-to-end request latency through the gateway",
+            ["route", "deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "cascade_ttft_seconds",
+            "Time to first token (first streamed chunk) through the gateway",
+            ["route", "deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "cascade_tokens",
+            "Tokens by route, deployment, team and kind (prompt or completion)",
+            ["route", "deployment", "team", "kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "cascade_cost_usd",
+            "Spend in USD by route, deployment and team",
+            ["route", "deployment", "team"],
+            registry=r,
+        )
+        self.reference_cost = Counter(
+            "cascade_reference_cost_usd",
+            "What the same requests would have cost on the route's reference model",
+            ["route", "team"],
+            registry=r,
+        )
+        self.upstream_attempts = Counter(
+            "cascade_upstream_attempts",
+            "Upstream calls by deployment and outcome (ok, retry, fallback, error)",
+            ["deployment", "outcome"],
+            registry=r,
+        )
+        self.unpriced = Counter(
+            "cascade_unpriced_requests",
+            "Requests served by a deployment with no known price",
+            ["deployment"],
+            registry=r,
+        )
+        self.ledger_spooled = Counter(
+            "cascade_ledger_spooled_records",
+            "Spend records written to the local spool while the ledger store was down",
+            registry=r,
+        )
+        self.ledger_degraded = Gauge(
+            "cascade_ledger_degraded", "1 while the ledger store is unreachable", registry=r
+        )
+        self.policy_reloads = Counter(
+            "cascade_policy_reloads", "Policy reload attempts by result", ["result"], registry=r
+        )
+        self.deployment_available = Gauge(
+            "cascade_deployment_available",
+            "1 when a deployment is configured and usable",
+            ["deployment", "tier"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,195 @@
+"""The request lifecycle after auth and validation: route, plan, execute, account, reply.
+
+Non-streaming replies forward the upstream's bytes unchanged. Streams are forwarded
+event by event as they arrive; the gateway always asks the upstream for usage
+(`stream_options.include_usage`) so it can price the stream, and drops the usage-only
+event again when the client did not ask for it. A stream cut short (client gone,
+upstream reset) is priced from the events seen so far, counted with the tokenizer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from gateway.accounting import Accountant, Call, Usage, choice_texts, counted_usage, reported_usage
+from gateway.auth import Principal
+from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
+from gateway.executor import Executor, Opened
+from gateway.ledger.record import StatusType, usd
+from gateway.metrics import Metrics
+from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.upstreams.base import EndpointType, UpstreamFailure
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex
+
+
+class Proxy:
+    def __init__(self, executor: Executor, accountant: Accountant, metrics: Metrics) -> None:
+        self._executor = executor
+        self._accountant = accountant
+        self._metrics = metrics
+
+    async def handle(
+        self,
+        runtime: Runtime,
+        principal: Principal,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        request_id: str,
+        body_size: int,
+    ) -> Response:
+        started = time.perf_counter()
+        route = runtime.resolve(body["model"])
+        principal.check_route(route.name)
+        if route.max_body_bytes is not None and body_size > route.max_body_bytes:
+            raise PayloadTooLarge(
+                f"request body is {body_size} bytes; route '{route.name}' accepts at most "
+                f"{route.max_body_bytes}"
+            )
+        candidates = self._candidates(runtime, route)
+        call = Call(request_id, principal.team, principal.key_id, route, bool(body.get("stream")), started)
+        if call.stream:
+            return await self._stream(call, candidates, endpoint, body)
+        return await self._complete(call, candidates, endpoint, body)
+
+    def _candidates(self, runtime: Runtime, route: RouteRuntime) -> list[DeploymentRuntime]:
+        plan = runtime.plan(route)
+        if not plan.steps:
+            reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
+            raise UpstreamUnavailable(f"route '{route.name}' has no available deployment ({reasons})")
+        return [runtime.deployments[step.deployment] for step in plan.steps]
+
+    async def _complete(
+        self,
+        call: Call,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+    ) -> Response:
+        done = await self._executor.complete(candidates, endpoint, body)
+        reply = done.reply.body
+        usage = reported_usage(reply) or counted_usage(
+            done.deployment.target.model, endpoint, body, choice_texts(reply)
+        )
+        record = self._accountant.settle(call, done.deployment, usage)
+        self._observe(call, done.deployment, "200")
+        headers = cascade_headers(call, done.deployment, done.attempts)
+        headers["x-cascade-cost-usd"] = f"{usd(record.cost_nanos):.9f}"
+        content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
+        return Response(content, media_type="application/json", headers=headers)
+
+    async def _stream(
+        self,
+        call: Call,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+    ) -> Response:
+        options = body.get("stream_options") or {}
+        wants_usage = bool(options.get("include_usage"))
+        upstream = {**body, "stream_options": {**options, "include_usage": True}}
+        opened = await self._executor.open_stream(candidates, endpoint, upstream)
+        ttft = time.perf_counter() - call.started
+        self._metrics.ttft.labels(call.route.name, opened.deployment.name).observe(ttft)
+        events = self._relay(call, opened, endpoint, body, wants_usage, ttft)
+        headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+    async def _relay(
+        self,
+        call: Call,
+        opened: Opened,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        wants_usage: bool,
+        ttft: float,
+    ) -> AsyncIterator[bytes]:
+        seen: list[bytes] = []
+        usage: Usage | None = None
+        status: StatusType = "partial"
+        try:
+            payload: bytes | None = opened.first
+            while payload is not None:
+                seen.append(payload)
+                forward = True
+                if b'"usage"' in payload and (event := _parse(payload)) is not None:
+                    usage = reported_usage(event) or usage
+                    forward = wants_usage or bool(event.get("choices"))
+                if forward:
+                    yield b"data: " + payload + b"\n\n"
+                payload = await anext(opened.rest, None)
+            status = "ok"
+            yield b"data: [DONE]\n\n"
+        except UpstreamFailure as failure:
+            # Bytes already reached the client: no silent retry, tell it in-band.
+            log.warning("stream %s broke after it started: %s", call.request_id, failure.message)
+            yield sse_error(failure)
+        finally:
+            if usage is None:
+                usage = counted_usage(
+                    opened.deployment.target.model, endpoint, body, _stream_texts(seen)
+                )
+            self._accountant.settle(call, opened.deployment, usage, status=status, ttft_s=ttft)
+            self._observe(call, opened.deployment, "200")
+            await _close(opened.rest)
+
+    def _observe(self, call: Call, deployment: DeploymentRuntime, status: str) -> None:
+        m = self._metrics
+        m.requests.labels(call.route.name, deployment.name, call.team, status).inc()
+        m.latency.labels(call.route.name, deployment.name).observe(time.perf_counter() - call.started)
+
+
+def cascade_headers(call: Call, deployment: DeploymentRuntime, attempts: int) -> dict[str, str]:
+    return {
+        "x-request-id": call.request_id,
+        "x-cascade-route": call.route.name,
+        "x-cascade-deployment": deployment.name,
+        "x-cascade-tier": deployment.tier,
+        "x-cascade-escalations": "0",
+        "x-cascade-attempts": str(attempts),
+    }
+
+
+def sse_error(failure: UpstreamFailure) -> bytes:
+    error = GatewayError(f"upstream stream failed: {failure.message}", code="upstream_stream_error")
+    body = error.body()
+    body["error"]["type"] = "upstream_error"
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _parse(payload: bytes) -> dict[str, Any] | None:
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _stream_texts(payloads: list[bytes]) -> list[str]:
+    texts: list[str] = []
+    for payload in payloads:
+        if (event := _parse(payload)) is not None:
+            texts.extend(choice_texts(event))
+    return texts
+
+
+async def _close(events: AsyncIterator[bytes]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:  # closing a broken upstream stream: nothing left to save
+            log.debug("closing upstream stream failed", exc_info=True)

@@ -1,0 +1,203 @@
+"""A loaded policy compiled for the request path: prices, upstream targets, key table.
+
+A `Runtime` is immutable. A reload builds a new one and swaps the reference, so a
+request keeps the snapshot it started with while new requests see the new policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.auth import ANONYMOUS_KEY_ID, KeyTable, Principal
+from policies.keys import hash_key
+from gateway.errors import NotFound
+from gateway.pricing import (
+    UNPRICED,
+    TokenPrice,
+    lookup_litellm,
+    policy_price,
+    self_hosted_price,
+)
+from gateway.upstreams.base import UpstreamTarget
+from policies import LoadedPolicy
+from policies.schema import Deployment, Policy
+from router import DeploymentView, Plan, plan_route
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRuntime:
+    name: str
+    tier: str
+    provider: str
+    target: UpstreamTarget
+    price: TokenPrice
+    max_retries: int
+    retry_backoff_s: float
+    unavailable_reason: str | None
+
+    @property
+    def view(self) -> DeploymentView:
+        return DeploymentView(self.name, self.tier, self.unavailable_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRuntime:
+    name: str
+    strategy: str
+    deployments: tuple[str, ...]
+    reference_model: str
+    reference_price: TokenPrice
+    max_body_bytes: int | None = None
+    direct: bool = False  # `model` named a deployment, not a route
+
+
+@dataclass(frozen=True)
+class Runtime:
+    policy: Policy
+    digest: str
+    keys: KeyTable
+    deployments: Mapping[str, DeploymentRuntime]
+    routes: Mapping[str, RouteRuntime]
+    max_body_bytes: int
+    loaded_at: float = field(default_factory=time.time)
+
+    def resolve(self, model: str) -> RouteRuntime:
+        """The route for a request's `model`: a route name or a deployment name."""
+        route = self.routes.get(model)
+        if route is not None:
+            return route
+        deployment = self.deployments.get(model)
+        if deployment is not None:
+            return RouteRuntime(
+                name=deployment.name,
+                strategy="fixed",
+                deployments=(deployment.name,),
+                reference_model=deployment.target.model,
+                reference_price=deployment.price,
+                direct=True,
+            )
+        known = ", ".join(sorted(self.routes))
+        raise NotFound(
+            f"model '{model}' is neither a route nor a deployment; routes: {known}",
+            param="model",
+        )
+
+    def plan(self, route: RouteRuntime) -> Plan:
+        views = [self.deployments[name].view for name in route.deployments]
+        return plan_route(route.name, route.strategy, views)
+
+    def visible_models(self, principal: Principal) -> list[str]:
+        names = list(self.routes) + list(self.deployments)
+        return [name for name in names if principal.can_use(name)]
+
+
+def build_runtime(loaded: LoadedPolicy) -> Runtime:
+    policy = loaded.policy
+    deployments = {
+        name: _deployment(name, spec) for name, spec in policy.deployments.items()
+    }
+    routes = {
+        name: RouteRuntime(
+            name=name,
+            strategy=spec.strategy,
+            deployments=tuple(spec.deployments),
+            reference_model=_reference_name(spec.reference_model, spec.deployments, deployments),
+            reference_price=_reference_price(spec.reference_model, spec.deployments, deployments),
+            max_body_bytes=spec.max_body_bytes,
+        )
+        for name, spec in policy.routes.items()
+    }
+    return Runtime(
+        policy=policy,
+        digest=loaded.digest,
+        keys=_key_table(policy),
+        deployments=deployments,
+        routes=routes,
+        max_body_bytes=policy.gateway.max_body_bytes,
+    )
+
+
+def _deployment(name: str, spec: Deployment) -> DeploymentRuntime:
+    target = UpstreamTarget(
+        deployment=name,
+        provider=spec.provider,
+        model=spec.model,
+        api_base=spec.api_base,
+        api_key=spec.api_key,
+        timeout_s=spec.timeout_s,
+        connect_timeout_s=spec.connect_timeout_s,
+        headers=dict(spec.headers),
+    )
+    return DeploymentRuntime(
+        name=name,
+        tier=spec.tier,
+        provider=spec.provider,
+        target=target,
+        price=_deployment_price(name, spec),
+        max_retries=spec.max_retries,
+        retry_backoff_s=spec.retry_backoff_s,
+        unavailable_reason=spec.unavailable_reason(),
+    )
+
+
+def _deployment_price(name: str, spec: Deployment) -> TokenPrice:
+    if spec.price is not None:
+        return policy_price(spec.price.input_per_mtok, spec.price.output_per_mtok)
+    if spec.self_hosted is not None:
+        return self_hosted_price(spec.self_hosted.gpu_hour_usd, spec.self_hosted.tokens_per_second)
+    price = lookup_litellm(spec.pricing_model or spec.model, spec.provider)
+    if not price.priced:
+        log.warning(
+            "deployment '%s' (model '%s') has no price in litellm's map and none in the "
+            "policy: its requests are recorded as unpriced",
+            name,
+            spec.pricing_model or spec.model,
+        )
+    return price
+
+
+def _reference_name(
+    reference: str | None, route_deployments: list[str], deployments: Mapping[str, DeploymentRuntime]
+) -> str:
+    if reference is None:  # no counterfactual: the first deployment is its own reference
+        return deployments[route_deployments[0]].target.model
+    return deployments[reference].target.model if reference in deployments else reference
+
+
+def _reference_price(
+    reference: str | None, route_deployments: list[str], deployments: Mapping[str, DeploymentRuntime]
+) -> TokenPrice:
+    if reference is None:
+        return deployments[route_deployments[0]].price
+    if reference in deployments:
+        return deployments[reference].price
+    price = lookup_litellm(reference)
+    if not price.priced:
+        log.warning("reference model '%s' has no price in litellm's map", reference)
+    return price if price.priced else UNPRICED
+
+
+def _key_table(policy: Policy) -> KeyTable:
+    principals: dict[str, Principal] = {}
+    for key_id, key in policy.keys.items():
+        digest = key.hash or (hash_key(key.secret) if key.secret else None)
+        if digest is None:  # its ${ENV} secret is unset: the key is disabled
+            continue
+        principals[digest] = Principal(key_id, key.team, _allowed(policy, key.team, key.allowed_routes))
+    admin = frozenset(hash_key(secret) for secret in policy.admin_keys if secret)
+    anonymous = None
+    if policy.auth.anonymous_team is not None:
+        team = policy.auth.anonymous_team
+        anonymous = Principal(ANONYMOUS_KEY_ID, team, _allowed(policy, team, None))
+    return KeyTable(principals=principals, admin_hashes=admin, anonymous=anonymous)
+
+
+def _allowed(policy: Policy, team: str, key_routes: list[str] | None) -> frozenset[str] | None:
+    team_spec = policy.teams.get(team)
+    routes = key_routes if key_routes is not None else (team_spec.allowed_routes if team_spec else ["*"])
+    return None if "*" in routes else frozenset(routes)

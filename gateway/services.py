@@ -1,0 +1,45 @@
+"""Everything a handler needs, built in the app's lifespan and closed with it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from gateway.accounting import Accountant
+from gateway.ledger import CostLedger, LedgerStore
+from gateway.metrics import Metrics
+from gateway.proxy import Proxy
+from gateway.runtime import Runtime, build_runtime
+from gateway.settings import Settings
+from gateway.upstreams.base import UpstreamClient
+from policies import LoadedPolicy, PolicyReloader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    runtime: Runtime  # swapped whole on reload; a request reads it once
+    metrics: Metrics
+    store: LedgerStore
+    ledger: CostLedger
+    accountant: Accountant
+    proxy: Proxy
+    clients: dict[str, UpstreamClient]
+    reloader: PolicyReloader | None = None
+    last_reload_error: str | None = field(default=None)
+
+    def apply(self, loaded: LoadedPolicy) -> None:
+        """Swap in a newly loaded policy (called by the reloader and /admin/reload)."""
+        self.runtime = build_runtime(loaded)
+        self.last_reload_error = None
+        self.metrics.policy_reloads.labels("ok").inc()
+        log.info("policy reloaded (digest %s)", loaded.digest[:12])
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services

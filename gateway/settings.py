@@ -1,0 +1,38 @@
+"""Process settings, read once from the environment (prefix CASCADE_).
+
+Policy (deployments, routes, keys) lives in YAML; these are the knobs of the
+process itself. `REDIS_URL` is read without the prefix, as most platforms set it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from policies import DEFAULT_POLICY_PATH
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CASCADE_", extra="ignore")
+
+    policy: Path = DEFAULT_POLICY_PATH
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 1
+    log_level: str = "info"
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("CASCADE_REDIS_URL", "REDIS_URL")
+    )
+    redis_prefix: str = "cg:"
+    ledger_stream_maxlen: int = 100_000
+    # Spend records written while Redis is unreachable; replayed when it returns.
+    spool_path: Path = Path("var/ledger.spool")
+    # Upstream connection pool (shared by every OpenAI-compatible deployment).
+    upstream_max_connections: int = 1000
+    upstream_max_keepalive: int = 200
+    # Cap on one backoff wait; a longer Retry-After moves on to the next deployment.
+    max_retry_wait_s: float = 5.0
+    # Seconds to wait for in-flight ledger writes on shutdown.
+    shutdown_grace_s: float = 10.0

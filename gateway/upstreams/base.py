@@ -1,0 +1,95 @@
+"""The interface of an upstream client, and the failures it raises.
+
+    UpstreamFailure             anything that kept an attempt from producing an answer
+    ├── UpstreamStatus          the upstream answered with an HTTP error status
+    ├── UpstreamConnectFailed   could not connect / connection reset before the answer
+    └── UpstreamTimedOut        no answer within the deployment's timeout
+
+Implementations translate their library's exceptions into these, `raise ... from exc`,
+so the executor decides retries and fallback from one small vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+EndpointType = Literal["chat", "completions", "embeddings"]
+
+# Statuses worth another try (on this deployment after backoff, or on the next one).
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTarget:
+    """Everything a client needs to call one deployment."""
+
+    deployment: str
+    provider: str  # "openai" (any OpenAI-compatible server) or a litellm provider ("anthropic")
+    model: str
+    api_base: str | None
+    api_key: str | None
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 5.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class UpstreamFailure(Exception):
+    retryable: bool = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.body = body
+
+
+class UpstreamStatus(UpstreamFailure):
+    def __init__(self, message: str, *, status: int, **kwargs: Any) -> None:
+        super().__init__(message, status=status, **kwargs)
+        self.retryable = status in RETRYABLE_STATUSES
+
+
+class UpstreamConnectFailed(UpstreamFailure):
+    pass
+
+
+class UpstreamTimedOut(UpstreamFailure):
+    pass
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    """A non-streaming answer: the OpenAI-format JSON body and the raw bytes, when the
+    upstream spoke OpenAI already (so the gateway can forward them unchanged)."""
+
+    body: dict[str, Any]
+    raw: bytes | None = None
+
+
+class UpstreamClient(Protocol):
+    async def complete(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> UpstreamReply:
+        """One non-streaming call. Raises UpstreamFailure."""
+        ...
+
+    def stream(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> AsyncIterator[bytes]:
+        """A streaming call yielding each SSE event's JSON payload (the text after
+        `data: `, without `[DONE]`), in OpenAI chunk format. Failures before the first
+        payload raise UpstreamFailure from the first `__anext__`; later ones too, and
+        the caller must not retry them silently."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,413 @@
+"""Upstream calls to providers that do not speak OpenAI's API (Anthropic, Bedrock, ...),
+translated both ways by litellm.
+
+    client = LiteLLMClient()
+    reply = await client.complete(target, "chat", {"messages": [...]})
+    async for payload in client.stream(target, "chat", body): ...
+    await client.close()
+
+litellm is imported on the first call (or by `preload()`), in a worker thread, because
+the import costs ~4 s of CPU. Only OpenAI chat parameters from `CHAT_PARAMS` reach it:
+litellm reads many other keyword arguments as its own settings (`api_base`,
+`mock_response`, `aws_*`, credentials), so an unchecked client field could redirect a
+request, with our key, to another host. Fields outside the table are dropped (and
+logged at debug level); `completions` is not offered for these providers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import functools
+import importlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.upstreams.base import (
+    EndpointType,
+    UpstreamConnectFailed,
+    UpstreamFailure,
+    UpstreamReply,
+    UpstreamStatus,
+    UpstreamTarget,
+    UpstreamTimedOut,
+)
+
+logger = logging.getLogger(__name__)
+
+# Set (unless already set) before litellm is imported: without them litellm fetches its
+# price map from GitHub at import, and a cost call on some model names fetches a
+# tokenizer from the Hugging Face hub, blocking ~24 s where the network is closed.
+OFFLINE_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_OFFLINE_MODE": "true",
+    "HF_HUB_OFFLINE": "1",
+}
+
+# OpenAI chat parameters (plus `thinking` and `top_k`, which litellm maps per provider)
+# passed to litellm; everything else in the body is dropped. See the module docstring.
+CHAT_PARAMS = frozenset(
+    {
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "messages",
+        "modalities",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "reasoning_effort",
+        "response_format",
+        "seed",
+        "service_tier",
+        "stop",
+        "temperature",
+        "thinking",
+        "tool_choice",
+        "tools",
+        "top_k",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "web_search_options",
+    }
+)
+EMBEDDING_PARAMS = frozenset({"input", "dimensions", "encoding_format", "user"})
+
+# Body fields the client sets itself, never worth a "dropped" log line.
+OWN_FIELDS = frozenset({"model", "stream", "stream_options"})
+
+# Providers whose litellm handler accepts our `AsyncHTTPHandler` (`client=`). Others
+# (OpenAI-SDK based ones) need an SDK client there; they use litellm's cached clients.
+OWN_CLIENT_PROVIDERS = frozenset({"anthropic"})
+
+# Statuses retryable although `base.RETRYABLE_STATUSES` lacks them: Anthropic's 529
+# "overloaded" is a 503 by another name.
+EXTRA_RETRYABLE_STATUSES = frozenset({529})
+
+MAX_MESSAGE_CHARS = 500
+MAX_CHAIN = 16  # exceptions searched for the transport error under a litellm one
+
+
+@functools.cache
+def _import_litellm() -> Any:
+    """Import and configure litellm once (blocking; call through `_litellm()`)."""
+    for name, value in OFFLINE_ENV.items():
+        os.environ.setdefault(name, value)
+    litellm = importlib.import_module("litellm")
+    litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" prints on errors
+    litellm.set_verbose = False
+    litellm.drop_params = False  # an unsupported parameter is the caller's 400, not silence
+    litellm.disable_aiohttp_transport = True  # plain httpx: one transport, closable
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # its DEBUG logs carry payloads
+    return litellm
+
+
+async def _litellm() -> Any:
+    """The litellm module, imported off the event loop the first time."""
+    if _import_litellm.cache_info().currsize:
+        return _import_litellm()
+    return await asyncio.to_thread(_import_litellm)
+
+
+class LiteLLMClient:
+    """`UpstreamClient` for every litellm provider; one per application.
+
+    It owns the HTTP connection pools it hands to litellm (one per connect timeout),
+    so `close()` releases them in the event loop that opened them."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[float, Any] = {}
+
+    async def preload(self) -> None:
+        """Import litellm now rather than on the first request."""
+        await _litellm()
+
+    async def complete(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> UpstreamReply:
+        """One non-streaming chat (or embeddings) call. Raises UpstreamFailure."""
+        litellm = await _litellm()
+        if endpoint == "embeddings":
+            kwargs = self._call_kwargs(target, body, EMBEDDING_PARAMS)
+            embedding = await _call(target, litellm.aembedding(**kwargs))
+            return UpstreamReply(body=embedding_body(embedding.model_dump()))
+        _require_chat(target, endpoint)
+        response = await _call(target, litellm.acompletion(**self._chat_kwargs(target, body)))
+        return UpstreamReply(body=chat_body(response.model_dump()))
+
+    async def stream(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> AsyncIterator[bytes]:
+        """Stream a chat call as OpenAI chunk JSON payloads. litellm is always asked for
+        usage, so the last payload carries it (the caller strips it if not wanted)."""
+        _require_chat(target, endpoint)
+        litellm = await _litellm()
+        kwargs = self._chat_kwargs(target, body, stream=True)
+        chunks = await _call(target, litellm.acompletion(**kwargs))
+        iterator = aiter(chunks)
+        while True:
+            try:
+                chunk = await _call(target, anext(iterator))
+            except StopAsyncIteration:
+                return
+            yield orjson.dumps(chunk_body(chunk.model_dump()))
+
+    async def close(self) -> None:
+        """Close the connection pools (ours, and litellm's cached ones if it was used)."""
+        handlers, self._handlers = list(self._handlers.values()), {}
+        for handler in handlers:
+            await handler.close()
+        if _import_litellm.cache_info().currsize:
+            cleanup = importlib.import_module("litellm.llms.custom_httpx.async_client_cleanup")
+            await cleanup.close_litellm_async_clients()
+
+    def _chat_kwargs(
+        self, target: UpstreamTarget, body: dict[str, Any], *, stream: bool = False
+    ) -> dict[str, Any]:
+        kwargs = self._call_kwargs(target, body, CHAT_PARAMS)
+        if stream:
+            kwargs.update(stream=True, stream_options={"include_usage": True})
+        return kwargs
+
+    def _call_kwargs(
+        self, target: UpstreamTarget, body: Mapping[str, Any], allowed: frozenset[str]
+    ) -> dict[str, Any]:
+        """litellm's keyword arguments: the allowed body fields plus the target's settings."""
+        dropped = sorted(set(body) - allowed - OWN_FIELDS)
+        if dropped:
+            logger.debug("%s: fields not passed to litellm: %s", target.deployment, dropped)
+        kwargs = {name: value for name, value in body.items() if name in allowed}
+        kwargs.update(
+            model=f"{target.provider}/{target.model}",
+            api_base=target.api_base,
+            api_key=target.api_key,
+            timeout=target.timeout_s,
+            num_retries=0,  # the gateway's executor owns retries and fallback
+            max_retries=0,
+        )
+        if target.headers:
+            kwargs["extra_headers"] = dict(target.headers)
+        if target.provider in OWN_CLIENT_PROVIDERS:
+            kwargs["client"] = self._handler(target.connect_timeout_s)
+        return kwargs
+
+    def _handler(self, connect_timeout_s: float) -> Any:
+        """litellm's HTTP handler over our httpx transport, one per connect timeout."""
+        handler = self._handlers.get(connect_timeout_s)
+        if handler is None:
+            module = importlib.import_module("litellm.llms.custom_httpx.http_handler")
+            transport = _ConnectTimeoutTransport(connect_timeout_s)
+            handler = module.AsyncHTTPHandler(transport=transport, follow_redirects=False)
+            self._handlers[connect_timeout_s] = handler
+        return handler
+
+
+class _ConnectTimeoutTransport(httpx.AsyncHTTPTransport):
+    """Caps the connect phase: litellm turns an `httpx.Timeout` into one float for most
+    providers, so the deployment's connect timeout is applied here instead."""
+
+    def __init__(self, connect_timeout_s: float) -> None:
+        super().__init__()
+        self._connect_timeout_s = connect_timeout_s
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = dict(request.extensions.get("timeout") or {})
+        connect = timeouts.get("connect")
+        if connect is None or connect > self._connect_timeout_s:
+            timeouts["connect"] = self._connect_timeout_s
+        request.extensions["timeout"] = timeouts
+        return await super().handle_async_request(request)
+
+
+def _require_chat(target: UpstreamTarget, endpoint: EndpointType) -> None:
+    if endpoint != "chat":
+        raise UpstreamStatus(
+            f"deployment '{target.deployment}': the {endpoint} endpoint is not supported by "
+            f"provider '{target.provider}' (through litellm only chat and embeddings are)",
+            status=400,
+        )
+
+
+async def _call(target: UpstreamTarget, awaitable: Any) -> Any:
+    """Await a litellm call, translating its failures into `UpstreamFailure`s."""
+    try:
+        return await awaitable
+    except (StopAsyncIteration, UpstreamFailure):
+        raise
+    except Exception as exc:
+        raise translate_error(target, exc) from exc
+
+
+def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
+    """The `UpstreamFailure` for one litellm (or httpx) exception.
+
+    litellm reports transport failures inconsistently (a refused connection is an
+    `InternalServerError` 500, a mid-stream reset a `MidStreamFallbackError`), so the
+    exception's chain is searched for the transport error first; the HTTP status
+    decides only when the upstream really answered."""
+    message = f"deployment '{target.deployment}': {type(exc).__name__}: {_short(str(exc))}"
+    chain = _chain(exc)
+    for cause in chain:
+        if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
+            return UpstreamConnectFailed(message)
+        if isinstance(cause, httpx.TimeoutException) or type(cause).__name__ == "Timeout":
+            return UpstreamTimedOut(message)
+        if isinstance(cause, httpx.TransportError) or type(cause).__name__ == "APIConnectionError":
+            return UpstreamConnectFailed(message)
+    # The upstream's own response, when litellm kept it, has the true status (529 stays
+    # 529 rather than litellm's 500) and the Retry-After header.
+    answered = next((c for c in chain if isinstance(c, httpx.HTTPStatusError)), None)
+    status = answered.response.status_code if answered else getattr(exc, "status_code", None)
+    if isinstance(status, int) and 400 <= status <= 599:
+        headers = answered.response.headers if answered else _headers(exc)
+        failure = UpstreamStatus(
+            message, status=status, retry_after_s=retry_after(headers), body=_error_body(exc)
+        )
+        if status in EXTRA_RETRYABLE_STATUSES:
+            failure.retryable = True
+        return failure
+    logger.warning("%s: unexpected litellm failure", target.deployment, exc_info=exc)
+    return UpstreamFailure(message)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception, the one litellm wrapped (`original_exception`), and their causes."""
+    seen: list[BaseException] = []
+    pending: list[BaseException | None] = [exc]
+    while pending and len(seen) < MAX_CHAIN:
+        current = pending.pop(0)
+        if current is None or any(current is known for known in seen):
+            continue
+        seen.append(current)
+        pending += [getattr(current, "original_exception", None), current.__cause__, current.__context__]
+    return seen
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    try:
+        if (millis := headers.get("retry-after-ms")) is not None:
+            return max(0.0, float(millis) / 1000)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(str(value))
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _headers(exc: Exception) -> Mapping[str, str] | None:
+    response_headers = getattr(getattr(exc, "response", None), "headers", None)
+    return response_headers or getattr(exc, "litellm_response_headers", None)
+
+
+def _error_body(exc: Exception) -> Any:
+    """The upstream's error JSON, which litellm keeps only inside its message."""
+    text = str(getattr(exc, "message", "") or exc)
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        return None
+    try:
+        return orjson.loads(text[start : end + 1])
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+
+
+def chat_body(raw: dict[str, Any]) -> dict[str, Any]:
+    """litellm's ModelResponse dump as OpenAI's `chat.completion` object."""
+    body = _envelope(raw, "chat.completion")
+    body["choices"] = [
+        {
+            "index": choice.get("index", index),
+            "message": _message(choice.get("message") or {}),
+            "logprobs": choice.get("logprobs"),
+            "finish_reason": choice.get("finish_reason"),
+        }
+        for index, choice in enumerate(raw.get("choices") or [])
+    ]
+    if raw.get("usage"):
+        body["usage"] = _without_none(raw["usage"])
+    return body
+
+
+def chunk_body(raw: dict[str, Any]) -> dict[str, Any]:
+    """litellm's stream chunk dump as OpenAI's `chat.completion.chunk` object."""
+    body = _envelope(raw, "chat.completion.chunk")
+    body["choices"] = [
+        {
+            "index": choice.get("index", index),
+            "delta": _delta(choice.get("delta") or {}),
+            "logprobs": choice.get("logprobs"),
+            "finish_reason": choice.get("finish_reason"),
+        }
+        for index, choice in enumerate(raw.get("choices") or [])
+    ]
+    if raw.get("usage"):
+        body["usage"] = _without_none(raw["usage"])
+    return body
+
+
+def embedding_body(raw: dict[str, Any]) -> dict[str, Any]:
+    """litellm's EmbeddingResponse dump as OpenAI's embeddings list."""
+    body: dict[str, Any] = {"object": "list", "data": raw.get("data") or [], "model": raw.get("model")}
+    if raw.get("usage"):
+        body["usage"] = _without_none(raw["usage"])
+    return body
+
+
+# Message fields litellm adds that are not OpenAI's (or that duplicate other fields).
+_LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "thinking_blocks", "citations"})
+
+
+def _envelope(raw: dict[str, Any], obj: str) -> dict[str, Any]:
+    body = {"id": raw.get("id"), "object": obj, "created": raw.get("created"), "model": raw.get("model")}
+    if raw.get("system_fingerprint"):
+        body["system_fingerprint"] = raw["system_fingerprint"]
+    return body
+
+
+def _message(raw: dict[str, Any]) -> dict[str, Any]:
+    message = {"role": raw.get("role") or "assistant", "content": raw.get("content")}
+    for name, value in raw.items():
+        if name not in message and name not in _LITELLM_ONLY_FIELDS and value is not None:
+            message[name] = value
+    return message
+
+
+def _delta(raw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: value
+        for name, value in raw.items()
+        if value is not None and name not in _LITELLM_ONLY_FIELDS
+    }
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value

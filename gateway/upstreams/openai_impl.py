@@ -1,0 +1,181 @@
+"""The fast path: OpenAI-compatible upstreams (vLLM, OpenAI, any compatible server)
+called directly over one pooled `httpx.AsyncClient`.
+
+Non-streaming replies keep the upstream's raw bytes so the gateway can forward them
+unchanged. Streams are split into SSE events on bytes, without decoding lines twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.upstreams.base import (
+    EndpointType,
+    UpstreamConnectFailed,
+    UpstreamFailure,
+    UpstreamReply,
+    UpstreamStatus,
+    UpstreamTarget,
+    UpstreamTimedOut,
+)
+
+PATHS: dict[str, str] = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "embeddings": "/embeddings",
+}
+
+
+class OpenAICompatibleClient:
+    """UpstreamClient for servers that speak OpenAI's HTTP API."""
+
+    def __init__(self, max_connections: int = 1000, max_keepalive: int = 200) -> None:
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_keepalive
+        )
+        self._http = httpx.AsyncClient(limits=limits, trust_env=False)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def complete(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> UpstreamReply:
+        request = self._request(target, endpoint, body)
+        with translate_errors(target):
+            response = await self._http.send(request)
+        if response.status_code != 200:
+            raise status_failure(target, response.status_code, response.headers, response.content)
+        try:
+            parsed = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamFailure(
+                f"deployment '{target.deployment}' returned malformed JSON", status=502
+            ) from exc
+        if not isinstance(parsed, dict):
+            raise UpstreamFailure(
+                f"deployment '{target.deployment}' returned JSON that is not an object",
+                status=502,
+            )
+        return UpstreamReply(body=parsed, raw=response.content)
+
+    async def stream(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> AsyncIterator[bytes]:
+        request = self._request(target, endpoint, body)
+        with translate_errors(target):
+            response = await self._http.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                with translate_errors(target):
+                    content = await response.aread()
+                raise status_failure(target, response.status_code, response.headers, content)
+            with translate_errors(target):
+                async for payload in sse_payloads(response.aiter_raw()):
+                    yield payload
+        finally:
+            await response.aclose()
+
+    def _request(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> httpx.Request:
+        if target.api_base is None:
+            raise UpstreamConnectFailed(f"deployment '{target.deployment}' has no api_base")
+        headers = {"content-type": "application/json", **target.headers}
+        if target.api_key:
+            headers["authorization"] = f"Bearer {target.api_key}"
+        timeout = httpx.Timeout(target.timeout_s, connect=target.connect_timeout_s)
+        return self._http.build_request(
+            "POST",
+            target.api_base.rstrip("/") + PATHS[endpoint],
+            content=orjson.dumps(body),
+            headers=headers,
+            timeout=timeout,
+        )
+
+
+async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Yield the data of each SSE event (joined `data:` lines), stopping at `[DONE]`."""
+    buffer = b""
+    data: list[bytes] = []
+    async for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw_line in lines:
+            line = raw_line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                data.append(line[5:].lstrip(b" "))
+            elif not line and data:  # blank line ends an event
+                payload = b"\n".join(data)
+                data = []
+                if payload == b"[DONE]":
+                    return
+                yield payload
+    if data and (payload := b"\n".join(data)) != b"[DONE]":
+        yield payload
+
+
+class translate_errors:  # noqa: N801 - used as a context manager, reads as a phrase
+    """Turn httpx's exceptions into UpstreamFailure, naming the deployment."""
+
+    def __init__(self, target: UpstreamTarget) -> None:
+        self.target = target
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: Any, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, httpx.HTTPError):
+            return False
+        name = self.target.deployment
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            raise UpstreamConnectFailed(f"cannot connect to deployment '{name}': {exc}") from exc
+        if isinstance(exc, httpx.TimeoutException):
+            raise UpstreamTimedOut(
+                f"deployment '{name}' did not answer within {self.target.timeout_s:g}s"
+            ) from exc
+        raise UpstreamConnectFailed(f"connection to deployment '{name}' failed: {exc!r}") from exc
+
+
+def status_failure(
+    target: UpstreamTarget, status: int, headers: httpx.Headers, content: bytes
+) -> UpstreamStatus:
+    message = upstream_message(content) or f"HTTP {status}"
+    return UpstreamStatus(
+        f"deployment '{target.deployment}' answered {status}: {message}",
+        status=status,
+        retry_after_s=retry_after(headers.get("retry-after")),
+        body=content,
+    )
+
+
+def upstream_message(content: bytes) -> str | None:
+    """The message inside an OpenAI-style error body, if there is one."""
+    try:
+        parsed = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:200].decode("utf-8", "replace") or None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error) if error else None
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None

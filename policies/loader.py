@@ -1,0 +1,240 @@
+"""Load a policy file or directory: parse, merge, substitute `${VAR}`, validate.
+
+    loaded = load_policy(Path("policy.yaml"))       # env defaults to os.environ
+    loaded.policy.routes["auto"].deployments
+
+Every problem found is reported at once, each with its file, line and dotted field
+(`PolicyError`). Secrets are never echoed: messages name the `${VAR}` a value came
+from, and any environment value that slips into a message is replaced by its name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from policies.document import Document, FieldPath, Mark, merge_documents, parse_document
+from policies.envsubst import Substitution, substitute
+from policies.errors import PolicyError, Problem
+from policies.schema import CrossReferenceError, Policy
+
+POLICY_SUFFIXES = (".yaml", ".yml")
+# Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
+SECRET_SECTIONS = {"keys": "secret"}
+MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPolicy:
+    """A validated policy and where it came from.
+
+    `unset_env` maps dotted field paths to the env vars they referenced that were unset
+    (the field is null); `digest` changes whenever the source files' bytes do.
+    """
+
+    policy: Policy
+    source: tuple[Path, ...]
+    unset_env: dict[str, list[str]]
+    digest: str
+
+
+def load_policy(path: Path, env: Mapping[str, str] | None = None) -> LoadedPolicy:
+    """Load `path`, a YAML file or a directory of `*.yaml`/`*.yml` files merged."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return load_sources(read_sources(path), environ)
+
+
+def policy_files(path: Path) -> list[Path]:
+    """The files a policy path stands for, in merge order."""
+    if path.is_dir():
+        files = sorted(
+            child
+            for child in path.iterdir()
+            if child.suffix in POLICY_SUFFIXES
+            and child.is_file()
+            and not child.name.startswith(".")
+        )
+        if not files:
+            raise PolicyError(
+                [Problem(path, None, None, "", "directory has no *.yaml or *.yml files")]
+            )
+        return files
+    if not path.exists():
+        raise PolicyError([Problem(path, None, None, "", "no such file or directory")])
+    return [path]
+
+
+def read_sources(path: Path) -> list[tuple[Path, bytes]]:
+    """Each policy file with its bytes; unreadable files are a PolicyError."""
+    sources: list[tuple[Path, bytes]] = []
+    for file in policy_files(path):
+        try:
+            sources.append((file, file.read_bytes()))
+        except OSError as exc:
+            raise PolicyError(
+                [Problem(file, None, None, "", f"cannot read: {exc.strerror}")]
+            ) from exc
+    return sources
+
+
+def sources_digest(sources: list[tuple[Path, bytes]]) -> str:
+    """A sha256 over the files' names and bytes, to notice any change."""
+    digest = hashlib.sha256()
+    for file, raw in sources:
+        digest.update(file.name.encode() + b"\0" + len(raw).to_bytes(8, "big") + raw)
+    return digest.hexdigest()
+
+
+def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> LoadedPolicy:
+    """Validate already-read sources (the reloader reads once to digest and load)."""
+    document = merge_documents([parse_document(file, raw) for file, raw in sources])
+    substitution = substitute(document.data, env)
+    report = _Report(document, substitution)
+    for path, message in [*substitution.problems, *_plaintext_secrets(substitution)]:
+        report.add(path, message)
+    unset_env = {_dotted(path): names for path, names in substitution.unset.items()}
+    try:
+        policy = Policy.model_validate(substitution.data, context={"unset_env": unset_env})
+    except ValidationError as exc:
+        for path, message, missing in _validation_findings(exc):
+            report.add(path, message, missing=missing)
+    report.raise_if_any()
+    return LoadedPolicy(
+        policy=policy,
+        source=tuple(file for file, _ in sources),
+        unset_env=unset_env,
+        digest=sources_digest(sources),
+    )
+
+
+def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, str]]:
+    data = substitution.data if isinstance(substitution.data, dict) else {}
+    candidates: list[FieldPath] = []
+    for section, field in SECRET_SECTIONS.items():
+        entries = data.get(section)
+        if isinstance(entries, dict):
+            candidates += [
+                (section, name, field)
+                for name, entry in entries.items()
+                if isinstance(entry, dict) and field in entry
+            ]
+    admin_keys = data.get("admin_keys")
+    if isinstance(admin_keys, list):
+        candidates += [("admin_keys", index) for index in range(len(admin_keys))]
+    for path in candidates:
+        if path not in substitution.references and isinstance(_get(data, path), str):
+            yield path, "secrets come from the environment: write ${VAR_NAME}, not the secret"
+
+
+def _get(data: Any, path: FieldPath) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def _validation_findings(exc: ValidationError) -> Iterator[tuple[FieldPath, str, bool]]:
+    for error in exc.errors():
+        loc: FieldPath = tuple(error["loc"])
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, CrossReferenceError):
+            for inner, message in cause.problems:
+                yield (*loc, *inner), message, False
+        elif error["type"] == "missing":
+            yield loc, "required field is missing", True
+        elif error["type"] == "extra_forbidden":
+            yield loc, _unknown_field(loc), False
+        else:
+            yield loc, str(error["msg"]).removeprefix("Value error, "), False
+
+
+def _unknown_field(loc: FieldPath) -> str:
+    known = _model_fields_at(loc[:-1])
+    message = f"unknown field '{loc[-1]}'"
+    guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    if guess:
+        message += f"; did you mean '{guess[0]}'?"
+    return f"{message} (fields here: {', '.join(known)})" if known else message
+
+
+def _model_fields_at(loc: FieldPath) -> list[str]:
+    """The field names of the model found at `loc` inside Policy, [] if it is not one."""
+    node: Any = Policy
+    for part in loc:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            info = node.model_fields.get(str(part))
+            node = info.annotation if info is not None else None
+        else:  # dict[str, X] or list[X]: the key or index selects an X
+            args = [arg for arg in typing.get_args(node) if arg is not type(None)]
+            node = args[-1] if args else None
+        while typing.get_origin(node) in (types.UnionType, typing.Union):
+            node = next(arg for arg in typing.get_args(node) if arg is not type(None))
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return list(node.model_fields)
+    return []
+
+
+def _dotted(path: FieldPath) -> str:
+    return ".".join(str(part) for part in path)
+
+
+class _Report:
+    """Findings turned into located, scrubbed Problems."""
+
+    def __init__(self, document: Document, substitution: Substitution) -> None:
+        self.document = document
+        self.substitution = substitution
+        self.problems: list[Problem] = []
+
+    def add(self, loc: FieldPath, message: str, missing: bool = False) -> None:
+        """Locate a finding at `loc`; a `missing` field is placed at its parent's key."""
+        known = self._known_prefix(loc)
+        field = (*known, loc[len(known)]) if missing and len(loc) > len(known) else known
+        mark = self._mark(known, exact=not missing)
+        message = self._scrub(self._explain_env(known, message))
+        problem = Problem(mark.file, mark.line, mark.column, _dotted(field), message)
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            order = sorted(self.problems, key=lambda p: (str(p.file), p.line or 0, p.column or 0))
+            raise PolicyError(order)
+
+    def _known_prefix(self, loc: FieldPath) -> FieldPath:
+        """The longest prefix of a pydantic `loc` that is a path in the YAML.
+
+        What follows it is a missing field's name or a tag such as `[key]`."""
+        for size in range(len(loc), 0, -1):
+            if loc[:size] in self.document.values:
+                return loc[:size]
+        return ()
+
+    def _mark(self, path: FieldPath, exact: bool) -> Mark:
+        values, keys = self.document.values, self.document.keys
+        # a missing field points at its parent's key line, anything else at its value
+        first, second = (values, keys) if exact else (keys, values)
+        return first.get(path) or second.get(path) or values[()]
+
+    def _explain_env(self, path: FieldPath, message: str) -> str:
+        unset = self.substitution.unset.get(path)
+        if unset:
+            return f"{message} ({', '.join(unset)} is unset)"
+        names = self.substitution.references.get(path)
+        if names:
+            return f"{message} (value from {', '.join('${' + name + '}' for name in names)})"
+        return message
+
+    def _scrub(self, message: str) -> str:
+        for value, name in self.substitution.secrets.items():
+            if len(value) >= MIN_SCRUBBED_LENGTH:
+                message = message.replace(value, f"${{{name}}}")
+        return message

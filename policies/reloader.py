@@ -1,0 +1,115 @@
+"""Pick up policy edits without a restart; a bad edit never replaces a good policy.
+
+    reloader = PolicyReloader(path, on_reload=state.use_policy, initial=loaded)
+    reloader.start()           # polls every interval_s in an asyncio task
+    ...
+    await reloader.stop()
+
+Each poll reads the files and compares their digest with the last one tried, so an
+unchanged file costs a few small reads, and a broken file is reported once per edit,
+not once per poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from policies.errors import PolicyError
+from policies.loader import LoadedPolicy, load_sources, read_sources, sources_digest
+
+log = logging.getLogger(__name__)
+
+
+class PolicyReloader:
+    """Polls a policy path and calls `on_reload` with each new valid policy.
+
+    `last_error` holds the latest rejected edit (None once a good one loads); the policy
+    passed to `on_reload` last keeps serving meanwhile.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        on_reload: Callable[[LoadedPolicy], None],
+        interval_s: float = 2.0,
+        env: Mapping[str, str] | None = None,
+        initial: LoadedPolicy | None = None,
+    ) -> None:
+        self.path = path
+        self.on_reload = on_reload
+        self.interval_s = interval_s
+        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.current = initial
+        self.last_error: PolicyError | None = None
+        self._tried_digest = initial.digest if initial is not None else None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start polling in the running event loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._poll(), name="policy-reloader"
+            )
+
+    async def stop(self) -> None:
+        """Stop polling and wait for the task to end."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def check_now(self) -> bool:
+        """Load the policy if its files changed; True when a new policy was applied."""
+        try:
+            sources = await asyncio.to_thread(read_sources, self.path)
+            digest = sources_digest(sources)
+            if digest == self._tried_digest:
+                return False
+            self._tried_digest = digest
+            if self.current is not None and digest == self.current.digest:
+                self.last_error = None  # a bad edit was undone
+                return False
+            loaded = await asyncio.to_thread(load_sources, sources, self.env)
+        except PolicyError as exc:
+            self._reject(exc)
+            return False
+        self._apply(loaded)
+        return True
+
+    def reload_now(self) -> LoadedPolicy:
+        """Load and apply the policy now, changed or not; raise PolicyError if it is bad."""
+        try:
+            sources = read_sources(self.path)
+            self._tried_digest = sources_digest(sources)
+            loaded = load_sources(sources, self.env)
+        except PolicyError as exc:
+            self._reject(exc)
+            raise
+        self._apply(loaded)
+        return loaded
+
+    def _apply(self, loaded: LoadedPolicy) -> None:
+        self.on_reload(loaded)
+        self.current = loaded
+        self.last_error = None
+        log.info("policy reloaded from %s", ", ".join(map(str, loaded.source)))
+
+    def _reject(self, exc: PolicyError) -> None:
+        if self.last_error is not None and str(self.last_error) == str(exc):
+            return  # the same problem again (e.g. a missing file): logged already
+        self.last_error = exc
+        log.error("policy %s rejected; the previous policy keeps serving:\n%s", self.path, exc)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.check_now()
+            except Exception:  # a bug must not end reloading for the process lifetime
+                log.exception("policy reload check failed")

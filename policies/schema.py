@@ -1,0 +1,308 @@
+"""The policy's shape: what ops may write in the YAML, and the cross-references checked.
+
+Models forbid unknown fields so a typo (`timeout: 5` for `timeout_s: 5`) is an error with
+its path, not a silently ignored line. Checks that span sections (a route naming a
+deployment, a key naming a team) run once the sections are valid, in `Policy`, and are
+reported together through `CrossReferenceError`, whose `problems` keep each field path.
+
+Regenerate the JSON schema shipped beside this module with:
+
+    python -m policies.schema > policies/schema.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+
+RouteStrategyType = Literal["fixed", "fallback"]
+BudgetScopeType = Literal["key", "team", "route"]
+BudgetPeriodType = Literal["day", "month"]
+
+OPENAI_COMPATIBLE = "openai"  # the provider spoken natively; others go through litellm
+DEFAULT_TEAM = "default"
+ANY_ROUTE = "*"
+KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+Loc = tuple[str | int, ...]
+
+
+class CrossReferenceError(ValueError):
+    """Several problems between sections, each with the field path it concerns."""
+
+    def __init__(self, problems: list[tuple[Loc, str]]) -> None:
+        super().__init__("; ".join(message for _, message in problems))
+        self.problems = problems
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Price(_Section):
+    """A price override in USD per million tokens, for models litellm does not know."""
+
+    input_per_mtok: NonNegativeFloat
+    output_per_mtok: NonNegativeFloat
+
+
+class SelfHosted(_Section):
+    """A self-hosted deployment's cost: tokens are priced from GPU time and throughput."""
+
+    gpu_hour_usd: PositiveFloat
+    tokens_per_second: PositiveFloat
+
+
+class Deployment(_Section):
+    """One model behind one upstream endpoint.
+
+    `provider: openai` is any OpenAI-compatible server (OpenAI, vLLM, the embedded
+    engine); any other provider name is handed to litellm.
+    """
+
+    # "openai" or "anthropic" or any other litellm provider name: typed as plain str so
+    # an unknown provider name is accepted and a wrong type gives a single error
+    provider: str = Field(OPENAI_COMPATIBLE, examples=["openai", "anthropic"])
+    model: str
+    api_base: str | None = None
+    api_key: str | None = None
+    requires_key: bool = False
+    tier: str = "default"
+    timeout_s: PositiveFloat = 60
+    connect_timeout_s: PositiveFloat = 5
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    retry_backoff_s: NonNegativeFloat = 0.2
+    headers: dict[str, str] = {}
+    price: Price | None = None
+    pricing_model: str | None = None
+    self_hosted: SelfHosted | None = None
+    requires: list[str] = []
+    context_window: Annotated[int, Field(gt=0)] | None = None
+
+    # field name -> env var names that were referenced but unset (set by `Policy`)
+    _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+
+    def unavailable_reason(self) -> str | None:
+        """Why this deployment cannot be called with the current settings, or None."""
+        if self.provider == OPENAI_COMPATIBLE:
+            if self.api_base is None:
+                return self._not_set("api_base")
+            if self.requires_key and self.api_key is None:
+                return self._not_set("api_key")
+        elif self.api_key is None:
+            return self._not_set("api_key")
+        return None
+
+    def _not_set(self, field: str) -> str:
+        names = self._unset_env.get(field)
+        if not names:
+            return f"{field} is not set"
+        return f"{field} is not set ({', '.join(names)} unset)"
+
+
+class Route(_Section):
+    """What a request's `model` names: an ordered list of deployments and how to use it."""
+
+    strategy: RouteStrategyType = "fallback"
+    deployments: Annotated[list[str], Field(min_length=1)]
+    reference_model: str | None = None
+    max_body_bytes: Annotated[int, Field(gt=0)] | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _check_strategy(self) -> Self:
+        if self.strategy == "fixed" and len(self.deployments) != 1:
+            raise ValueError(
+                f"strategy 'fixed' takes exactly one deployment, got {len(self.deployments)}"
+            )
+        return self
+
+
+class Team(_Section):
+    """A group of keys sharing allowed routes and budgets."""
+
+    allowed_routes: list[str] = [ANY_ROUTE]
+    description: str = ""
+
+
+class Key(_Section):
+    """A client key: its secret (from `${ENV}`) or the secret's hash, and its team."""
+
+    secret: str | None = None
+    hash: Annotated[str, Field(pattern=KEY_HASH_PATTERN)] | None = None
+    team: str = DEFAULT_TEAM
+    allowed_routes: list[str] | None = None
+    description: str = ""
+
+    # env var names of a secret that was unset: the key is disabled (set by `Policy`)
+    _unset_env: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_one_secret(self) -> Self:
+        if self.secret is not None and self.hash is not None:
+            raise ValueError("give either secret or hash, not both")
+        return self
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why this key accepts no requests (its secret's env var is unset), or None."""
+        if self.secret is not None or self.hash is not None:
+            return None
+        if not self._unset_env:
+            return "secret is not set"
+        return f"secret is not set ({', '.join(self._unset_env)} unset)"
+
+
+class Budget(_Section):
+    """A spending limit for one key, team or route per day or month."""
+
+    scope: BudgetScopeType
+    name: str
+    period: BudgetPeriodType
+    limit_usd: PositiveFloat
+    soft_limit_usd: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _check_soft_limit(self) -> Self:
+        if self.soft_limit_usd is not None and self.soft_limit_usd > self.limit_usd:
+            raise ValueError(
+                f"soft_limit_usd {self.soft_limit_usd} is above limit_usd {self.limit_usd}"
+            )
+        return self
+
+
+class Auth(_Section):
+    """How callers without a key are treated."""
+
+    anonymous_team: str | None = None
+
+
+class GatewaySection(_Section):
+    """Gateway-wide knobs that belong with the policy rather than the process settings."""
+
+    max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
+    default_route: str | None = None
+    reload_interval_s: PositiveFloat = 2.0
+
+
+class Policy(_Section):
+    """The whole policy file (or directory), validated.
+
+    Validation context `{"unset_env": {"keys.ci.secret": ["CI_KEY"], ...}}` (the
+    loader passes it) tells deployments and keys which env vars they missed.
+    """
+
+    deployments: dict[str, Deployment]
+    routes: dict[str, Route]
+    teams: dict[str, Team] = {}
+    keys: dict[str, Key] = {}
+    admin_keys: list[str | None] = []
+    budgets: list[Budget] = []
+    auth: Auth = Auth()
+    gateway: GatewaySection = GatewaySection()
+
+    @model_validator(mode="after")
+    def _check_references(self, info: ValidationInfo) -> Self:
+        context = info.context if isinstance(info.context, Mapping) else {}
+        unset_env: Mapping[str, list[str]] = context.get("unset_env", {})
+        self._note_unset_env(unset_env)
+        problems = list(self._reference_problems())
+        if problems:
+            raise CrossReferenceError(problems)
+        return self
+
+    def _note_unset_env(self, unset_env: Mapping[str, list[str]]) -> None:
+        for name, deployment in self.deployments.items():
+            for field in ("api_base", "api_key"):
+                names = unset_env.get(f"deployments.{name}.{field}")
+                if names:
+                    deployment._unset_env[field] = list(names)
+        for key_id, key in self.keys.items():
+            key._unset_env = list(unset_env.get(f"keys.{key_id}.secret", []))
+
+    def _reference_problems(self) -> Iterator[tuple[Loc, str]]:
+        yield from self._route_problems()
+        yield from self._key_problems()
+        for team_name, team in self.teams.items():
+            loc: Loc = ("teams", team_name)
+            yield from self._allowed_route_problems(loc, f"team '{team_name}'", team.allowed_routes)
+        yield from self._budget_problems()
+        anonymous = self.auth.anonymous_team
+        if anonymous is not None and not self._has_team(anonymous):
+            yield ("auth", "anonymous_team"), self._undeclared("auth", "team", anonymous)
+        default_route = self.gateway.default_route
+        if default_route is not None and default_route not in self.routes:
+            message = self._undeclared("gateway.default_route", "route", default_route)
+            yield ("gateway", "default_route"), message
+
+    def _route_problems(self) -> Iterator[tuple[Loc, str]]:
+        for route_name, route in self.routes.items():
+            for index, deployment in enumerate(route.deployments):
+                if deployment not in self.deployments:
+                    yield (
+                        ("routes", route_name, "deployments", index),
+                        self._undeclared(f"route '{route_name}'", "deployment", deployment),
+                    )
+
+    def _key_problems(self) -> Iterator[tuple[Loc, str]]:
+        for key_id, key in self.keys.items():
+            if key.secret is None and key.hash is None and not key._unset_env:
+                yield ("keys", key_id), f"key '{key_id}' needs a secret (as ${{ENV}}) or a hash"
+            if not self._has_team(key.team):
+                yield (
+                    ("keys", key_id, "team"),
+                    self._undeclared(f"key '{key_id}'", "team", key.team),
+                )
+            if key.allowed_routes is not None:
+                owner = f"key '{key_id}'"
+                yield from self._allowed_route_problems(("keys", key_id), owner, key.allowed_routes)
+
+    def _allowed_route_problems(
+        self, loc: Loc, owner: str, routes: list[str]
+    ) -> Iterator[tuple[Loc, str]]:
+        for index, route in enumerate(routes):
+            if route != ANY_ROUTE and route not in self.routes:
+                message = self._undeclared(owner, "route", route, extra=ANY_ROUTE)
+                yield (*loc, "allowed_routes", index), message
+
+    def _budget_problems(self) -> Iterator[tuple[Loc, str]]:
+        declared: dict[str, Any] = {"key": self.keys, "route": self.routes}
+        for index, budget in enumerate(self.budgets):
+            owner = f"budget {index}"
+            if budget.scope == "team":
+                if not self._has_team(budget.name):
+                    yield ("budgets", index, "name"), self._undeclared(owner, "team", budget.name)
+            elif budget.name not in declared[budget.scope]:
+                message = self._undeclared(owner, budget.scope, budget.name)
+                yield ("budgets", index, "name"), message
+
+    def _has_team(self, team: str) -> bool:
+        return team == DEFAULT_TEAM or team in self.teams
+
+    def _undeclared(self, owner: str, kind: str, name: str, extra: str | None = None) -> str:
+        declared: list[str] = {
+            "deployment": list(self.deployments),
+            "route": list(self.routes),
+            "team": sorted({DEFAULT_TEAM, *self.teams}),
+            "key": list(self.keys),
+        }[kind]
+        if extra is not None:
+            declared = [*declared, extra]
+        listing = ", ".join(declared) if declared else "none"
+        return f"{owner} names {kind} '{name}', which is not declared; declared: {listing}"
+
+
+def schema_json() -> str:
+    """The JSON schema of `Policy`, as shipped in `policies/schema.json`."""
+    return json.dumps(Policy.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(schema_json())

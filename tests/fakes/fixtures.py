@@ -1,0 +1,29 @@
+"""Pytest fixtures that run the fake upstreams for one test each.
+
+    from tests.fakes.fixtures import fake_openai
+
+    async def test_something(fake_openai: FakeOpenAI) -> None: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fakes.anthropic_upstream import FakeAnthropic
+from tests.fakes.openai_upstream import FakeOpenAI
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    """A running FakeOpenAI; `fake_openai.url` ends in `/v1`."""
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_anthropic() -> Iterator[FakeAnthropic]:
+    """A running FakeAnthropic; `fake_anthropic.url` is the API root (no `/v1`)."""
+    with FakeAnthropic() as fake:
+        yield fake

@@ -1,0 +1,91 @@
+"""Fixtures for gateway tests: a real gateway over loopback with a policy written
+per test, real Redis under a per-test key prefix, and the fake upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from gateway.ledger import RedisStore, SpendRecord
+from gateway.settings import Settings
+from tests.fakes.fixtures import fake_anthropic, fake_openai
+from tests.gateway.server import GatewayServer
+
+__all__ = ["fake_anthropic", "fake_openai"]
+
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
+CLIENT_KEY = "sk-test-client-0123456789"
+ADMIN_KEY = "sk-test-admin-0123456789"
+
+StartGateway = Callable[..., GatewayServer]
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def start_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str, redis_prefix: str
+) -> Iterator[StartGateway]:
+    """start_gateway(policy_yaml, **env) -> a running GatewayServer on real Redis."""
+    servers: list[GatewayServer] = []
+
+    def start(policy: str | Path, *, redis: str | None = redis_url, **env: str) -> GatewayServer:
+        monkeypatch.setenv("GATEWAY_TEST_KEY", CLIENT_KEY)
+        monkeypatch.setenv("GATEWAY_ADMIN_KEY", ADMIN_KEY)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        if isinstance(policy, str):
+            path = tmp_path / f"policy-{len(servers)}.yaml"
+            path.write_text(policy)
+            policy = path
+        settings = Settings(
+            policy=policy,
+            redis_url=redis,
+            redis_prefix=redis_prefix,
+            spool_path=tmp_path / "ledger.spool",
+            max_retry_wait_s=1.0,
+        )
+        server = GatewayServer(settings).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+async def ledger_store(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisStore]:
+    """The Redis ledger the gateway under test writes to, read from the test's loop."""
+    store = RedisStore(redis_url, prefix=redis_prefix)
+    yield store
+    await store.close()
+
+
+async def wait_for_record(store: RedisStore, record_id: str, timeout_s: float = 5.0) -> SpendRecord:
+    """Ledger writes happen after the reply; poll until this one has landed."""
+    deadline = time.monotonic() + timeout_s
+    while (record := await store.get(record_id)) is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"record {record_id} never reached the ledger")
+        await asyncio.sleep(0.02)
+    return record
+
+
+def openai_compatible_policy() -> Path:
+    return POLICIES / "examples" / "openai-compatible.yaml"

@@ -1,0 +1,147 @@
+"""Bad input gets OpenAI-shaped errors with the right status, naming the field, and
+leaves the ledger exact. Raw HTTP over loopback, so malformed bodies reach the server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway, wait_for_record
+
+RESTRICTED_POLICY = """
+deployments:
+  upstream:
+    api_base: ${UPSTREAM_BASE_URL}
+    model: fake-model
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+routes:
+  auto: {deployments: [upstream]}
+  premium: {deployments: [upstream]}
+teams:
+  small: {allowed_routes: [auto]}
+keys:
+  limited: {secret: "${GATEWAY_TEST_KEY}", team: small}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+gateway:
+  max_body_bytes: 2048
+"""
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+@pytest.fixture
+def base(start_gateway: StartGateway, fake_openai: FakeOpenAI) -> str:
+    return start_gateway(RESTRICTED_POLICY, UPSTREAM_BASE_URL=fake_openai.url).url
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "auto", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    assert "Traceback" not in response.text
+    assert response.headers["x-request-id"]
+    return dict(error)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": 5, "messages": []}, "model"),
+        ({"model": "auto"}, "messages"),
+        ({"model": "auto", "messages": []}, "messages"),
+        ({"model": "auto", "messages": ["hi"]}, "messages[0]"),
+        ({"model": "auto", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"model": "auto", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        (chat(max_tokens="many"), "max_tokens"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(temperature=9), "temperature"),
+        (chat(stream="yes"), "stream"),
+        (chat(n=True), "n"),
+    ],
+)
+def test_invalid_fields_are_named(base: str, body: dict[str, Any], param: str) -> None:
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+    error = assert_error(response, 400, param)
+    assert error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_non_object(base: str) -> None:
+    for content in (b"{not json", b"[1, 2]", b""):
+        response = httpx.post(f"{base}/v1/chat/completions", content=content, headers=AUTH)
+        assert_error(response, 400)
+
+
+def test_missing_and_bad_keys(base: str) -> None:
+    response = httpx.post(f"{base}/v1/chat/completions", json=chat())
+    assert assert_error(response, 401)["code"] == "missing_api_key"
+    response = httpx.post(
+        f"{base}/v1/chat/completions", json=chat(), headers={"authorization": "Bearer sk-nope"}
+    )
+    assert assert_error(response, 401)["code"] == "invalid_api_key"
+    response = httpx.post(
+        f"{base}/v1/chat/completions", json=chat(), headers={"authorization": "Basic abc"}
+    )
+    assert_error(response, 401)
+    response = httpx.get(f"{base}/v1/models")
+    assert_error(response, 401)
+
+
+def test_route_not_allowed_is_403_and_unknown_is_404(base: str) -> None:
+    response = httpx.post(f"{base}/v1/chat/completions", json=chat(model="premium"), headers=AUTH)
+    assert assert_error(response, 403, "model")["code"] == "route_not_allowed"
+    response = httpx.post(f"{base}/v1/chat/completions", json=chat(model="gpt-9"), headers=AUTH)
+    assert assert_error(response, 404, "model")["code"] == "model_not_found"
+    models = httpx.get(f"{base}/v1/models", headers=AUTH).json()
+    assert [m["id"] for m in models["data"]] == ["auto"]
+
+
+def test_body_over_the_limit_is_413(base: str) -> None:
+    huge = chat(messages=[{"role": "user", "content": "x" * 10_000}])
+    response = httpx.post(f"{base}/v1/chat/completions", json=huge, headers=AUTH)
+    assert_error(response, 413)
+
+    def chunks() -> Any:  # no content-length: the limit holds while streaming the body in
+        yield b'{"model": "auto", "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}]}'
+
+    response = httpx.post(f"{base}/v1/chat/completions", content=chunks(), headers=AUTH)
+    assert_error(response, 413)
+
+
+def test_unknown_path_and_method(base: str) -> None:
+    assert_error(httpx.get(f"{base}/v1/nothing-here", headers=AUTH), 404)
+    assert_error(httpx.get(f"{base}/v1/chat/completions", headers=AUTH), 405)
+
+
+def test_admin_needs_the_admin_key(base: str) -> None:
+    assert_error(httpx.post(f"{base}/admin/reload"), 401)
+    assert_error(httpx.post(f"{base}/admin/reload", headers=AUTH), 401)
+    ok = httpx.post(f"{base}/admin/reload", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    assert ok.status_code == 200 and ok.json()["status"] == "reloaded"
+
+
+async def test_rejected_requests_leave_the_ledger_empty(
+    base: str, ledger_store: RedisStore
+) -> None:
+    httpx.post(f"{base}/v1/chat/completions", json={"model": "auto"}, headers=AUTH)
+    httpx.post(f"{base}/v1/chat/completions", json=chat(model="premium"), headers=AUTH)
+    httpx.post(f"{base}/v1/chat/completions", json=chat(), headers={"authorization": "Bearer x"})
+    ok = httpx.post(f"{base}/v1/chat/completions", json=chat(), headers=AUTH)
+    assert ok.status_code == 200
+    await wait_for_record(ledger_store, ok.headers["x-request-id"])
+    events = await ledger_store.events()
+    assert [e.request_id for e in events] == [ok.headers["x-request-id"]]

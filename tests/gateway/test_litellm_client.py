@@ -1,0 +1,188 @@
+"""LiteLLMClient against the local Anthropic (and OpenAI) fakes."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+
+from gateway.upstreams.base import (
+    UpstreamConnectFailed,
+    UpstreamStatus,
+    UpstreamTarget,
+    UpstreamTimedOut,
+)
+from gateway.upstreams.litellm_impl import LiteLLMClient, retry_after
+from tests.fakes.anthropic_upstream import FakeAnthropic
+from tests.fakes.fixtures import fake_anthropic, fake_openai
+from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+
+__all__ = ["fake_anthropic", "fake_openai"]
+
+MODEL = "claude-3-5-haiku-latest"
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "one two three"}]}
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LiteLLMClient]:
+    upstream = LiteLLMClient()
+    yield upstream
+    await upstream.close()
+
+
+def anthropic_target(fake: FakeAnthropic, **changes: object) -> UpstreamTarget:
+    settings: dict[str, object] = {
+        "deployment": "claude-haiku",
+        "provider": "anthropic",
+        "model": MODEL,
+        "api_base": fake.url,
+        "api_key": fake.api_key,
+        "timeout_s": 5.0,
+        **changes,
+    }
+    return UpstreamTarget(**settings)  # type: ignore[arg-type]
+
+
+async def collect(client: LiteLLMClient, target: UpstreamTarget) -> list[dict[str, object]]:
+    return [orjson.loads(p) async for p in client.stream(target, "chat", dict(CHAT))]
+
+
+async def test_complete_returns_openai_body(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.reply_text = "Three words here"
+    body = {**CHAT, "temperature": 0.2, "max_tokens": 50, "api_base": "http://evil", "top_k": 3}
+    reply = await client.complete(anthropic_target(fake_anthropic), "chat", body)
+    assert reply.body["object"] == "chat.completion"
+    assert reply.body["model"] == MODEL
+    choice = reply.body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Three words here"}
+    assert choice["finish_reason"] == "stop"
+    usage = reply.body["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (3, 3, 6)
+    sent = fake_anthropic.requests[-1]
+    assert sent["body"]["model"] == MODEL
+    assert sent["body"]["temperature"] == 0.2
+    assert sent["body"]["max_tokens"] == 50
+    assert sent["body"]["top_k"] == 3
+    assert "api_base" not in sent["body"]  # dropped, and the call still went to the fake
+
+
+async def test_stream_yields_openai_chunks_with_usage(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.reply_text = "Streaming is fun to watch"
+    chunks = await collect(client, anthropic_target(fake_anthropic))
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(
+        c["choices"][0]["delta"].get("content") or ""  # type: ignore[index]
+        for c in chunks
+        if c["choices"]
+    )
+    assert text == "Streaming is fun to watch"
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]  # type: ignore[index]
+    assert finishes[-1] == "stop"
+    usage = chunks[-1]["usage"]
+    assert usage["prompt_tokens"] == 3  # type: ignore[index]
+    assert usage["completion_tokens"] == 5  # type: ignore[index]
+    assert fake_anthropic.requests[-1]["body"]["stream"] is True
+
+
+async def test_rate_limit_carries_retry_after(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.fail(429, retry_after="7")
+    with pytest.raises(UpstreamStatus) as caught:
+        await client.complete(anthropic_target(fake_anthropic), "chat", dict(CHAT))
+    assert caught.value.status == 429
+    assert caught.value.retry_after_s == 7.0
+    assert caught.value.retryable
+    assert caught.value.body["error"]["type"] == "rate_limit_error"
+
+
+@pytest.mark.parametrize("status", [529, 503, 500])
+async def test_overload_and_server_errors_are_retryable(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic, status: int
+) -> None:
+    fake_anthropic.fail(status)
+    with pytest.raises(UpstreamStatus) as caught:
+        await client.complete(anthropic_target(fake_anthropic), "chat", dict(CHAT))
+    assert caught.value.status == status
+    assert caught.value.retryable
+
+
+async def test_stream_failure_before_first_chunk(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.fail(529, retry_after="1.5")
+    with pytest.raises(UpstreamStatus) as caught:
+        await collect(client, anthropic_target(fake_anthropic))
+    assert (caught.value.status, caught.value.retry_after_s) == (529, 1.5)
+    assert caught.value.retryable
+
+
+async def test_bad_key_is_not_retryable(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    target = anthropic_target(fake_anthropic, api_key="sk-ant-wrong")
+    with pytest.raises(UpstreamStatus) as caught:
+        await client.complete(target, "chat", dict(CHAT))
+    assert caught.value.status == 401
+    assert not caught.value.retryable
+    assert "sk-ant-wrong" not in str(caught.value)
+
+
+async def test_closed_port_is_connect_failure(client: LiteLLMClient) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    target = UpstreamTarget("down", "anthropic", MODEL, f"http://127.0.0.1:{port}", "k")
+    with pytest.raises(UpstreamConnectFailed):
+        await client.complete(target, "chat", dict(CHAT))
+
+
+async def test_slow_upstream_times_out(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.delay_s = 2.0
+    with pytest.raises(UpstreamTimedOut):
+        await client.complete(anthropic_target(fake_anthropic, timeout_s=0.3), "chat", dict(CHAT))
+
+
+async def test_stream_stall_times_out_and_reset_fails(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    target = anthropic_target(fake_anthropic, timeout_s=0.3)
+    fake_anthropic.script(Behaviour(stall_after_chunks=2), Behaviour(reset_after_chunks=2))
+    with pytest.raises(UpstreamTimedOut):
+        await collect(client, target)
+    with pytest.raises(UpstreamConnectFailed):
+        await collect(client, target)
+
+
+async def test_completions_endpoint_is_refused(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    with pytest.raises(UpstreamStatus) as caught:
+        await client.complete(anthropic_target(fake_anthropic), "completions", {"prompt": "x"})
+    assert caught.value.status == 400
+    assert "completions" in caught.value.message
+    assert fake_anthropic.requests == []
+
+
+async def test_embeddings_through_litellm(client: LiteLLMClient, fake_openai: FakeOpenAI) -> None:
+    target = UpstreamTarget("emb", "openai", "text-embedding-3-small", fake_openai.url, "sk-x")
+    reply = await client.complete(target, "embeddings", {"model": "e", "input": ["a b", "c"]})
+    assert reply.body["object"] == "list"
+    assert len(reply.body["data"]) == 2
+    assert reply.body["usage"]["prompt_tokens"] == 3
+
+
+def test_retry_after_forms() -> None:
+    assert retry_after({"retry-after": "3"}) == 3.0
+    assert retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0
+    assert retry_after({"retry-after": "soon"}) is None
+    assert retry_after(None) is None

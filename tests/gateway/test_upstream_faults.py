@@ -1,0 +1,234 @@
+"""Retries, fallback and upstream failures, through the real gateway over loopback,
+against fake upstreams with fault knobs. Spend is recorded only for answers."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+TWO_DEPLOYMENTS = """
+deployments:
+  first:
+    api_base: ${FIRST_URL}
+    model: first-model
+    tier: local
+    timeout_s: ${TIMEOUT_S:-5}
+    max_retries: 2
+    retry_backoff_s: 0.01
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+  second:
+    api_base: ${SECOND_URL}
+    model: second-model
+    tier: premium
+    max_retries: 0
+    price: {input_per_mtok: 10, output_per_mtok: 20}
+routes:
+  auto: {strategy: fallback, deployments: [first, second], reference_model: second}
+  only-first: {strategy: fixed, deployments: [first]}
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+"""
+
+
+@pytest.fixture
+def second() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def start(start_gateway: StartGateway, fake_openai: FakeOpenAI, second: FakeOpenAI) -> Any:
+    def run(**env: str) -> str:
+        urls = {"FIRST_URL": fake_openai.url, "SECOND_URL": second.url}
+        return start_gateway(TWO_DEPLOYMENTS, **{**urls, **env}).url
+
+    return run
+
+
+def post(base: str, model: str = "auto", **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello there"}], **extra}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+async def test_retry_then_success_on_same_deployment(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start()
+    fake_openai.fail(500, times=2)
+    response = post(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "first"
+    assert response.headers["x-cascade-attempts"] == "3"
+    assert second.requests == []
+    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+    assert record.deployment == "first"
+    assert len(await ledger_store.events()) == 1  # failed attempts cost nothing
+
+
+def test_fallback_to_the_next_deployment(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(503, times=None)
+    response = post(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "second"
+    assert response.headers["x-cascade-tier"] == "premium"
+    assert len(fake_openai.requests) == 3 and len(second.requests) == 1
+    assert second.requests[0]["body"]["model"] == "second-model"
+
+
+def test_retry_after_is_honoured(start: Any, fake_openai: FakeOpenAI) -> None:
+    base = start()
+    fake_openai.fail(429, times=1, retry_after="1")
+    began = time.monotonic()
+    response = post(base, model="only-first")
+    assert response.status_code == 200
+    assert time.monotonic() - began >= 0.9
+
+
+def test_all_rate_limited_is_429_with_retry_after(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(429, times=None, retry_after="30")  # longer than the wait cap: move on
+    second.fail(429, times=None, retry_after="7")
+    response = post(base)
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "7"
+    assert response.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_all_failing_is_502_and_unreachable_is_503(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(500, times=None)
+    second.fail(500, times=None)
+    response = post(base)
+    assert response.status_code == 502
+    assert response.json()["error"]["type"] == "upstream_error"
+
+    base = start(FIRST_URL=closed_port_url(), SECOND_URL=closed_port_url())
+    response = post(base)
+    assert response.status_code == 503
+    assert "cannot connect" in response.json()["error"]["message"]
+
+
+def test_timeout_is_504(start: Any, fake_openai: FakeOpenAI) -> None:
+    base = start(TIMEOUT_S="0.3")
+    fake_openai.delay_s = 2
+    response = post(base, model="only-first")
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+
+
+def test_client_fault_from_upstream_is_not_retried(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(400, times=1)
+    response = post(base)
+    assert response.status_code == 400
+    assert len(fake_openai.requests) == 1 and second.requests == []
+
+
+def test_malformed_upstream_json_falls_back(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.malformed_json = True
+    response = post(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "second"
+
+
+def test_stream_falls_back_before_first_byte(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(503, times=None)
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={"model": "auto", "messages": [{"role": "user", "content": "x"}], "stream": True},
+        headers=AUTH,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["x-cascade-deployment"] == "second"
+        body = response.read()
+    assert body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_stream_reset_midway_is_not_retried_and_is_priced(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start()
+    fake_openai.script(Behaviour(tokens=20, reset_after_chunks=5))
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={"model": "auto", "messages": [{"role": "user", "content": "x"}], "stream": True},
+        headers=AUTH,
+    ) as response:
+        assert response.status_code == 200
+        body = response.read()
+        request_id = response.headers["x-request-id"]
+    assert b'"error"' in body and b"[DONE]" not in body
+    assert second.requests == []  # bytes were sent: no silent retry elsewhere
+    record = await wait_for_record(ledger_store, request_id)
+    assert record.status == "partial" and record.usage_source == "counted"
+    assert 1 <= record.completion_tokens <= 10
+
+
+async def test_missing_usage_is_counted(
+    start: Any, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start()
+    fake_openai.omit_usage = True
+    response = post(base, model="only-first")
+    assert response.status_code == 200
+    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+    assert record.usage_source == "counted"
+    assert record.prompt_tokens > 0 and record.completion_tokens > 0
+    assert record.cost_nanos == record.prompt_tokens * 1000 + record.completion_tokens * 2000
+
+
+async def test_client_disconnect_midstream_is_priced(
+    start: Any, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start()
+    fake_openai.script(Behaviour(tokens=200, itl_s=0.02))
+    async with (
+        httpx.AsyncClient() as client,
+        client.stream(
+            "POST",
+            f"{base}/v1/chat/completions",
+            json={"model": "only-first", "messages": [{"role": "user", "content": "x"}], "stream": True},
+            headers=AUTH,
+        ) as response,
+    ):
+        request_id = response.headers["x-request-id"]
+        async for _ in response.aiter_bytes():
+            break  # hang up after the first bytes
+    record = await wait_for_record(ledger_store, request_id)
+    assert record.status == "partial"
+    assert 0 < record.completion_tokens < 200

@@ -1,0 +1,275 @@
+"""Loading policy YAML: the shipped files, env substitution and located errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policies import DEFAULT_POLICY_PATH, EXAMPLES_DIR, PolicyError, load_policy
+from policies.errors import Problem
+
+MINIMAL = """\
+deployments:
+  a:
+    model: m
+    api_base: http://127.0.0.1:9/v1
+routes:
+  auto:
+    deployments: [a]
+"""
+
+SHIPPED = sorted([DEFAULT_POLICY_PATH, *EXAMPLES_DIR.glob("*.yaml")])
+
+
+def write(directory: Path, text: str, name: str = "policy.yaml") -> Path:
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+def problems(path: Path, env: dict[str, str] | None = None) -> list[Problem]:
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path, env={} if env is None else env)
+    return caught.value.problems
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.name)
+def test_every_shipped_policy_loads_with_an_empty_env(path: Path) -> None:
+    loaded = load_policy(path, env={})
+    assert loaded.source == (path,)
+    assert loaded.policy.routes
+
+
+def test_default_policy_works_without_keys() -> None:
+    loaded = load_policy(DEFAULT_POLICY_PATH, env={})
+    policy = loaded.policy
+    available = [name for name, d in policy.deployments.items() if d.unavailable_reason() is None]
+    assert available == ["local-cpu"]
+    assert policy.deployments["local-cpu"].api_base == "http://127.0.0.1:8001/v1"
+    assert policy.routes["auto"].deployments[0] == "local-cpu"
+    assert policy.auth.anonymous_team == "default"
+    assert policy.admin_keys == [None]
+    assert policy.keys["default"].disabled_reason == "secret is not set (GATEWAY_API_KEY unset)"
+    reason = policy.deployments["openai-gpt-4o"].unavailable_reason()
+    assert reason == "api_key is not set (OPENAI_API_KEY unset)"
+    assert loaded.unset_env["keys.default.secret"] == ["GATEWAY_API_KEY"]
+
+
+def test_default_policy_with_keys_set() -> None:
+    env = {"OPENAI_API_KEY": "sk-o", "ANTHROPIC_API_KEY": "sk-a", "LOCAL_ENGINE_URL": "http://e/v1"}
+    policy = load_policy(DEFAULT_POLICY_PATH, env=env).policy
+    assert all(d.unavailable_reason() is None for d in policy.deployments.values())
+    assert policy.deployments["local-cpu"].api_base == "http://e/v1"
+
+
+def test_openai_compatible_example() -> None:
+    env = {
+        "UPSTREAM_BASE_URL": "http://127.0.0.1:9000/v1",
+        "GATEWAY_TEST_KEY": "test-secret",
+        "GATEWAY_ADMIN_KEY": "admin-secret",
+    }
+    loaded = load_policy(EXAMPLES_DIR / "openai-compatible.yaml", env=env)
+    policy = loaded.policy
+    upstream = policy.deployments["upstream"]
+    assert (upstream.api_base, upstream.api_key, upstream.model) == (
+        "http://127.0.0.1:9000/v1",
+        None,
+        "fake-model",
+    )
+    assert upstream.unavailable_reason() is None
+    assert upstream.price is not None and upstream.price.output_per_mtok == 0.60
+    assert policy.routes["auto"].deployments == ["upstream"]
+    assert policy.routes["auto"].reference_model == "gpt-4o"
+    assert policy.keys["test"].secret == "test-secret"
+    assert policy.keys["test"].team == "test"
+    assert policy.admin_keys == ["admin-secret"]
+    assert loaded.unset_env == {"deployments.upstream.api_key": ["UPSTREAM_API_KEY"]}
+
+
+def test_multi_provider_example() -> None:
+    policy = load_policy(EXAMPLES_DIR / "multi-provider.yaml", env={}).policy
+    assert set(policy.routes) == {"auto", "premium"}
+    assert policy.teams["support"].allowed_routes == ["auto"]
+    assert policy.keys["support-bot"].hash is not None
+    assert {budget.scope for budget in policy.budgets} == {"key", "team", "route"}
+
+
+def test_env_substitution(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        "keys:\n"
+        "  k:\n"
+        "    secret: ${KEY}\n"
+        "    description: 'for ${WHO:-nobody} at ${PLACE:-} costs $$5'\n"
+        "  k2:\n"
+        "    secret: ${UNSET_KEY}\n"
+        "admin_keys: ['${ADMIN}', '${EMPTY}']\n"
+    )
+    loaded = load_policy(write(tmp_path, text), env={"KEY": "s3", "ADMIN": "a", "EMPTY": ""})
+    keys = loaded.policy.keys
+    assert keys["k"].secret == "s3"
+    assert keys["k"].description == "for nobody at  costs $5"
+    assert keys["k2"].secret is None
+    assert loaded.policy.admin_keys == ["a", None]
+    assert loaded.unset_env == {"keys.k2.secret": ["UNSET_KEY"], "admin_keys.1": ["EMPTY"]}
+
+
+def test_unset_variable_inside_a_string_is_an_error(tmp_path: Path) -> None:
+    text = MINIMAL.replace("http://127.0.0.1:9/v1", "http://${HOST}:9/v1")
+    [problem] = problems(write(tmp_path, text))
+    assert (problem.line, problem.field) == (4, "deployments.a.api_base")
+    assert "${HOST} is not set" in problem.message
+
+
+def test_malformed_variable(tmp_path: Path) -> None:
+    text = MINIMAL.replace("model: m", "model: ${m")
+    [problem] = problems(write(tmp_path, text))
+    assert (problem.line, problem.field) == (3, "deployments.a.model")
+
+
+def test_bad_type_reports_file_line_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("model: m", "model: m\n    timeout_s: fast"))
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path, env={})
+    [problem] = caught.value.problems
+    assert (problem.file, problem.line, problem.column) == (path, 4, 16)
+    assert problem.field == "deployments.a.timeout_s"
+    assert str(caught.value).startswith(f"{path}:4:16: deployments.a.timeout_s: ")
+
+
+def test_every_error_is_reported(tmp_path: Path) -> None:
+    text = MINIMAL.replace("model: m", "model: m\n    timeout_s: -1\n    max_retries: 99")
+    found = problems(write(tmp_path, text))
+    assert [(p.line, p.field) for p in found] == [
+        (4, "deployments.a.timeout_s"),
+        (5, "deployments.a.max_retries"),
+    ]
+
+
+def test_unknown_field_suggests_a_spelling(tmp_path: Path) -> None:
+    text = MINIMAL.replace("model: m", "model: m\n    timeout: 5")
+    [problem] = problems(write(tmp_path, text))
+    assert (problem.line, problem.field) == (4, "deployments.a.timeout")
+    assert "unknown field 'timeout'; did you mean 'timeout_s'?" in problem.message
+
+
+def test_missing_field_points_at_its_parent(tmp_path: Path) -> None:
+    [problem] = problems(write(tmp_path, MINIMAL.replace("    model: m\n", "")))
+    assert (problem.line, problem.field) == (2, "deployments.a.model")
+    assert problem.message == "required field is missing"
+
+
+def test_route_naming_an_undeclared_deployment(tmp_path: Path) -> None:
+    [problem] = problems(write(tmp_path, MINIMAL.replace("[a]", "[a, gpt-x]")))
+    assert (problem.line, problem.field) == (7, "routes.auto.deployments.1")
+    assert problem.message == (
+        "route 'auto' names deployment 'gpt-x', which is not declared; declared: a"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("deployments:\n  a: [unclosed\nroutes: {}\n", 3),
+        ("deployments:\n  a:\n    model: m\n   bad: indent\n", 4),
+        ("- just\n- a list\n", 1),
+    ],
+)
+def test_yaml_syntax_errors_have_a_line(tmp_path: Path, text: str, line: int) -> None:
+    [problem] = problems(write(tmp_path, text))
+    assert problem.line == line
+
+
+def test_unquoted_variable_in_a_flow_list_gets_a_hint(tmp_path: Path) -> None:
+    [problem] = problems(write(tmp_path, MINIMAL + "admin_keys: [${ADMIN}]\n"))
+    assert problem.line == 8
+    assert "quote values with ${VAR}" in problem.message
+
+
+def test_duplicate_key(tmp_path: Path) -> None:
+    text = MINIMAL.replace("model: m", "model: m\n    model: n")
+    [problem] = problems(write(tmp_path, text))
+    assert (problem.line, problem.field) == (4, "deployments.a.model")
+    assert "duplicate key 'model' (first on line 3)" in problem.message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    [problem] = problems(tmp_path / "nope.yaml")
+    assert problem.file == tmp_path / "nope.yaml"
+    assert "no such file" in problem.message
+
+
+def test_merge_keys(tmp_path: Path) -> None:
+    text = (
+        "deployments:\n"
+        "  base: &common {model: b, api_base: 'http://h/v1', timeout_s: 9}\n"
+        "  a: {<<: *common, model: m, timeout_s: 3}\n"
+        "routes: {auto: {deployments: [a]}}\n"
+    )
+    deployment = load_policy(write(tmp_path, text), env={}).policy.deployments["a"]
+    assert (deployment.model, deployment.api_base, deployment.timeout_s) == ("m", "http://h/v1", 3)
+
+
+def test_directory_merge(tmp_path: Path) -> None:
+    write(tmp_path, MINIMAL + "admin_keys: ['${A}']\n", "10-base.yaml")
+    write(
+        tmp_path,
+        "deployments:\n  b:\n    model: n\n    api_base: http://h/v1\n"
+        "routes:\n  premium:\n    deployments: [b]\nadmin_keys: ['${B}']\n",
+        "20-more.yml",
+    )
+    write(tmp_path, "ignored: true\n", "notes.txt")
+    loaded = load_policy(tmp_path, env={"A": "aa", "B": "bb"})
+    assert set(loaded.policy.deployments) == {"a", "b"}
+    assert set(loaded.policy.routes) == {"auto", "premium"}
+    assert loaded.policy.admin_keys == ["aa", "bb"]
+    assert [path.name for path in loaded.source] == ["10-base.yaml", "20-more.yml"]
+
+
+def test_directory_merge_locates_errors_in_the_right_file(tmp_path: Path) -> None:
+    write(tmp_path, MINIMAL + "admin_keys: ['${A}']\n", "10-base.yaml")
+    second = write(tmp_path, "admin_keys: ['${A}', 5]\n", "20-admins.yaml")
+    [problem] = problems(tmp_path, env={"A": "aa"})
+    assert (problem.file, problem.line, problem.field) == (second, 1, "admin_keys.2")
+
+
+def test_directory_duplicate_name_names_both_files(tmp_path: Path) -> None:
+    write(tmp_path, MINIMAL, "a.yaml")
+    second = write(tmp_path, "deployments:\n  a:\n    model: other\n", "b.yaml")
+    [problem] = problems(tmp_path)
+    assert (problem.file, problem.line, problem.field) == (second, 2, "deployments.a")
+    assert f"{tmp_path / 'a.yaml'}:2" in problem.message
+    assert str(second) in problem.message
+
+
+def test_secrets_never_appear_in_errors(tmp_path: Path) -> None:
+    secret = "sk-very-secret-value"
+    text = MINIMAL + (
+        "keys:\n"
+        "  k:\n"
+        "    secret: ${KEY}\n"
+        "    team: ${KEY}\n"
+        "    hash: ${KEY}\n"
+        "admin_keys: ['${KEY}', 'x-${KEY}-${MISSING}']\n"
+    )
+    text = text.replace("model: m", "model: m\n    timeout_s: ${KEY}")
+    with pytest.raises(PolicyError) as caught:
+        load_policy(write(tmp_path, text), env={"KEY": secret})
+    rendered = str(caught.value)
+    assert secret not in rendered
+    assert "${KEY}" in rendered
+
+
+def test_plaintext_secret_is_rejected_without_echoing_it(tmp_path: Path) -> None:
+    text = MINIMAL + "keys:\n  k:\n    secret: hunter2-plain\nadmin_keys: [admin-plain]\n"
+    found = problems(write(tmp_path, text))
+    assert [(p.line, p.field) for p in found] == [(10, "keys.k.secret"), (11, "admin_keys.0")]
+    assert all("plain" not in p.message for p in found)
+
+
+def test_digest_changes_with_the_bytes(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    first = load_policy(path, env={}).digest
+    assert load_policy(path, env={}).digest == first
+    write(tmp_path, MINIMAL + "\n")
+    assert load_policy(path, env={}).digest != first

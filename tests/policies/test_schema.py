@@ -1,0 +1,141 @@
+"""The schema's models, cross-references and the shipped JSON schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from policies import Policy, hash_key
+from policies.schema import Deployment, Key, Route, schema_json
+
+SCHEMA_FILE = Path(__file__).parents[2] / "policies" / "schema.json"
+
+
+def minimal(**sections: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "deployments": {"a": {"model": "m", "api_base": "http://127.0.0.1:9/v1"}},
+        "routes": {"auto": {"deployments": ["a"]}},
+    }
+    data.update(sections)
+    return data
+
+
+def test_schema_json_is_in_sync() -> None:
+    # regenerate with: python -m policies.schema > policies/schema.json
+    assert json.loads(SCHEMA_FILE.read_text()) == json.loads(schema_json())
+
+
+def test_defaults() -> None:
+    policy = Policy.model_validate(minimal())
+    deployment = policy.deployments["a"]
+    assert (deployment.provider, deployment.tier, deployment.timeout_s) == ("openai", "default", 60)
+    assert policy.routes["auto"].strategy == "fallback"
+    assert policy.gateway.max_body_bytes == 4 * 1024 * 1024
+    assert policy.auth.anonymous_team is None
+    assert (policy.teams, policy.keys, policy.admin_keys, policy.budgets) == ({}, {}, [], [])
+
+
+def test_hash_key() -> None:
+    assert hash_key("example-key-do-not-use") == (
+        "sha256:239d610c3cb3891b136e406ed6352e180f4764d2aa4e6b7753b18985d93b1636"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"model": "m", "api_base": "http://x/v1"}, None),
+        ({"model": "m"}, "api_base is not set"),
+        ({"model": "m", "api_base": "http://x/v1", "requires_key": True}, "api_key is not set"),
+        ({"model": "m", "provider": "anthropic"}, "api_key is not set"),
+        ({"model": "m", "provider": "anthropic", "api_key": "k"}, None),
+    ],
+)
+def test_unavailable_reason(fields: dict[str, Any], reason: str | None) -> None:
+    assert Deployment.model_validate(fields).unavailable_reason() == reason
+
+
+def test_unavailable_reason_names_unset_env() -> None:
+    data = minimal(deployments={"a": {"model": "m", "api_base": None}})
+    context = {"unset_env": {"deployments.a.api_base": ["UPSTREAM_BASE_URL"]}}
+    policy = Policy.model_validate(data, context=context)
+    reason = policy.deployments["a"].unavailable_reason()
+    assert reason == "api_base is not set (UPSTREAM_BASE_URL unset)"
+
+
+def test_fixed_route_takes_one_deployment() -> None:
+    with pytest.raises(ValidationError, match="exactly one deployment"):
+        Route.model_validate({"strategy": "fixed", "deployments": ["a", "b"]})
+
+
+def test_route_needs_a_deployment() -> None:
+    with pytest.raises(ValidationError):
+        Route.model_validate({"deployments": []})
+
+
+def test_key_takes_secret_or_hash_not_both() -> None:
+    with pytest.raises(ValidationError, match="not both"):
+        Key.model_validate({"secret": "s", "hash": hash_key("s")})
+    with pytest.raises(ValidationError, match="pattern"):
+        Key.model_validate({"hash": "md5:abc"})
+
+
+def test_key_without_secret_is_an_error_unless_its_env_var_was_unset() -> None:
+    data = minimal(keys={"ci": {}})
+    with pytest.raises(ValidationError, match="needs a secret"):
+        Policy.model_validate(data)
+    context = {"unset_env": {"keys.ci.secret": ["CI_KEY"]}}
+    key = Policy.model_validate(data, context=context).keys["ci"]
+    assert key.disabled_reason == "secret is not set (CI_KEY unset)"
+
+
+def test_undeclared_deployment_message() -> None:
+    data = minimal(routes={"auto": {"deployments": ["a", "gpt-x"]}})
+    with pytest.raises(ValidationError) as caught:
+        Policy.model_validate(data)
+    assert "route 'auto' names deployment 'gpt-x', which is not declared; declared: a" in str(
+        caught.value
+    )
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"keys": {"k": {"hash": hash_key("s"), "team": "ops"}}}, "names team 'ops'"),
+        ({"keys": {"k": {"hash": hash_key("s"), "allowed_routes": ["x"]}}}, "route 'x'"),
+        ({"teams": {"t": {"allowed_routes": ["auto", "nope"]}}}, "route 'nope'"),
+        ({"auth": {"anonymous_team": "ghost"}}, "team 'ghost'"),
+        ({"gateway": {"default_route": "fast"}}, "route 'fast'"),
+        (
+            {"budgets": [{"scope": "route", "name": "x", "period": "day", "limit_usd": 1}]},
+            "route 'x'",
+        ),
+        (
+            {"budgets": [{"scope": "team", "name": "x", "period": "day", "limit_usd": 1}]},
+            "team 'x'",
+        ),
+    ],
+)
+def test_cross_references(sections: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValidationError, match=expected):
+        Policy.model_validate(minimal(**sections))
+
+
+def test_default_team_is_implicit_and_star_allowed() -> None:
+    sections = {
+        "keys": {"k": {"hash": hash_key("s"), "allowed_routes": ["*", "auto"]}},
+        "auth": {"anonymous_team": "default"},
+        "budgets": [{"scope": "team", "name": "default", "period": "month", "limit_usd": 5}],
+    }
+    policy = Policy.model_validate(minimal(**sections))
+    assert policy.keys["k"].team == "default"
+
+
+def test_soft_limit_above_limit() -> None:
+    budget = {"scope": "key", "name": "k", "period": "day", "limit_usd": 1, "soft_limit_usd": 2}
+    with pytest.raises(ValidationError, match="soft_limit_usd"):
+        Policy.model_validate(minimal(budgets=[budget]))
