@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from policies.keys import hash_key
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
+from policies.keys import hash_key
 
 log = logging.getLogger("gateway")
 
@@ -29,7 +29,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_policy(settings.policy)  # fail fast, with the precise message, before binding
     # Workers are separate processes that build their own Settings from the environment.
     os.environ["CASCADE_POLICY"] = str(settings.policy)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,

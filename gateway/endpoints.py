@@ -50,8 +50,12 @@ async def _proxy(request: Request, services: Services, endpoint: EndpointType) -
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
     raw = await read_body(request, runtime.max_body_bytes)
-    body = parse_body(raw, endpoint)
-    request.state.route = body["model"]
+
+    def label_route(model: str) -> None:  # only known names: metric labels stay bounded
+        if model in runtime.routes or model in runtime.deployments:
+            request.state.route = model
+
+    body = parse_body(raw, endpoint, label_route)
     return await services.proxy.handle(runtime, principal, endpoint, body, request_id, len(raw))
 
 

@@ -134,7 +134,7 @@ class Executor:
             return None
         if failure.retry_after_s is not None:
             return failure.retry_after_s if failure.retry_after_s <= self._max_wait else None
-        backoff = deployment.retry_backoff_s * (2**retry)
+        backoff: float = deployment.retry_backoff_s * 2.0**retry
         return min(self._max_wait, backoff * random.uniform(0.5, 1.5))
 
     def _count(self, deployment: DeploymentRuntime, outcome: str) -> None:
@@ -151,7 +151,9 @@ def client_fault(failure: UpstreamStatus) -> GatewayError:
     return error_type(f"upstream rejected the request: {failure.message}")
 
 
-def final_error(candidates: list[DeploymentRuntime], failures: list[UpstreamFailure]) -> GatewayError:
+def final_error(
+    candidates: list[DeploymentRuntime], failures: list[UpstreamFailure]
+) -> GatewayError:
     if not candidates:
         return UpstreamUnavailable("no deployment is available for this route")
     summary = "; ".join(f.message for f in failures[-3:])

@@ -60,7 +60,9 @@ class Proxy:
                 f"{route.max_body_bytes}"
             )
         candidates = self._candidates(runtime, route)
-        call = Call(request_id, principal.team, principal.key_id, route, bool(body.get("stream")), started)
+        call = Call(
+            request_id, principal.team, principal.key_id, route, bool(body.get("stream")), started
+        )
         if call.stream:
             return await self._stream(call, candidates, endpoint, body)
         return await self._complete(call, candidates, endpoint, body)
@@ -69,7 +71,9 @@ class Proxy:
         plan = runtime.plan(route)
         if not plan.steps:
             reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
-            raise UpstreamUnavailable(f"route '{route.name}' has no available deployment ({reasons})")
+            raise UpstreamUnavailable(
+                f"route '{route.name}' has no available deployment ({reasons})"
+            )
         return [runtime.deployments[step.deployment] for step in plan.steps]
 
     async def _complete(
@@ -149,7 +153,9 @@ class Proxy:
     def _observe(self, call: Call, deployment: DeploymentRuntime, status: str) -> None:
         m = self._metrics
         m.requests.labels(call.route.name, deployment.name, call.team, status).inc()
-        m.latency.labels(call.route.name, deployment.name).observe(time.perf_counter() - call.started)
+        m.latency.labels(call.route.name, deployment.name).observe(
+            time.perf_counter() - call.started
+        )
 
 
 def cascade_headers(call: Call, deployment: DeploymentRuntime, attempts: int) -> dict[str, str]:

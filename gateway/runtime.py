@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.auth import ANONYMOUS_KEY_ID, KeyTable, Principal
-from policies.keys import hash_key
 from gateway.errors import NotFound
 from gateway.pricing import (
     UNPRICED,
@@ -23,6 +22,7 @@ from gateway.pricing import (
 )
 from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
+from policies.keys import hash_key
 from policies.schema import Deployment, Policy
 from router import DeploymentView, Plan, plan_route
 
@@ -98,9 +98,7 @@ class Runtime:
 
 def build_runtime(loaded: LoadedPolicy) -> Runtime:
     policy = loaded.policy
-    deployments = {
-        name: _deployment(name, spec) for name, spec in policy.deployments.items()
-    }
+    deployments = {name: _deployment(name, spec) for name, spec in policy.deployments.items()}
     routes = {
         name: RouteRuntime(
             name=name,
@@ -162,7 +160,9 @@ def _deployment_price(name: str, spec: Deployment) -> TokenPrice:
 
 
 def _reference_name(
-    reference: str | None, route_deployments: list[str], deployments: Mapping[str, DeploymentRuntime]
+    reference: str | None,
+    route_deployments: list[str],
+    deployments: Mapping[str, DeploymentRuntime],
 ) -> str:
     if reference is None:  # no counterfactual: the first deployment is its own reference
         return deployments[route_deployments[0]].target.model
@@ -170,7 +170,9 @@ def _reference_name(
 
 
 def _reference_price(
-    reference: str | None, route_deployments: list[str], deployments: Mapping[str, DeploymentRuntime]
+    reference: str | None,
+    route_deployments: list[str],
+    deployments: Mapping[str, DeploymentRuntime],
 ) -> TokenPrice:
     if reference is None:
         return deployments[route_deployments[0]].price
@@ -188,7 +190,9 @@ def _key_table(policy: Policy) -> KeyTable:
         digest = key.hash or (hash_key(key.secret) if key.secret else None)
         if digest is None:  # its ${ENV} secret is unset: the key is disabled
             continue
-        principals[digest] = Principal(key_id, key.team, _allowed(policy, key.team, key.allowed_routes))
+        principals[digest] = Principal(
+            key_id, key.team, _allowed(policy, key.team, key.allowed_routes)
+        )
     admin = frozenset(hash_key(secret) for secret in policy.admin_keys if secret)
     anonymous = None
     if policy.auth.anonymous_team is not None:
@@ -199,5 +203,7 @@ def _key_table(policy: Policy) -> KeyTable:
 
 def _allowed(policy: Policy, team: str, key_routes: list[str] | None) -> frozenset[str] | None:
     team_spec = policy.teams.get(team)
-    routes = key_routes if key_routes is not None else (team_spec.allowed_routes if team_spec else ["*"])
+    routes = (
+        key_routes if key_routes is not None else (team_spec.allowed_routes if team_spec else ["*"])
+    )
     return None if "*" in routes else frozenset(routes)

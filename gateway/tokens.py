@@ -48,9 +48,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # multi-part content: count the text parts
-        return " ".join(
-            str(part.get("text", "")) for part in content if isinstance(part, Mapping)
-        )
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
     return "" if content is None else str(content)
 
 

@@ -49,8 +49,11 @@ REQUIRED_INPUT: Mapping[str, str] = {
 }
 
 
-def parse_body(raw: bytes, endpoint: EndpointType) -> dict[str, Any]:
-    """Parse and check a request body; raises InvalidRequest naming the field."""
+def parse_body(
+    raw: bytes, endpoint: EndpointType, on_model: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Parse and check a request body; raises InvalidRequest naming the field.
+    `on_model` sees the model name as soon as it is known (to label errors)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -60,6 +63,8 @@ def parse_body(raw: bytes, endpoint: EndpointType) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    if on_model is not None:
+        on_model(model)
     _check_input(body, endpoint)
     for name, (check, expected) in OPTIONAL_FIELDS.items():
         if name in body and not check(body[name]):

@@ -1,6 +1,6 @@
 """Router exceptions.
 
-    RoutingError    a route cannot be planned (unknown strategy, bad inputs)
+RoutingError    a route cannot be planned (unknown strategy, bad inputs)
 """
 
 from __future__ import annotations

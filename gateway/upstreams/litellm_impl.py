@@ -23,11 +23,13 @@ import importlib
 import logging
 import os
 import time
+import warnings
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 import orjson
+import pydantic
 
 from gateway.upstreams.base import (
     EndpointType,
@@ -41,14 +43,22 @@ from gateway.upstreams.base import (
 
 logger = logging.getLogger(__name__)
 
-# Set (unless already set) before litellm is imported: without them litellm fetches its
-# price map from GitHub at import, and a cost call on some model names fetches a
-# tokenizer from the Hugging Face hub, blocking ~24 s where the network is closed.
-OFFLINE_ENV = {
+# Set (unless already set) before litellm is imported. Without the first three litellm
+# fetches its price map from GitHub at import, and a cost call on some model names
+# fetches a tokenizer from the Hugging Face hub, blocking ~24 s where the network is
+# closed. Without LITELLM_MODE, its import runs `dotenv.load_dotenv()`, copying a
+# `.env` found above litellm's install directory (the repo root, for an in-repo venv)
+# into os.environ, around our settings and the tests' environment isolation.
+IMPORT_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     "LITELLM_OFFLINE_MODE": "true",
     "HF_HUB_OFFLINE": "1",
+    "LITELLM_MODE": "PRODUCTION",
 }
+
+# litellm's import silences this pydantic warning with a process-wide filter, which a
+# test runner's per-test warning state undoes; its models are built under it instead.
+READONLY_WARNING = ".*`ReadOnly` qualifier.*"
 
 # OpenAI chat parameters (plus `thinking` and `top_k`, which litellm maps per provider)
 # passed to litellm; everything else in the body is dropped. See the module docstring.
@@ -97,6 +107,9 @@ OWN_CLIENT_PROVIDERS = frozenset({"anthropic"})
 # "overloaded" is a 503 by another name.
 EXTRA_RETRYABLE_STATUSES = frozenset({529})
 
+# Message and delta fields litellm adds that are not OpenAI's.
+LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "thinking_blocks", "citations"})
+
 MAX_MESSAGE_CHARS = 500
 MAX_CHAIN = 16  # exceptions searched for the transport error under a litellm one
 
@@ -104,9 +117,10 @@ MAX_CHAIN = 16  # exceptions searched for the transport error under a litellm on
 @functools.cache
 def _import_litellm() -> Any:
     """Import and configure litellm once (blocking; call through `_litellm()`)."""
-    for name, value in OFFLINE_ENV.items():
+    for name, value in IMPORT_ENV.items():
         os.environ.setdefault(name, value)
-    litellm = importlib.import_module("litellm")
+    litellm: Any = importlib.import_module("litellm")
+    _build_response_models(importlib.import_module("litellm.types.utils"))
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" prints on errors
     litellm.set_verbose = False
     litellm.drop_params = False  # an unsupported parameter is the caller's 400, not silence
@@ -114,6 +128,21 @@ def _import_litellm() -> Any:
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(name).setLevel(logging.WARNING)  # its DEBUG logs carry payloads
     return litellm
+
+
+def _build_response_models(module: Any) -> None:
+    """Build litellm's lazily-built response models now, off the request path, with
+    pydantic's one-time `ReadOnly` warning silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=READONLY_WARNING, category=UserWarning)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, pydantic.BaseModel)
+                and value.__module__ == module.__name__
+                and not value.__pydantic_complete__
+            ):
+                value.model_rebuild()
 
 
 async def _litellm() -> Any:
@@ -158,13 +187,15 @@ class LiteLLMClient:
         litellm = await _litellm()
         kwargs = self._chat_kwargs(target, body, stream=True)
         chunks = await _call(target, litellm.acompletion(**kwargs))
-        iterator = aiter(chunks)
-        while True:
-            try:
-                chunk = await _call(target, anext(iterator))
-            except StopAsyncIteration:
-                return
-            yield orjson.dumps(chunk_body(chunk.model_dump()))
+        try:
+            while True:
+                try:
+                    chunk = await _call(target, anext(chunks))
+                except StopAsyncIteration:
+                    return
+                yield orjson.dumps(chunk_body(chunk.model_dump()))
+        finally:
+            await chunks.aclose()  # releases the connection when the caller stops early
 
     async def close(self) -> None:
         """Close the connection pools (ours, and litellm's cached ones if it was used)."""
@@ -293,7 +324,11 @@ def _chain(exc: BaseException) -> list[BaseException]:
         if current is None or any(current is known for known in seen):
             continue
         seen.append(current)
-        pending += [getattr(current, "original_exception", None), current.__cause__, current.__context__]
+        pending += [
+            getattr(current, "original_exception", None),
+            current.__cause__,
+            current.__context__,
+        ]
     return seen
 
 
@@ -374,18 +409,23 @@ def chunk_body(raw: dict[str, Any]) -> dict[str, Any]:
 
 def embedding_body(raw: dict[str, Any]) -> dict[str, Any]:
     """litellm's EmbeddingResponse dump as OpenAI's embeddings list."""
-    body: dict[str, Any] = {"object": "list", "data": raw.get("data") or [], "model": raw.get("model")}
+    body: dict[str, Any] = {
+        "object": "list",
+        "data": raw.get("data") or [],
+        "model": raw.get("model"),
+    }
     if raw.get("usage"):
         body["usage"] = _without_none(raw["usage"])
     return body
 
 
-# Message fields litellm adds that are not OpenAI's (or that duplicate other fields).
-_LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "thinking_blocks", "citations"})
-
-
 def _envelope(raw: dict[str, Any], obj: str) -> dict[str, Any]:
-    body = {"id": raw.get("id"), "object": obj, "created": raw.get("created"), "model": raw.get("model")}
+    body = {
+        "id": raw.get("id"),
+        "object": obj,
+        "created": raw.get("created"),
+        "model": raw.get("model"),
+    }
     if raw.get("system_fingerprint"):
         body["system_fingerprint"] = raw["system_fingerprint"]
     return body
@@ -394,7 +434,7 @@ def _envelope(raw: dict[str, Any], obj: str) -> dict[str, Any]:
 def _message(raw: dict[str, Any]) -> dict[str, Any]:
     message = {"role": raw.get("role") or "assistant", "content": raw.get("content")}
     for name, value in raw.items():
-        if name not in message and name not in _LITELLM_ONLY_FIELDS and value is not None:
+        if name not in message and name not in LITELLM_ONLY_FIELDS and value is not None:
             message[name] = value
     return message
 
@@ -403,7 +443,7 @@ def _delta(raw: dict[str, Any]) -> dict[str, Any]:
     return {
         name: value
         for name, value in raw.items()
-        if value is not None and name not in _LITELLM_ONLY_FIELDS
+        if value is not None and name not in LITELLM_ONLY_FIELDS
     }
 
 

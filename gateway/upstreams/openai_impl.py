@@ -8,7 +8,8 @@ unchanged. Streams are split into SSE events on bytes, without decoding lines tw
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -121,25 +122,19 @@ async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield payload
 
 
-class translate_errors:  # noqa: N801 - used as a context manager, reads as a phrase
+@contextmanager
+def translate_errors(target: UpstreamTarget) -> Iterator[None]:
     """Turn httpx's exceptions into UpstreamFailure, naming the deployment."""
-
-    def __init__(self, target: UpstreamTarget) -> None:
-        self.target = target
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: Any, tb: Any) -> bool:
-        if exc is None or not isinstance(exc, httpx.HTTPError):
-            return False
-        name = self.target.deployment
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-            raise UpstreamConnectFailed(f"cannot connect to deployment '{name}': {exc}") from exc
-        if isinstance(exc, httpx.TimeoutException):
-            raise UpstreamTimedOut(
-                f"deployment '{name}' did not answer within {self.target.timeout_s:g}s"
-            ) from exc
+    name = target.deployment
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise UpstreamConnectFailed(f"cannot connect to deployment '{name}': {exc}") from exc
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimedOut(
+            f"deployment '{name}' did not answer within {target.timeout_s:g}s"
+        ) from exc
+    except httpx.HTTPError as exc:
         raise UpstreamConnectFailed(f"connection to deployment '{name}' failed: {exc!r}") from exc
 
 

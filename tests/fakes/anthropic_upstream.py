@@ -96,11 +96,16 @@ class FakeAnthropic(FakeServer):
             block = {"type": "tool_use", "id": new_id("toolu_"), "name": tool["name"], "input": {}}
             arguments = orjson.dumps(placeholder_arguments(tool.get("input_schema"))).decode()
             deltas = [{"type": "input_json_delta", "partial_json": arguments}]
-        yield sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start")
+        yield sse(
+            {"type": "content_block_start", "index": 0, "content_block": block},
+            "content_block_start",
+        )
         yield sse({"type": "ping"}, "ping")
         for sent, delta in enumerate(deltas):
             await self.pace(sent, behaviour)
-            yield sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
+            yield sse(
+                {"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"
+            )
         yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
         stop = "tool_use" if tool is not None else ("max_tokens" if cut else "end_turn")
         yield sse(
@@ -143,7 +148,9 @@ def message_body(body: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
     stop = "max_tokens" if cut else "end_turn"
     if tool is not None:
         arguments = placeholder_arguments(tool.get("input_schema"))
-        content = [{"type": "tool_use", "id": new_id("toolu_"), "name": tool["name"], "input": arguments}]
+        content = [
+            {"type": "tool_use", "id": new_id("toolu_"), "name": tool["name"], "input": arguments}
+        ]
         stop = "tool_use"
     reply: dict[str, Any] = {
         "id": new_id("msg_"),

@@ -1,8 +1,8 @@
 """Pytest fixtures that run the fake upstreams for one test each.
 
-    from tests.fakes.fixtures import fake_openai
+from tests.fakes.fixtures import fake_openai
 
-    async def test_something(fake_openai: FakeOpenAI) -> None: ...
+async def test_something(fake_openai: FakeOpenAI) -> None: ...
 """
 
 from __future__ import annotations

@@ -297,9 +297,7 @@ def placeholder_arguments(parameters: dict[str, Any] | None) -> dict[str, Any]:
     """Arguments for a forced tool call: a value of the right type per property."""
     samples = {"string": "test", "integer": 1, "number": 1.5, "boolean": True}
     properties = (parameters or {}).get("properties", {})
-    return {
-        name: samples.get(spec.get("type", "string"), None) for name, spec in properties.items()
-    }
+    return {name: samples.get(spec.get("type", "string")) for name, spec in properties.items()}
 
 
 class FakeOpenAI(FakeServer):
@@ -393,7 +391,9 @@ class FakeOpenAI(FakeServer):
             reply["usage"] = usage(count_words(body["messages"]), len(pieces) * n)
         return reply
 
-    async def _chat_stream(self, body: dict[str, Any], behaviour: Behaviour) -> AsyncIterator[bytes]:
+    async def _chat_stream(
+        self, body: dict[str, Any], behaviour: Behaviour
+    ) -> AsyncIterator[bytes]:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         pieces, cut = reply_pieces(behaviour, limit)
         tool = forced_tool(body)
@@ -420,7 +420,13 @@ class FakeOpenAI(FakeServer):
         for index in range(n):
             yield chunk(index, {}, finish)
         if with_usage and not behaviour.omit_usage:
-            yield sse({**envelope, "choices": [], "usage": usage(count_words(body["messages"]), len(pieces) * n)})
+            yield sse(
+                {
+                    **envelope,
+                    "choices": [],
+                    "usage": usage(count_words(body["messages"]), len(pieces) * n),
+                }
+            )
         yield b"data: [DONE]\n\n"
 
     async def _paced(
@@ -440,14 +446,21 @@ class FakeOpenAI(FakeServer):
         n = int(body.get("n") or 1)
         reply = completion_envelope("text_completion", body, "cmpl-")
         reply["choices"] = [
-            {"text": "".join(pieces), "index": i, "logprobs": None, "finish_reason": "length" if cut else "stop"}
+            {
+                "text": "".join(pieces),
+                "index": i,
+                "logprobs": None,
+                "finish_reason": "length" if cut else "stop",
+            }
             for i in range(n)
         ]
         if not behaviour.omit_usage:
             reply["usage"] = usage(count_words(body["prompt"]), len(pieces) * n)
         return reply
 
-    async def _text_stream(self, body: dict[str, Any], behaviour: Behaviour) -> AsyncIterator[bytes]:
+    async def _text_stream(
+        self, body: dict[str, Any], behaviour: Behaviour
+    ) -> AsyncIterator[bytes]:
         pieces, cut = reply_pieces(behaviour, body.get("max_tokens"))
         n = int(body.get("n") or 1)
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -464,12 +477,22 @@ class FakeOpenAI(FakeServer):
         for index in range(n):
             yield chunk(index, {}, "length" if cut else "stop")
         if with_usage and not behaviour.omit_usage:
-            yield sse({**envelope, "choices": [], "usage": usage(count_words(body["prompt"]), len(pieces) * n)})
+            yield sse(
+                {
+                    **envelope,
+                    "choices": [],
+                    "usage": usage(count_words(body["prompt"]), len(pieces) * n),
+                }
+            )
         yield b"data: [DONE]\n\n"
 
     def _embedding_body(self, body: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
         raw_inputs = body["input"]
-        inputs = raw_inputs if isinstance(raw_inputs, list) and raw_inputs and not isinstance(raw_inputs[0], int) else [raw_inputs]
+        inputs = (
+            raw_inputs
+            if isinstance(raw_inputs, list) and raw_inputs and not isinstance(raw_inputs[0], int)
+            else [raw_inputs]
+        )
         dim = int(body.get("dimensions") or DEFAULT_EMBEDDING_DIM)
         data = []
         for index, text in enumerate(inputs):

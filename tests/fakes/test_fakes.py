@@ -138,7 +138,9 @@ async def test_openai_delay_and_stall(fake_openai: FakeOpenAI) -> None:
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/chat/completions", json=CHAT)
         with pytest.raises(httpx.ReadTimeout):
-            async with client.stream("POST", "/chat/completions", json={**CHAT, "stream": True}) as r:
+            async with client.stream(
+                "POST", "/chat/completions", json={**CHAT, "stream": True}
+            ) as r:
                 async for _ in r.aiter_lines():
                     pass
 
@@ -148,7 +150,9 @@ async def test_openai_reset_mid_stream(fake_openai: FakeOpenAI) -> None:
     received: list[str] = []
     async with httpx.AsyncClient(base_url=fake_openai.url) as client:
         with pytest.raises(httpx.RemoteProtocolError):
-            async with client.stream("POST", "/chat/completions", json={**CHAT, "stream": True}) as r:
+            async with client.stream(
+                "POST", "/chat/completions", json={**CHAT, "stream": True}
+            ) as r:
                 async for line in r.aiter_lines():
                     received.append(line)
     assert sum(line.startswith("data: ") for line in received) == 3  # role + 2 content
@@ -209,7 +213,11 @@ async def test_anthropic_stream_event_sequence(fake_anthropic: FakeAnthropic) ->
         response = await client.post(
             "/v1/messages", json={**MESSAGES, "stream": True}, headers=fake_anthropic.auth_headers()
         )
-    events = [line.removeprefix("event: ") for line in response.text.splitlines() if line.startswith("event: ")]
+    events = [
+        line.removeprefix("event: ")
+        for line in response.text.splitlines()
+        if line.startswith("event: ")
+    ]
     assert events == [
         "message_start",
         "content_block_start",
@@ -237,7 +245,10 @@ async def test_anthropic_errors(fake_anthropic: FakeAnthropic, status: int, kind
             "/v1/messages", json=MESSAGES, headers=fake_anthropic.auth_headers()
         )
     assert response.status_code == status
-    assert response.json() == {"type": "error", "error": {"type": kind, "message": response.json()["error"]["message"]}}
+    assert response.json() == {
+        "type": "error",
+        "error": {"type": kind, "message": response.json()["error"]["message"]},
+    }
     assert response.headers["retry-after"] == "5"
 
 

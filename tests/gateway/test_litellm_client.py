@@ -21,7 +21,7 @@ from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 
 __all__ = ["fake_anthropic", "fake_openai"]
 
-MODEL = "claude-3-5-haiku-latest"
+MODEL = "claude-sonnet-4-5"  # a name in litellm's model map
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "one two three"}]}
 
 
@@ -88,6 +88,45 @@ async def test_stream_yields_openai_chunks_with_usage(
     assert usage["prompt_tokens"] == 3  # type: ignore[index]
     assert usage["completion_tokens"] == 5  # type: ignore[index]
     assert fake_anthropic.requests[-1]["body"]["stream"] is True
+
+
+async def test_forced_tool_call_round_trips(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    body = {
+        **CHAT,
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "weather"}},
+    }
+    reply = await client.complete(anthropic_target(fake_anthropic), "chat", body)
+    choice = reply.body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "weather"
+    assert orjson.loads(call["function"]["arguments"]) == {"city": "test"}
+    sent = fake_anthropic.requests[-1]["body"]
+    assert sent["tool_choice"] == {"type": "tool", "name": "weather"}
+
+
+async def test_stream_closed_early_releases_the_call(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.itl_s = 0.05
+    target = anthropic_target(fake_anthropic)
+    stream = client.stream(target, "chat", dict(CHAT))
+    first = orjson.loads(await anext(stream))
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert first["object"] == "chat.completion.chunk"
+    reply = await client.complete(target, "chat", dict(CHAT))
+    assert reply.body["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_rate_limit_carries_retry_after(

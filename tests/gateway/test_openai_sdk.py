@@ -158,7 +158,10 @@ async def test_completions_embeddings_and_models(
 
 
 def test_sdk_errors(gateway_url: str) -> None:
-    with sdk(gateway_url, key="sk-wrong") as wrong, pytest.raises(openai.AuthenticationError) as auth:
+    with (
+        sdk(gateway_url, key="sk-wrong") as wrong,
+        pytest.raises(openai.AuthenticationError) as auth,
+    ):
         wrong.chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}])
     assert auth.value.status_code == 401
     assert auth.value.code == "invalid_api_key"

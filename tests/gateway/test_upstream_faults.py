@@ -222,7 +222,11 @@ async def test_client_disconnect_midstream_is_priced(
         client.stream(
             "POST",
             f"{base}/v1/chat/completions",
-            json={"model": "only-first", "messages": [{"role": "user", "content": "x"}], "stream": True},
+            json={
+                "model": "only-first",
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+            },
             headers=AUTH,
         ) as response,
     ):

@@ -1,0 +1,101 @@
+"""The ledger seen through the gateway: many concurrent requests, and Redis dying and
+coming back under traffic. Spend is recorded once and only once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore, SpendRecord
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import (
+    CLIENT_KEY,
+    StartGateway,
+    openai_compatible_policy,
+    wait_for_record,
+)
+from tests.gateway.ledger_fixtures import RedisServer
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+async def send(client: httpx.AsyncClient, base: str, i: int) -> httpx.Response:
+    body = {"model": "auto", "messages": [{"role": "user", "content": "word " * (i % 17 + 1)}]}
+    if i % 3 == 0:
+        body["stream"] = True
+    return await client.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+
+
+async def test_200_concurrent_requests_are_200_records_summing_to_the_aggregates(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start_gateway(openai_compatible_policy(), UPSTREAM_BASE_URL=fake_openai.url).url
+    fake_openai.delay_s = 0.05  # keep them all in flight together
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        responses = await asyncio.gather(*(send(client, base, i) for i in range(200)))
+    assert [r.status_code for r in responses] == [200] * 200
+    ids = {r.headers["x-request-id"] for r in responses}
+    assert len(ids) == 200
+
+    records = [await wait_for_record(ledger_store, request_id) for request_id in ids]
+    events = await ledger_store.events(limit=1000)
+    assert sorted(e.record_id for e in events) == sorted(ids)
+    today = datetime.now(UTC).date()
+    [total] = await ledger_store.aggregate(today, today, [])
+    assert total.requests == 200
+    assert total.cost_nanos == sum(r.cost_nanos for r in records)
+    assert total.reference_cost_nanos == sum(r.reference_cost_nanos for r in records)
+    assert total.prompt_tokens == sum(r.prompt_tokens for r in records)
+    assert total.completion_tokens == sum(r.completion_tokens for r in records)
+    # to the cent, in dollars, as finance reads it
+    assert round(total.cost_nanos / 1e9, 2) == round(sum(r.cost_nanos for r in records) / 1e9, 2)
+    [by_team] = await ledger_store.aggregate(today, today, ["team", "route"])
+    assert by_team.group == {"team": "test", "route": "auto"}
+    assert by_team.cost_nanos == total.cost_nanos
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_redis_dies_under_traffic_and_spend_is_replayed_exactly_once(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, private_redis: RedisServer
+) -> None:
+    server = start_gateway(
+        openai_compatible_policy(), redis=private_redis.url, UPSTREAM_BASE_URL=fake_openai.url
+    )
+    store = RedisStore(private_redis.url, prefix=server.services.settings.redis_prefix)
+    ids: list[str] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        for phase in ("before", "during", "after"):
+            if phase == "during":
+                private_redis.kill()
+            if phase == "after":
+                private_redis.start()
+            for i in range(10):
+                response = await send(client, server.url, i)
+                assert response.status_code == 200, (phase, response.text)
+                ids.append(response.headers["x-request-id"])
+            if phase == "during":
+                assert server.services.ledger.degraded
+
+    deadline = time.monotonic() + 15
+    records: list[SpendRecord] = []
+    while time.monotonic() < deadline:
+        records = await store.events(limit=1000)
+        if len(records) >= len(ids):
+            break
+        await asyncio.sleep(0.1)
+    assert sorted(r.record_id for r in records) == sorted(ids)  # all there, none twice
+    await store.close()

@@ -1,0 +1,135 @@
+"""What ops see and do: health, readiness, metrics, and policy hot reload."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+POLICY = """
+deployments:
+  upstream:
+    api_base: ${UPSTREAM_BASE_URL}
+    model: MODEL_NAME
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+  needs-key:
+    api_base: https://api.openai.com/v1
+    api_key: ${SOME_UNSET_KEY}
+    requires_key: true
+    model: gpt-4o
+routes:
+  auto: {deployments: [upstream], reference_model: gpt-4o}
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+gateway:
+  reload_interval_s: 0.1
+"""
+
+
+def chat(base: str) -> httpx.Response:
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.05)
+
+
+def test_health_readiness_and_metrics(start_gateway: StartGateway, fake_openai: FakeOpenAI) -> None:
+    base = start_gateway(POLICY.replace("MODEL_NAME", "m1"), UPSTREAM_BASE_URL=fake_openai.url).url
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{base}/readyz").json()
+    assert ready["status"] == "ready"
+    assert ready["available_deployments"] == ["upstream"]
+    assert chat(base).status_code == 200
+    httpx.post(f"{base}/v1/chat/completions", json={"model": "auto"}, headers=AUTH)
+    httpx.post(f"{base}/v1/chat/completions", json={"model": "x" * 50}, headers=AUTH)
+
+    text = httpx.get(f"{base}/metrics").text
+    for name in (
+        'cascade_requests_total{deployment="upstream",route="auto",status="200",'
+        'team="default"} 1.0',
+        "cascade_request_duration_seconds_bucket",
+        "cascade_tokens_total",
+        "cascade_cost_usd_total",
+        "cascade_reference_cost_usd_total",
+        'cascade_errors_total{route="auto",type="invalid_request_error"} 1.0',
+        'cascade_errors_total{route="-",type="invalid_request_error"} 1.0',  # unknown: no label
+        'cascade_deployment_available{deployment="needs-key",tier="default"} 0.0',
+        'cascade_upstream_attempts_total{deployment="upstream",outcome="ok"} 1.0',
+    ):
+        assert name in text, name
+
+
+def test_admin_policy_reports_unavailable_deployments(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI
+) -> None:
+    base = start_gateway(POLICY.replace("MODEL_NAME", "m1"), UPSTREAM_BASE_URL=fake_openai.url).url
+    status = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()
+    assert status["deployments"]["upstream"]["available"] is True
+    reason = status["deployments"]["needs-key"]["unavailable_reason"]
+    assert "SOME_UNSET_KEY" in reason
+    assert status["deployments"]["needs-key"]["price_source"] == "litellm:gpt-4o"
+
+
+def test_file_edit_is_picked_up_and_bad_edit_keeps_last_good(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = tmp_path / "live.yaml"
+    path.write_text(POLICY.replace("MODEL_NAME", "m1"))
+    base = start_gateway(path, UPSTREAM_BASE_URL=fake_openai.url).url
+    assert chat(base).status_code == 200
+    assert fake_openai.requests[-1]["body"]["model"] == "m1"
+
+    path.write_text(POLICY.replace("MODEL_NAME", "m2"))  # picked up without restart
+
+    def serves_m2() -> bool:
+        chat(base)
+        return bool(fake_openai.requests[-1]["body"]["model"] == "m2")
+
+    wait_until(serves_m2)
+
+    path.write_text(POLICY.replace("MODEL_NAME", "m3").replace("timeout_s", "x") + "\nbogus: 1\n")
+    time.sleep(0.5)  # several reload intervals: the bad edit must not take effect
+    assert chat(base).status_code == 200
+    assert fake_openai.requests[-1]["body"]["model"] == "m2"
+
+    rejected = httpx.post(f"{base}/admin/reload", headers=ADMIN)
+    assert rejected.status_code == 400
+    message = rejected.json()["error"]["message"]
+    assert "live.yaml:" in message and "bogus" in message
+    assert chat(base).status_code == 200  # last good policy still serving
+    assert fake_openai.requests[-1]["body"]["model"] == "m2"
+
+    path.write_text(POLICY.replace("MODEL_NAME", "m4"))
+    assert httpx.post(f"{base}/admin/reload", headers=ADMIN).status_code == 200
+    assert chat(base).status_code == 200
+    assert fake_openai.requests[-1]["body"]["model"] == "m4"
+
+
+def test_reload_under_load_loses_no_request(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = tmp_path / "live.yaml"
+    path.write_text(POLICY.replace("MODEL_NAME", "m0"))
+    base = start_gateway(path, UPSTREAM_BASE_URL=fake_openai.url).url
+    fake_openai.delay_s = 0.02
+    statuses = []
+    for i in range(40):
+        if i % 10 == 5:
+            path.write_text(POLICY.replace("MODEL_NAME", f"m{i}"))
+            httpx.post(f"{base}/admin/reload", headers=ADMIN)
+        statuses.append(chat(base).status_code)
+    assert statuses == [200] * 40
