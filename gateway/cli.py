@@ -9,6 +9,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable, Sequence
+from datetime import date
 from pathlib import Path
 
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
@@ -107,6 +108,35 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spend_report(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gateway.ledger import RedisStore
+    from gateway.settings import Settings
+    from gateway.spend import render, spend_report
+
+    settings = Settings()
+    if not settings.redis_url:
+        print("set REDIS_URL: the report reads the Redis ledger", file=sys.stderr)
+        return 1
+    group_by = [name for name in args.group_by.split(",") if name]
+
+    async def report() -> str:
+        store = RedisStore(settings.redis_url or "", prefix=settings.redis_prefix)
+        try:
+            rows = await spend_report(store, args.day_from, args.day_to, group_by)
+        finally:
+            await store.close()
+        return render(rows, group_by, args.format)
+
+    try:
+        print(asyncio.run(report()), end="")
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -139,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_parser("hash", help="print the hash of a key read from stdin").set_defaults(
         func=cmd_keys_hash
     )
+
+    spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(
+        dest="spend_command", required=True
+    )
+    report = spend.add_parser("report", help="spend, reference cost and savings by group")
+    report.add_argument("--from", dest="day_from", type=date.fromisoformat, required=True)
+    report.add_argument("--to", dest="day_to", type=date.fromisoformat, required=True)
+    report.add_argument("--group-by", default="team", help="comma-separated: day,team,key,...")
+    report.add_argument("--format", choices=["csv", "json"], default="csv")
+    report.set_defaults(func=cmd_spend_report)
     return parser
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Self
@@ -336,8 +336,8 @@ class FakeOpenAI(FakeServer):
         self,
         request: Request,
         required: str,
-        build: Any,
-        stream: Any,
+        build: Callable[[dict[str, Any], Behaviour], dict[str, Any]],
+        stream: Callable[[dict[str, Any], Behaviour], AsyncIterator[bytes]] | None,
     ) -> Response:
         """The steps every POST shares: record, auth, delay, scripted failure, validation."""
         entry = await self.record(request)
@@ -430,7 +430,11 @@ class FakeOpenAI(FakeServer):
         yield b"data: [DONE]\n\n"
 
     async def _paced(
-        self, deltas: Iterable[dict[str, Any]], behaviour: Behaviour, n: int, chunk: Any
+        self,
+        deltas: Iterable[dict[str, Any]],
+        behaviour: Behaviour,
+        n: int,
+        chunk: Callable[[int, dict[str, Any]], bytes],
     ) -> AsyncIterator[bytes]:
         """Content chunks with the inter-token delay, the stall, the reset, the bad JSON."""
         for sent, delta in enumerate(deltas):

@@ -8,13 +8,22 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.ledger import RedisStore
 from policies import hash_key
-from tests.gateway.conftest import POLICIES
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import (
+    CLIENT_KEY,
+    POLICIES,
+    StartGateway,
+    openai_compatible_policy,
+    wait_for_record,
+)
 from tests.gateway.ledger_fixtures import free_port
 
 EXE = shutil.which("cascade-gateway") or str(Path(sys.executable).parent / "cascade-gateway")
@@ -104,3 +113,35 @@ def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
         proc.wait(timeout=20)
         if proc.stdout:
             proc.stdout.close()
+
+
+async def test_spend_report_matches_the_ledger(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    ledger_store: RedisStore,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    base = start_gateway(openai_compatible_policy(), UPSTREAM_BASE_URL=fake_openai.url).url
+    headers = {"authorization": f"Bearer {CLIENT_KEY}"}
+    ids = []
+    for words in (1, 5, 9):
+        body = {"model": "auto", "messages": [{"role": "user", "content": "w " * words}]}
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+        ids.append(reply.headers["x-request-id"])
+    records = [await wait_for_record(ledger_store, i) for i in ids]
+    today = datetime.now(UTC).date().isoformat()
+    env = {**os.environ, "REDIS_URL": redis_url, "CASCADE_REDIS_PREFIX": redis_prefix}
+    args = ("spend", "report", "--from", today, "--to", today, "--group-by", "team,model")
+    rows = json.loads(run(*args, "--format", "json", env=env).stdout)
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["team"], row["model"], row["requests"]) == ("test", "fake-model", 3)
+    assert row["cost_usd"] == round(sum(r.cost_nanos for r in records) / 1e9, 9)
+    reference = sum(r.reference_cost_nanos for r in records) / 1e9
+    assert row["savings_usd"] == pytest.approx(reference - row["cost_usd"], abs=1e-9)
+    assert row["savings_pct"] > 90  # the example's upstream is far cheaper than gpt-4o
+
+    csv_text = run(*args, env=env).stdout.splitlines()
+    assert csv_text[0].startswith("team,model,requests,errors,")
+    assert csv_text[1].startswith("test,fake-model,3,0,")
