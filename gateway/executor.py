@@ -173,7 +173,7 @@ def final_error(
 
 
 def _is_unavailable(failure: UpstreamFailure) -> bool:
-    return isinstance(failure, UpstreamConnectFailed) or failure.status in (429, 503)
+    return isinstance(failure, UpstreamConnectFailed) or failure.status in (429, 503, 529)
 
 
 async def _close(events: AsyncIterator[bytes]) -> None:

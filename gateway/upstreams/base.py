@@ -11,14 +11,17 @@ so the executor decides retries and fallback from one small vocabulary.
 
 from __future__ import annotations
 
+import email.utils
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 EndpointType = Literal["chat", "completions", "embeddings"]
 
-# Statuses worth another try (on this deployment after backoff, or on the next one).
-RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+# Statuses worth another try (on this deployment after backoff, or on the next one);
+# 529 is Anthropic's "overloaded", a 503 by another name.
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +96,24 @@ class UpstreamClient(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    value = headers.get("retry-after-ms")
+    scale = 1000.0
+    if value is None:
+        value, scale = headers.get("retry-after"), 1.0
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value) / scale)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

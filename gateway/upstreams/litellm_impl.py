@@ -17,12 +17,10 @@ logged at debug level); `completions` is not offered for these providers.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
 import importlib
 import logging
 import os
-import time
 import warnings
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -39,6 +37,7 @@ from gateway.upstreams.base import (
     UpstreamStatus,
     UpstreamTarget,
     UpstreamTimedOut,
+    retry_after,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,9 +102,8 @@ OWN_FIELDS = frozenset({"model", "stream", "stream_options"})
 # (OpenAI-SDK based ones) need an SDK client there; they use litellm's cached clients.
 OWN_CLIENT_PROVIDERS = frozenset({"anthropic"})
 
-# Statuses retryable although `base.RETRYABLE_STATUSES` lacks them: Anthropic's 529
-# "overloaded" is a 503 by another name.
-EXTRA_RETRYABLE_STATUSES = frozenset({529})
+# max_tokens sent when the client gives none, for providers that require one.
+DEFAULT_MAX_TOKENS: dict[str, int] = {"anthropic": 4096}
 
 # Message and delta fields litellm adds that are not OpenAI's.
 LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "thinking_blocks", "citations"})
@@ -210,6 +208,11 @@ class LiteLLMClient:
         self, target: UpstreamTarget, body: dict[str, Any], *, stream: bool = False
     ) -> dict[str, Any]:
         kwargs = self._call_kwargs(target, body, CHAT_PARAMS)
+        default_max = DEFAULT_MAX_TOKENS.get(target.provider)
+        if default_max is not None and not {"max_tokens", "max_completion_tokens"} & set(kwargs):
+            # Anthropic requires max_tokens; litellm would fill in the model's maximum
+            # (128000 for names missing from its map), which the real API rejects.
+            kwargs["max_tokens"] = default_max
         if stream:
             kwargs.update(stream=True, stream_options={"include_usage": True})
         return kwargs
@@ -305,12 +308,9 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
     status = answered.response.status_code if answered else getattr(exc, "status_code", None)
     if isinstance(status, int) and 400 <= status <= 599:
         headers = answered.response.headers if answered else _headers(exc)
-        failure = UpstreamStatus(
+        return UpstreamStatus(
             message, status=status, retry_after_s=retry_after(headers), body=_error_body(exc)
         )
-        if status in EXTRA_RETRYABLE_STATUSES:
-            failure.retryable = True
-        return failure
     logger.warning("%s: unexpected litellm failure", target.deployment, exc_info=exc)
     return UpstreamFailure(message)
 
@@ -330,26 +330,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
             current.__context__,
         ]
     return seen
-
-
-def retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
-    if not headers:
-        return None
-    try:
-        if (millis := headers.get("retry-after-ms")) is not None:
-            return max(0.0, float(millis) / 1000)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(str(value))
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _headers(exc: Exception) -> Mapping[str, str] | None:

@@ -7,10 +7,8 @@ unchanged. Streams are split into SSE events on bytes, without decoding lines tw
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -24,6 +22,7 @@ from gateway.upstreams.base import (
     UpstreamStatus,
     UpstreamTarget,
     UpstreamTimedOut,
+    retry_after,
 )
 
 PATHS: dict[str, str] = {
@@ -145,7 +144,7 @@ def status_failure(
     return UpstreamStatus(
         f"deployment '{target.deployment}' answered {status}: {message}",
         status=status,
-        retry_after_s=retry_after(headers.get("retry-after")),
+        retry_after_s=retry_after(headers),
         body=content,
     )
 
@@ -160,17 +159,3 @@ def upstream_message(content: bytes) -> str | None:
     if isinstance(error, dict):
         return str(error.get("message") or error)
     return str(error) if error else None
-
-
-def retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
