@@ -2,14 +2,13 @@
 
 Usage comes from the upstream when it reports it; otherwise it is counted with
 the tokenizer (`usage_source="counted"`), which also covers streams cut short.
-Ledger writes run in the background so the reply never waits on Redis; `drain()`
-waits for them at shutdown. The ledger spools when Redis is down, so a record
-accepted here is written exactly once.
+Records are queued on the ledger, whose writer batches them to the store, so the
+reply never waits on Redis; the ledger spools when Redis is down and flushes at
+shutdown, so a record accepted here is written exactly once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -84,7 +83,6 @@ class Accountant:
     def __init__(self, ledger: CostLedger, metrics: Metrics) -> None:
         self._ledger = ledger
         self._metrics = metrics
-        self._pending: set[asyncio.Task[None]] = set()
 
     def settle(
         self,
@@ -123,9 +121,7 @@ class Accountant:
             ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
         )
         self._observe(record, deployment)
-        task = asyncio.get_running_loop().create_task(self._ledger.record(record))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._ledger.submit(record)
         return record
 
     def _observe(self, record: SpendRecord, deployment: DeploymentRuntime) -> None:
@@ -137,10 +133,3 @@ class Accountant:
         m.reference_cost.labels(record.route, record.team).inc(usd(record.reference_cost_nanos))
         if not deployment.price.priced:
             m.unpriced.labels(record.deployment).inc()
-
-    async def drain(self, timeout_s: float) -> None:
-        """Wait for background ledger writes (shutdown)."""
-        if self._pending:
-            _, late = await asyncio.wait(set(self._pending), timeout=timeout_s)
-            if late:
-                log.error("%d ledger writes still pending at shutdown", len(late))

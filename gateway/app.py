@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await stop_services(services)
 
     app = FastAPI(title="cascade-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.include_router(endpoints.router)
+    app.router.routes.extend(endpoints.ROUTES)
     app.include_router(admin.router)
     app.add_exception_handler(GatewayError, gateway_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error_handler)  # type: ignore[arg-type]
@@ -74,9 +74,7 @@ async def start_services(settings: Settings) -> Services:
     ledger = CostLedger(store, Spool(settings.spool_path))
     ledger.start()
     clients: dict[str, UpstreamClient] = {
-        "openai": OpenAICompatibleClient(
-            settings.upstream_max_connections, settings.upstream_max_keepalive
-        ),
+        "openai": OpenAICompatibleClient(settings.upstream_max_connections),
         "litellm": LiteLLMClient(),
     }
     accountant = Accountant(ledger, metrics)
@@ -104,8 +102,7 @@ async def start_services(settings: Settings) -> Services:
 async def stop_services(services: Services) -> None:
     if services.reloader is not None:
         await services.reloader.stop()
-    await services.accountant.drain(services.settings.shutdown_grace_s)
-    await services.ledger.stop()
+    await services.ledger.stop(services.settings.shutdown_grace_s)
     for client in services.clients.values():
         await client.close()
     await services.store.close()

@@ -1,42 +1,38 @@
 """The OpenAI-compatible surface: /v1/chat/completions, /v1/completions,
-/v1/embeddings and /v1/models."""
+/v1/embeddings and /v1/models.
+
+These are plain Starlette routes, not FastAPI path operations: they take no
+parameters FastAPI could validate (the body is checked by `gateway.validation`), and
+FastAPI's per-request dependency solving costs more than the rest of the proxying.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gateway.errors import PayloadTooLarge
 from gateway.proxy import new_request_id
-from gateway.services import Services, get_services
+from gateway.services import Services
 from gateway.upstreams.base import EndpointType
 from gateway.validation import parse_body
 
-router = APIRouter()
-ServicesDep = Annotated[Services, Depends(get_services)]
+
+async def chat_completions(request: Request) -> Response:
+    return await _proxy(request, "chat")
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, services: ServicesDep) -> Response:
-    return await _proxy(request, services, "chat")
+async def completions(request: Request) -> Response:
+    return await _proxy(request, "completions")
 
 
-@router.post("/v1/completions")
-async def completions(request: Request, services: ServicesDep) -> Response:
-    return await _proxy(request, services, "completions")
+async def embeddings(request: Request) -> Response:
+    return await _proxy(request, "embeddings")
 
 
-@router.post("/v1/embeddings")
-async def embeddings(request: Request, services: ServicesDep) -> Response:
-    return await _proxy(request, services, "embeddings")
-
-
-@router.get("/v1/models")
-async def models(request: Request, services: ServicesDep) -> Response:
-    runtime = services.runtime
+async def models(request: Request) -> Response:
+    runtime = _services(request).runtime
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "cascade-gateway"}
@@ -45,8 +41,22 @@ async def models(request: Request, services: ServicesDep) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-async def _proxy(request: Request, services: Services, endpoint: EndpointType) -> Response:
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+]
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def _proxy(request: Request, endpoint: EndpointType) -> Response:
     request.state.request_id = request_id = new_request_id()
+    services = _services(request)
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
     raw = await read_body(request, runtime.max_body_bytes)

@@ -40,6 +40,8 @@ class Services:
         log.info("policy reloaded (digest %s)", loaded.digest[:12])
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    """FastAPI dependency. Async on purpose: FastAPI runs a plain `def` dependency in
+    a worker thread, which costs more than the whole proxying of a request."""
     services: Services = request.app.state.services
     return services

@@ -31,7 +31,6 @@ class Settings(BaseSettings):
     spool_path: Path = Path("var/ledger.spool")
     # Upstream connection pool (shared by every OpenAI-compatible deployment).
     upstream_max_connections: int = 1000
-    upstream_max_keepalive: int = 200
     # Cap on one backoff wait; a longer Retry-After moves on to the next deployment.
     max_retry_wait_s: float = 5.0
     # Seconds to wait for in-flight ledger writes on shutdown.

@@ -1,10 +1,12 @@
 """The cost ledger the gateway talks to: a store, with a disk spool for outages.
 
-`record` never raises because the store is down: the record goes to the spool, the
-ledger turns `degraded` and stops trying the store on the request path (so an outage
-costs no per-request timeouts); a background task pings the store every interval and,
-once it answers, goes back to writing through and replays the spool. Outages and
-recoveries are logged once each, not per request.
+The gateway calls `submit`, which only queues: a writer task sends what has queued up
+in one pipelined batch (`record_many`), so under load many records share one Redis
+round trip and no request ever waits on Redis. Neither `submit` nor `record` raises
+because the store is down: the records go to the spool, the ledger turns `degraded`
+and stops trying the store (so an outage costs no per-request timeouts); a background
+task pings the store every interval and, once it answers, goes back to writing through
+and replays the spool. Outages and recoveries are logged once each, not per request.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from datetime import date
 
@@ -20,6 +24,8 @@ from gateway.ledger.spool import Spool
 from gateway.ledger.store import LedgerStore, LedgerUnavailable
 
 logger = logging.getLogger(__name__)
+
+BATCH_MAX = 256  # records per pipelined write
 
 
 class CostLedger:
@@ -40,6 +46,10 @@ class CostLedger:
         self._in_episode = False  # an outage was logged and its recovery not yet
         self._dropped = 0
         self._task: asyncio.Task[None] | None = None
+        self._queue: deque[SpendRecord] = deque()
+        self._wakeup = asyncio.Event()
+        self._in_flight: list[SpendRecord] = []  # taken off the queue, not yet written
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def degraded(self) -> bool:
@@ -55,25 +65,62 @@ class CostLedger:
         """Records lost because the store was down and the spool could not be written."""
         return self._dropped
 
-    async def record(self, rec: SpendRecord) -> None:
-        """Write `rec` to the store, or to the spool if the store is unreachable.
+    def submit(self, rec: SpendRecord) -> None:
+        """Queue `rec` for the writer task; returns at once (needs a running loop)."""
+        self._queue.append(rec)
+        self._wakeup.set()
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
-        Only `LedgerUnavailable` is absorbed; any other store error is a bug and propagates.
-        """
+    async def record(self, rec: SpendRecord) -> None:
+        """Write `rec` now, to the store or, if it is unreachable, to the spool."""
+        await self._write([rec])
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until every submitted record is written or spooled; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue or self._in_flight:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                size = min(BATCH_MAX, len(self._queue))
+                batch = self._in_flight = [self._queue.popleft() for _ in range(size)]
+                try:
+                    await self._write(batch)
+                except Exception:  # a bug must not end the writer and strand the queue
+                    logger.exception("writing %d spend record(s) failed", len(batch))
+                    await self._to_spool(batch)
+                self._in_flight = []
+
+    async def _write(self, batch: list[SpendRecord]) -> None:
+        """Only `LedgerUnavailable` is absorbed; any other store error is a bug."""
         if not self._store_down:
             try:
-                await self._store.record(rec)
+                await self._store.record_many(batch)
                 return
             except LedgerUnavailable as exc:
                 self._enter_outage(exc)
-        try:
-            await asyncio.to_thread(self._spool.append, rec)
-        except OSError:
-            self._dropped += 1
-            if self._dropped == 1 or self._dropped % 1000 == 0:
-                logger.exception(
-                    "cannot spool spend to %s; %d record(s) lost", self._spool.path, self._dropped
-                )
+        await self._to_spool(batch)
+
+    async def _to_spool(self, batch: list[SpendRecord]) -> None:
+        for rec in batch:
+            try:
+                await asyncio.to_thread(self._spool.append, rec)
+            except OSError:
+                self._dropped += 1
+                if self._dropped == 1 or self._dropped % 1000 == 0:
+                    logger.exception(
+                        "cannot spool spend to %s; %d record(s) lost",
+                        self._spool.path,
+                        self._dropped,
+                    )
 
     async def aggregate(
         self, day_from: date, day_to: date, group_by: Sequence[str]
@@ -93,13 +140,23 @@ class CostLedger:
                 logger.info("%d spooled spend record(s) to replay", self._spool.pending)
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> None:
-        """Stop the replay task; spooled records stay on disk for the next start."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Write what is queued (or spool it), then stop the background tasks; spooled
+        records stay on disk for the next start."""
+        if not await self.flush(timeout_s):
+            logger.error("ledger writes did not finish in %.0fs; spooling the rest", timeout_s)
+        tasks = [self._writer, self._task]
+        self._writer = self._task = None
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        # A batch cut off mid-write may be in the store already: replay dedupes it.
+        leftover = self._in_flight + list(self._queue)
+        self._in_flight = []
+        self._queue.clear()
+        await self._to_spool(leftover)
 
     async def _run(self) -> None:
         while True:

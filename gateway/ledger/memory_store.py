@@ -53,6 +53,9 @@ class MemoryStore:
             totals[i] += amount
         return True
 
+    async def record_many(self, recs: Sequence[SpendRecord]) -> list[bool]:
+        return [await self.record(rec) for rec in recs]
+
     async def get(self, record_id: str) -> SpendRecord | None:
         entry = self._records.get(record_id)
         return None if entry is None else entry[1]

@@ -26,6 +26,10 @@ class LedgerUnavailable(Exception):
 class LedgerStore(Protocol):
     async def record(self, rec: SpendRecord) -> bool: ...
 
+    async def record_many(self, recs: Sequence[SpendRecord]) -> list[bool]:
+        """`record` for each record, in order; one round trip where the store allows."""
+        ...
+
     async def get(self, record_id: str) -> SpendRecord | None: ...
 
     async def aggregate(

@@ -1,5 +1,6 @@
 """The fast path: OpenAI-compatible upstreams (vLLM, OpenAI, any compatible server)
-called directly over one pooled `httpx.AsyncClient`.
+called directly over one pooled `httpx.AsyncClient` (its connections are aiohttp's,
+see `aiohttp_transport`).
 
 Non-streaming replies keep the upstream's raw bytes so the gateway can forward them
 unchanged. Streams are split into SSE events on bytes, without decoding lines twice.
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway.upstreams.aiohttp_transport import AiohttpTransport
 from gateway.upstreams.base import (
     EndpointType,
     UpstreamConnectFailed,
@@ -35,11 +37,9 @@ PATHS: dict[str, str] = {
 class OpenAICompatibleClient:
     """UpstreamClient for servers that speak OpenAI's HTTP API."""
 
-    def __init__(self, max_connections: int = 1000, max_keepalive: int = 200) -> None:
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_keepalive
-        )
-        self._http = httpx.AsyncClient(limits=limits, trust_env=False)
+    def __init__(self, max_connections: int = 1000) -> None:
+        transport = AiohttpTransport(max_connections=max_connections)
+        self._http = httpx.AsyncClient(transport=transport, trust_env=False)
 
     async def close(self) -> None:
         await self._http.aclose()

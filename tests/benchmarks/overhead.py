@@ -391,11 +391,18 @@ class Bench:
         return child
 
 
-def check_ledger(bench: Bench, gateway: Child, base: str, expected: int, warmups: int) -> bool:
-    """Stop the gateway (it drains pending writes) and compare counts; True if they agree."""
-    answered = gateway_ok_count(base)
-    gateway.stop()
-    spooled = spooled_lines(bench.tmp / "ledger.spool")
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc); None if unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report_ledger(bench: Bench, answered: int | None, expected: int, warmups: int) -> bool:
+    """Compare the ledger with the requests answered (after the gateway drained its
+    writes on shutdown); True if they agree."""
     print("\n== ledger")
     print(
         f"driver: {expected - warmups} measured ok + {warmups} warm-up sent = {expected} "
@@ -406,6 +413,7 @@ def check_ledger(bench: Bench, gateway: Child, base: str, expected: int, warmups
         print("ledger: in memory (--no-redis), not counted")
         return True
     events = bench.ledger.event_count()
+    spooled = spooled_lines(bench.tmp / "ledger.spool")
     print(
         f"redis {bench.ledger.prefix}{{ledger}}:events XLEN: {events}; spooled locally: {spooled}"
     )
@@ -417,25 +425,42 @@ def check_ledger(bench: Bench, gateway: Child, base: str, expected: int, warmups
     return consistent
 
 
+def report_cpu(used_s: float | None, answered: int | None) -> None:
+    if used_s is None or not answered:
+        return
+    print(
+        f"gateway CPU while loaded: {used_s:.2f} s for {answered} requests = "
+        f"{1000 * used_s / answered:.2f} ms/request (a ceiling of ~{answered / used_s:.0f} "
+        "req/s on one core)"
+    )
+
+
 def run(args: argparse.Namespace, tmp: Path, ledger: RedisLedger | None) -> bool:
     bench = Bench(args, tmp, ledger, [])
     try:
         key = "cg-bench-" + secrets.token_hex(16)
         upstream = bench.start_upstream()
         gateway, base = bench.start_gateway(upstream, key)
-        log.info("gateway ready at %s (pid %d), upstream %s", base, gateway.popen.pid, upstream)
+        pid = gateway.popen.pid
+        log.info("gateway ready at %s (pid %d), upstream %s", base, pid, upstream)
+        cpu_start = cpu_seconds(pid)
         if args.profile:
-            bench.start_profiler(gateway.popen.pid)
+            bench.start_profiler(pid)
         out = tmp / "driver.json"
         bench.run_driver(upstream, base, key, out)
         bench.stop_profiler()
         if not gateway.running():
             raise BenchmarkError(f"the gateway died during the run:\n{gateway.tail()}")
-        met = report(summarize(json.loads(out.read_text())))
+        cpu_end, answered = cpu_seconds(pid), gateway_ok_count(base)
+        gateway.stop()  # drains the pending ledger writes before we count them
+        results = json.loads(out.read_text())
+        met = report(summarize(results))
         rates = [float(rate) for rate in args.rates.split(",")]
         warmups = warmup_requests(rates, len(args.modes.split(",")), args.reps)
-        measured = sum(r["ok"] for r in json.loads(out.read_text()) if r["target"] == "gateway")
-        consistent = check_ledger(bench, gateway, base, measured + warmups, warmups)
+        measured = sum(r["ok"] for r in results if r["target"] == "gateway")
+        consistent = report_ledger(bench, answered, measured + warmups, warmups)
+        used = None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+        report_cpu(used, answered)
         return met and consistent
     finally:
         bench.stop_all()
@@ -504,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_cpus(args)
 
     def terminate(signum: int, frame: object) -> None:
+        log.error("terminated; stopping processes and deleting keys")
         raise SystemExit(128 + signum)  # unwinds through the finally blocks below
 
     signal.signal(signal.SIGTERM, terminate)

@@ -165,3 +165,13 @@ async def test_concurrent_records_count_exactly_once(store: LedgerStore) -> None
 
 async def test_ping(store: LedgerStore) -> None:
     assert await store.ping() is True
+
+
+async def test_record_many_is_record_for_each_in_one_call(store: LedgerStore) -> None:
+    records = [make_record(i) for i in range(50)]
+    await store.record(records[3])
+    batch = [*records, records[7]]  # one seen before, one repeated inside the batch
+    added = await store.record_many(batch)
+    assert added == [i != 3 for i in range(50)] + [False]
+    assert await store.aggregate(*WIDE, ["team"]) == expected_rows(records, ["team"])
+    assert sorted(e.record_id for e in await store.events()) == sorted(r.record_id for r in records)

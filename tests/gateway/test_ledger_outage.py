@@ -254,3 +254,29 @@ async def test_ledger_replays_a_spool_left_by_a_previous_run(tmp_path: Path) -> 
     finally:
         await ledger.stop()
     await assert_exactly(store, records)
+
+
+async def test_batch_after_redis_restart_reloads_the_script(
+    redis_server: RedisServer, private_store: RedisStore
+) -> None:
+    first = [make_record(i) for i in range(5)]
+    assert await private_store.record_many(first) == [True] * 5
+    redis_server.kill()  # scripts live in memory only: the restarted server has none
+    redis_server.start()
+    second = [make_record(i) for i in range(5, 12)]
+    assert await private_store.record_many(second) == [True] * 7
+    await assert_exactly(private_store, first + second)
+
+
+async def test_submitted_records_are_batched_and_flushed(tmp_path: Path) -> None:
+    store = MemoryStore()
+    ledger = CostLedger(store, Spool(tmp_path / "spool"))
+    ledger.start()
+    records = [make_record(i) for i in range(600)]
+    for rec in records:
+        ledger.submit(rec)
+    assert await ledger.flush(10)
+    await assert_exactly(store, records)
+    ledger.submit(make_record(600))
+    await ledger.stop()  # stop flushes what is still queued
+    assert len(await store.events(limit=10_000)) == 601
