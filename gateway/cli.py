@@ -33,6 +33,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
     )
+    # httpx logs every request at INFO: per-request logging costs more than proxying.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,

@@ -40,6 +40,7 @@ class OpenAICompatibleClient:
     def __init__(self, max_connections: int = 1000) -> None:
         transport = AiohttpTransport(max_connections=max_connections)
         self._http = httpx.AsyncClient(transport=transport, trust_env=False)
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -85,19 +86,34 @@ class OpenAICompatibleClient:
     def _request(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
     ) -> httpx.Request:
+        # Built directly rather than with `build_request`, which re-merges the client's
+        # defaults and re-parses the URL on every call.
         if target.api_base is None:
             raise UpstreamConnectFailed(f"deployment '{target.deployment}' has no api_base")
         headers = {"content-type": "application/json", **target.headers}
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
-        timeout = httpx.Timeout(target.timeout_s, connect=target.connect_timeout_s)
-        return self._http.build_request(
+        timeout = {
+            "connect": target.connect_timeout_s,
+            "read": target.timeout_s,
+            "write": target.timeout_s,
+            "pool": target.timeout_s,
+        }
+        return httpx.Request(
             "POST",
-            target.api_base.rstrip("/") + PATHS[endpoint],
+            self._url(target.api_base, endpoint),
             content=orjson.dumps(body),
             headers=headers,
-            timeout=timeout,
+            extensions={"timeout": timeout},
         )
+
+    def _url(self, api_base: str, endpoint: EndpointType) -> httpx.URL:
+        url = self._urls.get((api_base, endpoint))
+        if url is None:
+            url = self._urls[(api_base, endpoint)] = httpx.URL(
+                api_base.rstrip("/") + PATHS[endpoint]
+            )
+        return url
 
 
 async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
