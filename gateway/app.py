@@ -6,6 +6,7 @@ policy reloader are created in the lifespan and closed with it.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,6 +42,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = await start_services(settings)
         app.state.services = services
+        # Everything allocated so far lives as long as the process: keep it out of
+        # the collector's scans, whose full passes would otherwise stall requests.
+        gc.freeze()
         try:
             yield
         finally:

@@ -48,19 +48,21 @@ _UNREACHABLE = (
 
 # KEYS: 1 rec, 2 day hash, 3..8 per-dimension hashes (DIMENSIONS order), 9 days, 10 events.
 # ARGV: 1 record JSON, 2 dedupe ttl, 3 aggregate ttl, 4 stream maxlen, 5 day score,
-#       6 day, 7 record_id, 8 dimension-tuple JSON, 9..14 dimension values,
-#       15..20 metric amounts (METRICS order).
+#       6 day, 7 record_id, 8 dimension-tuple JSON, 9..14 metric amounts (METRICS order).
+# The dimension values are decoded from ARGV[8] in Lua (they are strings); the amounts
+# stay separate arguments because cjson would round large integers.
 _RECORD_LUA = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return 0
 end
+local dims = cjson.decode(ARGV[8])
 local metrics = {__METRICS__}
 for m = 1, #metrics do
-  local amount = ARGV[14 + m]
+  local amount = ARGV[8 + m]
   if amount ~= '0' then
     redis.call('HINCRBY', KEYS[2], metrics[m] .. '|' .. ARGV[8], amount)
     for d = 1, 6 do
-      redis.call('HINCRBY', KEYS[2 + d], metrics[m] .. '|' .. ARGV[8 + d], amount)
+      redis.call('HINCRBY', KEYS[2 + d], metrics[m] .. '|' .. dims[d], amount)
     end
   end
 end
@@ -161,7 +163,6 @@ class RedisStore:
             day,
             rec.record_id,
             orjson.dumps(dims),
-            *dims,
             *metrics_of(rec),
         ]
         return keys, args
