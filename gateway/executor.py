@@ -55,11 +55,11 @@ class Completed:
 
 @dataclass(slots=True)
 class Opened:
-    """A stream whose first event has arrived; `rest` yields the others."""
+    """A stream whose first events have arrived; `rest` yields the others."""
 
     deployment: DeploymentRuntime
-    first: bytes
-    rest: AsyncIterator[bytes]
+    first: list[bytes]
+    rest: AsyncIterator[list[bytes]]
     attempts: int
 
 
@@ -89,7 +89,7 @@ class Executor:
     async def open_stream(
         self, candidates: list[DeploymentRuntime], endpoint: EndpointType, body: dict[str, Any]
     ) -> Opened:
-        async def call(d: DeploymentRuntime) -> tuple[bytes, AsyncIterator[bytes]]:
+        async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
             events = self.client_for(d).stream(d.target, endpoint, upstream_body(d, body))
             try:
                 first = await anext(events)
@@ -176,7 +176,7 @@ def _is_unavailable(failure: UpstreamFailure) -> bool:
     return isinstance(failure, UpstreamConnectFailed) or failure.status in (429, 503, 529)
 
 
-async def _close(events: AsyncIterator[bytes]) -> None:
+async def _close(events: AsyncIterator[list[bytes]]) -> None:
     aclose = getattr(events, "aclose", None)
     if aclose is not None:
         await aclose()

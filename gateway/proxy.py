@@ -121,20 +121,14 @@ class Proxy:
         wants_usage: bool,
         ttft: float,
     ) -> AsyncIterator[bytes]:
-        seen: list[bytes] = []
-        usage: Usage | None = None
+        tally = StreamTally(wants_usage)
         status: StatusType = "partial"
         try:
-            payload: bytes | None = opened.first
-            while payload is not None:
-                seen.append(payload)
-                forward = True
-                if b'"usage"' in payload and (event := _parse(payload)) is not None:
-                    usage = reported_usage(event) or usage
-                    forward = wants_usage or bool(event.get("choices"))
-                if forward:
-                    yield b"data: " + payload + b"\n\n"
-                payload = await anext(opened.rest, None)
+            events: list[bytes] | None = opened.first
+            while events is not None:
+                if frame := tally.frame(events):
+                    yield frame
+                events = await anext(opened.rest, None)
             status = "ok"
             yield b"data: [DONE]\n\n"
         except UpstreamFailure as failure:
@@ -142,10 +136,9 @@ class Proxy:
             log.warning("stream %s broke after it started: %s", call.request_id, failure.message)
             yield sse_error(failure)
         finally:
-            if usage is None:
-                usage = counted_usage(
-                    opened.deployment.target.model, endpoint, body, _stream_texts(seen)
-                )
+            usage = tally.usage or counted_usage(
+                opened.deployment.target.model, endpoint, body, _stream_texts(tally.seen)
+            )
             self._accountant.settle(call, opened.deployment, usage, status=status, ttft_s=ttft)
             self._observe(call, opened.deployment, "200")
             await _close(opened.rest)
@@ -156,6 +149,28 @@ class Proxy:
         m.latency.labels(call.route.name, deployment.name).observe(
             time.perf_counter() - call.started
         )
+
+
+class StreamTally:
+    """What a relayed stream carried: every payload (to count tokens if the upstream
+    reports no usage) and the usage it reported."""
+
+    def __init__(self, wants_usage: bool) -> None:
+        self.wants_usage = wants_usage
+        self.seen: list[bytes] = []
+        self.usage: Usage | None = None
+
+    def frame(self, events: list[bytes]) -> bytes:
+        """The SSE bytes to forward for events that arrived together (one write)."""
+        self.seen.extend(events)
+        out: list[bytes] = []
+        for payload in events:
+            if b'"usage"' in payload and (event := _parse(payload)) is not None:
+                self.usage = reported_usage(event) or self.usage
+                if not self.wants_usage and not event.get("choices"):
+                    continue  # the usage-only event the client did not ask for
+            out.append(b"data: " + payload + b"\n\n")
+        return b"".join(out)
 
 
 def cascade_headers(call: Call, deployment: DeploymentRuntime, attempts: int) -> dict[str, str]:
@@ -192,7 +207,7 @@ def _stream_texts(payloads: list[bytes]) -> list[str]:
     return texts
 
 
-async def _close(events: AsyncIterator[bytes]) -> None:
+async def _close(events: AsyncIterator[list[bytes]]) -> None:
     aclose = getattr(events, "aclose", None)
     if aclose is not None:
         try:

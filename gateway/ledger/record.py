@@ -7,6 +7,7 @@ Money is kept as integer nano-dollars (1e-9 USD) so that sums in Redis
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +20,12 @@ StatusType = Literal["ok", "error", "partial"]
 UsageSourceType = Literal["upstream", "counted", "none"]
 
 NANOS_PER_USD = 1_000_000_000
+
+
+@functools.lru_cache(maxsize=64)
+def utc_day(epoch_day: int) -> str:
+    """`YYYY-MM-DD` of a day counted from 1970-01-01 (formatting dates is not free)."""
+    return datetime.fromtimestamp(epoch_day * 86400, UTC).strftime("%Y-%m-%d")
 
 
 def to_nanos(usd: float) -> int:
@@ -57,7 +64,7 @@ class SpendRecord:
 
     @property
     def day(self) -> str:
-        return datetime.fromtimestamp(self.ts, UTC).strftime("%Y-%m-%d")
+        return utc_day(int(self.ts // 86400))
 
     def dimension(self, name: str) -> str:
         return self.day if name == "day" else str(getattr(self, name))

@@ -88,10 +88,11 @@ class UpstreamClient(Protocol):
 
     def stream(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
-    ) -> AsyncIterator[bytes]:
-        """A streaming call yielding each SSE event's JSON payload (the text after
-        `data: `, without `[DONE]`), in OpenAI chunk format. Failures before the first
-        payload raise UpstreamFailure from the first `__anext__`; later ones too, and
+    ) -> AsyncIterator[list[bytes]]:
+        """A streaming call yielding SSE event payloads (the text after `data: `, without
+        `[DONE]`) in OpenAI chunk format, in non-empty lists of the events that arrived
+        together, so the gateway can forward them in one write. Failures before the
+        first list raise UpstreamFailure from the first `__anext__`; later ones too, and
         the caller must not retry them silently."""
         ...
 

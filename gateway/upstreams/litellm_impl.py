@@ -178,7 +178,7 @@ class LiteLLMClient:
 
     async def stream(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[list[bytes]]:
         """Stream a chat call as OpenAI chunk JSON payloads. litellm is always asked for
         usage, so the last payload carries it (the caller strips it if not wanted)."""
         _require_chat(target, endpoint)
@@ -191,7 +191,7 @@ class LiteLLMClient:
                     chunk = await _call(target, anext(chunks))
                 except StopAsyncIteration:
                     return
-                yield orjson.dumps(chunk_body(chunk.model_dump()))
+                yield [orjson.dumps(chunk_body(chunk.model_dump()))]
         finally:
             await chunks.aclose()  # releases the connection when the caller stops early
 

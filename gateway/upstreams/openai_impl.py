@@ -68,7 +68,7 @@ class OpenAICompatibleClient:
 
     async def stream(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncIterator[list[bytes]]:
         request = self._request(target, endpoint, body)
         with translate_errors(target):
             response = await self._http.send(request, stream=True)
@@ -78,8 +78,11 @@ class OpenAICompatibleClient:
                     content = await response.aread()
                 raise status_failure(target, response.status_code, response.headers, content)
             with translate_errors(target):
-                async for payload in sse_payloads(response.aiter_raw()):
-                    yield payload
+                chunks = response.aiter_raw()
+                async for events in sse_events(chunks):
+                    yield events
+                async for _ in chunks:  # read past [DONE] so the connection is reused
+                    pass
         finally:
             await response.aclose()
 
@@ -116,25 +119,31 @@ class OpenAICompatibleClient:
         return url
 
 
-async def sse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Yield the data of each SSE event (joined `data:` lines), stopping at `[DONE]`."""
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """Yield the data of the SSE events (joined `data:` lines) completed by each chunk
+    read, as a list per read; stops at `[DONE]`."""
     buffer = b""
     data: list[bytes] = []
     async for chunk in chunks:
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
+        events: list[bytes] = []
         for raw_line in lines:
             line = raw_line.rstrip(b"\r")
             if line.startswith(b"data:"):
                 data.append(line[5:].lstrip(b" "))
-            elif not line and data:  # blank line ends an event
+            elif not line and data:  # a blank line ends an event
                 payload = b"\n".join(data)
                 data = []
                 if payload == b"[DONE]":
+                    if events:
+                        yield events
                     return
-                yield payload
+                events.append(payload)
+        if events:
+            yield events
     if data and (payload := b"\n".join(data)) != b"[DONE]":
-        yield payload
+        yield [payload]
 
 
 @contextmanager

@@ -46,7 +46,8 @@ def anthropic_target(fake: FakeAnthropic, **changes: object) -> UpstreamTarget:
 
 
 async def collect(client: LiteLLMClient, target: UpstreamTarget) -> list[dict[str, object]]:
-    return [orjson.loads(p) async for p in client.stream(target, "chat", dict(CHAT))]
+    stream = client.stream(target, "chat", dict(CHAT))
+    return [orjson.loads(p) async for events in stream for p in events]
 
 
 async def test_complete_returns_openai_body(
@@ -122,7 +123,8 @@ async def test_stream_closed_early_releases_the_call(
     fake_anthropic.itl_s = 0.05
     target = anthropic_target(fake_anthropic)
     stream = client.stream(target, "chat", dict(CHAT))
-    first = orjson.loads(await anext(stream))
+    [first_payload] = await anext(stream)
+    first = orjson.loads(first_payload)
     await stream.aclose()  # type: ignore[attr-defined]
     assert first["object"] == "chat.completion.chunk"
     reply = await client.complete(target, "chat", dict(CHAT))
