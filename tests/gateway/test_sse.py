@@ -26,7 +26,8 @@ async def test_crlf_comments_multiline_and_done() -> None:
     assert await collect(stream, b"data: after-done\n\n") == [[b"x\ny", b"z"]]
 
 
-async def test_byte_by_byte_and_unterminated_tail() -> None:
-    stream = b'data: {"k": "v"}\n\ndata: tail'
+async def test_byte_by_byte_and_a_last_event_without_blank_line() -> None:
+    stream = b'data: {"k": "v"}\n\ndata: tail\ndata: cut-in-the-midd'
     got = await collect(*(stream[i : i + 1] for i in range(len(stream))))
+    # A complete last line still counts (lenient); a line cut mid-way does not.
     assert got == [[b'{"k": "v"}'], [b"tail"]]
