@@ -78,7 +78,9 @@ async def start_services(settings: Settings) -> Services:
     ledger = CostLedger(store, Spool(settings.spool_path))
     ledger.start()
     clients: dict[str, UpstreamClient] = {
-        "openai": OpenAICompatibleClient(settings.upstream_max_connections),
+        "openai": OpenAICompatibleClient(
+            settings.upstream_max_connections, settings.upstream_transport
+        ),
         "litellm": LiteLLMClient(),
     }
     accountant = Accountant(ledger, metrics)

@@ -7,6 +7,7 @@ process itself. `REDIS_URL` is read without the prefix, as most platforms set it
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -31,6 +32,9 @@ class Settings(BaseSettings):
     spool_path: Path = Path("var/ledger.spool")
     # Upstream connection pool (shared by every OpenAI-compatible deployment).
     upstream_max_connections: int = 1000
+    # Connection pool under the OpenAI-compatible client: "aiohttp" (fastest) or
+    # "httpcore" (httpx's own).
+    upstream_transport: Literal["aiohttp", "httpcore"] = "aiohttp"
     # Cap on one backoff wait; a longer Retry-After moves on to the next deployment.
     max_retry_wait_s: float = 5.0
     # Seconds to wait for in-flight ledger writes on shutdown.

@@ -48,8 +48,17 @@ def second() -> Iterator[FakeOpenAI]:
         yield fake
 
 
-@pytest.fixture
-def start(start_gateway: StartGateway, fake_openai: FakeOpenAI, second: FakeOpenAI) -> Any:
+@pytest.fixture(params=["aiohttp", "httpcore"])
+def start(
+    request: pytest.FixtureRequest,
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    second: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Any:
+    """Starts the gateway; every fault test runs over both connection pools."""
+    monkeypatch.setenv("CASCADE_UPSTREAM_TRANSPORT", request.param)
+
     def run(**env: str) -> str:
         urls = {"FIRST_URL": fake_openai.url, "SECOND_URL": second.url}
         return start_gateway(TWO_DEPLOYMENTS, **{**urls, **env}).url
