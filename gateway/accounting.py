@@ -127,9 +127,9 @@ class Accountant:
     def _observe(self, record: SpendRecord, deployment: DeploymentRuntime) -> None:
         m = self._metrics
         labels = (record.route, record.deployment, record.team)
-        m.tokens.labels(*labels, "prompt").inc(record.prompt_tokens)
-        m.tokens.labels(*labels, "completion").inc(record.completion_tokens)
-        m.cost.labels(*labels).inc(usd(record.cost_nanos))
-        m.reference_cost.labels(record.route, record.team).inc(usd(record.reference_cost_nanos))
+        m.child(m.tokens, *labels, "prompt").inc(record.prompt_tokens)
+        m.child(m.tokens, *labels, "completion").inc(record.completion_tokens)
+        m.child(m.cost, *labels).inc(usd(record.cost_nanos))
+        m.child(m.reference_cost, record.route, record.team).inc(usd(record.reference_cost_nanos))
         if not deployment.price.priced:
-            m.unpriced.labels(record.deployment).inc()
+            m.child(m.unpriced, record.deployment).inc()

@@ -13,7 +13,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.errors import PayloadTooLarge
-from gateway.proxy import new_request_id
 from gateway.services import Services
 from gateway.upstreams.base import EndpointType
 from gateway.validation import parse_body
@@ -55,8 +54,8 @@ def _services(request: Request) -> Services:
 
 
 async def _proxy(request: Request, endpoint: EndpointType) -> Response:
-    request.state.request_id = request_id = new_request_id()
     services = _services(request)
+    request.state.request_id = request_id = services.proxy.request_ids.next()
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
     principal = runtime.keys.authenticate(request.headers.get("authorization"))
     raw = await read_body(request, runtime.max_body_bytes)

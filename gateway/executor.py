@@ -138,7 +138,7 @@ class Executor:
         return min(self._max_wait, backoff * random.uniform(0.5, 1.5))
 
     def _count(self, deployment: DeploymentRuntime, outcome: str) -> None:
-        self._metrics.upstream_attempts.labels(deployment.name, outcome).inc()
+        self._metrics.child(self._metrics.upstream_attempts, deployment.name, outcome).inc()
 
 
 def upstream_body(deployment: DeploymentRuntime, body: dict[str, Any]) -> dict[str, Any]:

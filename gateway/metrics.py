@@ -6,8 +6,11 @@ Names are a contract with dashboards/ and alert rules: change them together.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 # Latency buckets in seconds: gateway overhead is sub-millisecond, LLM calls take seconds.
 LATENCY_BUCKETS = (
@@ -19,6 +22,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 class Metrics:
     def __init__(self) -> None:
+        self.child = LabelCache()  # self.child(self.requests, "auto", ...).inc()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -94,3 +98,18 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class LabelCache:
+    """Children of labelled metrics by label values. `labels()` validates and locks on
+    every call; the request path asks for the same few children over and over."""
+
+    def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
