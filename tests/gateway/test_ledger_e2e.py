@@ -99,3 +99,19 @@ async def test_redis_dies_under_traffic_and_spend_is_replayed_exactly_once(
         await asyncio.sleep(0.1)
     assert sorted(r.record_id for r in records) == sorted(ids)  # all there, none twice
     await store.close()
+
+
+async def test_shutdown_finishes_in_flight_requests_and_flushes_the_ledger(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    server = start_gateway(openai_compatible_policy(), UPSTREAM_BASE_URL=fake_openai.url)
+    fake_openai.delay_s = 1.0
+    async with httpx.AsyncClient(timeout=30) as client:
+        in_flight = [asyncio.create_task(send(client, server.url, i)) for i in range(6)]
+        while len(fake_openai.requests) < 6:  # all six reached the upstream
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(server.stop)  # graceful: waits for them
+        responses = await asyncio.gather(*in_flight)
+    assert [r.status_code for r in responses] == [200] * 6
+    for response in responses:  # written before the process would have exited
+        assert await ledger_store.get(response.headers["x-request-id"]) is not None
