@@ -56,6 +56,7 @@ class CostLedger:
         self._wakeup = asyncio.Event()
         self._in_flight: list[SpendRecord] = []  # taken off the queue, not yet written
         self._writer: asyncio.Task[None] | None = None
+        self._stopped = False
 
     @property
     def degraded(self) -> bool:
@@ -72,10 +73,18 @@ class CostLedger:
         return self._dropped
 
     def submit(self, rec: SpendRecord) -> None:
-        """Queue `rec` for the writer task; returns at once (needs a running loop)."""
+        """Queue `rec` for the writer task; returns at once (needs a running loop).
+        After `stop()` (a stream settled late at shutdown) it goes to the spool."""
+        if self._stopped:
+            try:
+                self._spool.append(rec)
+            except OSError:
+                self._dropped += 1
+                logger.exception("cannot spool spend to %s after shutdown", self._spool.path)
+            return
         self._queue.append(rec)
         self._wakeup.set()
-        if self._writer is None:
+        if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     async def record(self, rec: SpendRecord) -> None:
@@ -117,17 +126,15 @@ class CostLedger:
         await self._to_spool(batch)
 
     async def _to_spool(self, batch: list[SpendRecord]) -> None:
-        for rec in batch:
-            try:
-                await asyncio.to_thread(self._spool.append, rec)
-            except OSError:
-                self._dropped += 1
-                if self._dropped == 1 or self._dropped % 1000 == 0:
-                    logger.exception(
-                        "cannot spool spend to %s; %d record(s) lost",
-                        self._spool.path,
-                        self._dropped,
-                    )
+        try:
+            await asyncio.to_thread(self._spool.append_many, batch)
+        except OSError:
+            self._dropped += len(batch)
+            logger.exception(
+                "cannot spool spend to %s; %d record(s) lost so far",
+                self._spool.path,
+                self._dropped,
+            )
 
     async def aggregate(
         self, day_from: date, day_to: date, group_by: Sequence[str]
@@ -142,6 +149,7 @@ class CostLedger:
 
     def start(self) -> None:
         """Start the replay task (idempotent); needs a running event loop."""
+        self._stopped = False
         if self._task is None:
             if self._spool.pending:
                 logger.info("%d spooled spend record(s) to replay", self._spool.pending)
@@ -150,6 +158,7 @@ class CostLedger:
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Write what is queued (or spool it), then stop the background tasks; spooled
         records stay on disk for the next start."""
+        self._stopped = True  # from now on `submit` spools synchronously
         if not await self.flush(timeout_s):
             logger.error("ledger writes did not finish in %.0fs; spooling the rest", timeout_s)
         tasks = [self._writer, self._task]

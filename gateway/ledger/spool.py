@@ -17,13 +17,15 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
 
 from gateway.ledger.record import SpendRecord
 from gateway.ledger.store import LedgerStore
+
+REPLAY_BATCH = 256  # records per pipelined write while replaying
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +51,22 @@ class Spool:
 
     def append(self, rec: SpendRecord) -> None:
         """Write `rec` durably; raises OSError if the disk refuses it."""
+        self.append_many([rec])
+
+    def append_many(self, recs: Sequence[SpendRecord]) -> None:
+        """Write `recs` durably with one fsync; raises OSError if the disk refuses them."""
+        if not recs:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = orjson.dumps(rec) + b"\n"
+        lines = b"".join(orjson.dumps(rec) + b"\n" for rec in recs)
         with self._locked_spool() as fd:
             size = os.fstat(fd).st_size
             # A crash mid-write leaves a line without its newline; end it so it alone is lost.
             if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line
-            os.write(fd, line)
+                lines = b"\n" + lines
+            os.write(fd, lines)
             os.fsync(fd)
-            self._pending += 1  # under the lock: appends may come from several threads
+            self._pending += len(recs)  # under the lock: appends may come from several threads
 
     async def replay(self, store: LedgerStore) -> int:
         """Send every spooled record to `store`; returns how many lines were handled.
@@ -81,14 +89,20 @@ class Spool:
 
     async def _replay_file(self, store: LedgerStore) -> int:
         handled = 0
+        batch: list[SpendRecord] = []
         with self.replaying_path.open("rb") as file:
             for number, line in enumerate(file, start=1):
                 if not line.strip():
                     continue
                 rec = _parse(line, self.replaying_path, number)
                 if rec is not None:
-                    await store.record(rec)
+                    batch.append(rec)
+                if len(batch) >= REPLAY_BATCH:
+                    await store.record_many(batch)
+                    batch = []
                 handled += 1
+        if batch:
+            await store.record_many(batch)
         self.replaying_path.unlink()
         return handled
 

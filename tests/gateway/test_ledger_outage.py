@@ -159,6 +159,10 @@ class FlakyStore:
         self.fail_after -= 1
         return await self.inner.record(rec)
 
+    async def record_many(self, recs: list[SpendRecord]) -> list[bool]:
+        """Writes what it can before failing, as a pipeline cut off mid-way would."""
+        return [await self.record(rec) for rec in recs]
+
 
 async def test_replay_after_partial_replay_does_not_double_count(
     store: LedgerStore, tmp_path: Path
@@ -200,6 +204,9 @@ async def test_appends_during_replay_are_not_lost(store: LedgerStore, tmp_path: 
             if rec.record_id == "req-5":  # appends land mid-replay, from other threads
                 await asyncio.gather(*(asyncio.to_thread(spool.append, r) for r in late))
             return await store.record(rec)
+
+        async def record_many(self, recs: list[SpendRecord]) -> list[bool]:
+            return [await self.record(rec) for rec in recs]
 
     # They went to a fresh live file, which the same replay sends after the first.
     assert await spool.replay(AppendingStore()) == 13  # type: ignore[arg-type]
