@@ -1,12 +1,15 @@
 """Carry out a plan: call deployments in order, retrying and falling back.
 
-Per deployment: up to `max_retries` further tries on retryable failures (connect
-errors, timeouts, 408/409/429/5xx), waiting `Retry-After` when the upstream gives
-one (a wait longer than the cap moves on instead), else exponential backoff with
-jitter. Non-retryable answers: a 400/413/422 is the client's fault and is returned
-at once (another deployment would reject it too); a 401/403/404 means this
-deployment is misconfigured, so the next one is tried. A stream is only retried
-before its first event reached us; after that, failures go to the client.
+Per deployment: up to `max_retries` further tries on retryable answers (408/409/429/
+5xx), waiting `Retry-After` when the upstream gives one (a wait longer than the cap
+moves on instead), else exponential backoff with jitter. A refused connection or a
+timeout moves straight to the next deployment (retrying a dead or stuck one only adds
+latency); on the last deployment it is retried like the rest. Non-retryable answers:
+a 400/413/422 is the client's fault and is returned at once (another deployment would
+reject it too); a 401/403/404/501 means this deployment is misconfigured or cannot do
+this, so the next one is tried. The whole run is bounded by the policy's
+`request_timeout_s`. A stream is only retried before its first event reached us;
+after that, failures go to the client.
 """
 
 from __future__ import annotations
@@ -78,16 +81,24 @@ class Executor:
         return self._clients.get(deployment.provider) or self._clients["litellm"]
 
     async def complete(
-        self, candidates: list[DeploymentRuntime], endpoint: EndpointType, body: dict[str, Any]
+        self,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        deadline_s: float,
     ) -> Completed:
         async def call(d: DeploymentRuntime) -> UpstreamReply:
             return await self.client_for(d).complete(d.target, endpoint, upstream_body(d, body))
 
-        deployment, reply, attempts = await self._run(candidates, call)
+        deployment, reply, attempts = await self._run(candidates, call, deadline_s)
         return Completed(deployment, reply, attempts)
 
     async def open_stream(
-        self, candidates: list[DeploymentRuntime], endpoint: EndpointType, body: dict[str, Any]
+        self,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        deadline_s: float,
     ) -> Opened:
         async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
             events = self.client_for(d).stream(d.target, endpoint, upstream_body(d, body))
@@ -100,20 +111,34 @@ class Executor:
                 raise
             return first, events
 
-        deployment, (first, rest), attempts = await self._run(candidates, call)
+        deployment, (first, rest), attempts = await self._run(candidates, call, deadline_s)
         return Opened(deployment, first, rest, attempts)
 
-    async def _run(self, candidates: list[DeploymentRuntime], call: Call) -> tuple[Any, Any, int]:
+    async def _run(
+        self, candidates: list[DeploymentRuntime], call: Call, deadline_s: float
+    ) -> tuple[Any, Any, int]:
         failures: list[UpstreamFailure] = []
+        try:
+            async with asyncio.timeout(deadline_s):
+                return await self._attempts(candidates, call, failures)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"no deployment answered within the request limit of {deadline_s:g}s"
+            ) from None
+
+    async def _attempts(
+        self, candidates: list[DeploymentRuntime], call: Call, failures: list[UpstreamFailure]
+    ) -> tuple[Any, Any, int]:
         attempts = 0
-        for deployment in candidates:
+        for position, deployment in enumerate(candidates):
+            last = position == len(candidates) - 1
             for retry in range(deployment.max_retries + 1):
                 attempts += 1
                 try:
                     result = await call(deployment)
                 except UpstreamFailure as failure:
                     failures.append(failure)
-                    wait = self._next_wait(deployment, failure, retry)
+                    wait = self._next_wait(deployment, failure, retry, last)
                     self._count(deployment, "retry" if wait is not None else "fallback")
                     log.info("attempt %d failed: %s", attempts, failure.message)
                     if wait is None:
@@ -125,12 +150,14 @@ class Executor:
         raise final_error(candidates, failures)
 
     def _next_wait(
-        self, deployment: DeploymentRuntime, failure: UpstreamFailure, retry: int
+        self, deployment: DeploymentRuntime, failure: UpstreamFailure, retry: int, last: bool
     ) -> float | None:
         """Seconds to wait before retrying here, or None to move to the next deployment."""
         if isinstance(failure, UpstreamStatus) and failure.status in CLIENT_FAULT_STATUSES:
             raise client_fault(failure) from failure
         if not failure.retryable or retry >= deployment.max_retries:
+            return None
+        if not last and isinstance(failure, UpstreamConnectFailed | UpstreamTimedOut):
             return None
         if failure.retry_after_s is not None:
             return failure.retry_after_s if failure.retry_after_s <= self._max_wait else None

@@ -75,12 +75,13 @@ class Proxy:
                 f"{route.max_body_bytes}"
             )
         candidates = self._candidates(runtime, route)
+        deadline_s = runtime.request_timeout_s
         call = Call(
             request_id, principal.team, principal.key_id, route, bool(body.get("stream")), started
         )
         if call.stream:
-            return await self._stream(call, candidates, endpoint, body)
-        return await self._complete(call, candidates, endpoint, body)
+            return await self._stream(call, candidates, endpoint, body, deadline_s)
+        return await self._complete(call, candidates, endpoint, body, deadline_s)
 
     def _candidates(self, runtime: Runtime, route: RouteRuntime) -> list[DeploymentRuntime]:
         plan = runtime.plan(route)
@@ -97,8 +98,9 @@ class Proxy:
         candidates: list[DeploymentRuntime],
         endpoint: EndpointType,
         body: dict[str, Any],
+        deadline_s: float,
     ) -> Response:
-        done = await self._executor.complete(candidates, endpoint, body)
+        done = await self._executor.complete(candidates, endpoint, body, deadline_s)
         reply = done.reply.body
         usage = reported_usage(reply) or counted_usage(
             done.deployment.target.model, endpoint, body, choice_texts(reply)
@@ -116,11 +118,12 @@ class Proxy:
         candidates: list[DeploymentRuntime],
         endpoint: EndpointType,
         body: dict[str, Any],
+        deadline_s: float,
     ) -> Response:
         options = body.get("stream_options") or {}
         wants_usage = bool(options.get("include_usage"))
         upstream = {**body, "stream_options": {**options, "include_usage": True}}
-        opened = await self._executor.open_stream(candidates, endpoint, upstream)
+        opened = await self._executor.open_stream(candidates, endpoint, upstream, deadline_s)
         ttft = time.perf_counter() - call.started
         self._metrics.child(self._metrics.ttft, call.route.name, opened.deployment.name).observe(
             ttft

@@ -64,6 +64,7 @@ class Runtime:
     deployments: Mapping[str, DeploymentRuntime]
     routes: Mapping[str, RouteRuntime]
     max_body_bytes: int
+    request_timeout_s: float
     loaded_at: float = field(default_factory=time.time)
 
     def resolve(self, model: str) -> RouteRuntime:
@@ -117,6 +118,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
         deployments=deployments,
         routes=routes,
         max_body_bytes=policy.gateway.max_body_bytes,
+        request_timeout_s=policy.gateway.request_timeout_s,
     )
 
 

@@ -190,6 +190,9 @@ class GatewaySection(_Section):
     max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
     default_route: str | None = None
     reload_interval_s: PositiveFloat = 2.0
+    # Upper bound on one request across all its attempts, retries and fallbacks (until
+    # the first streamed byte, for streams); per-attempt limits are deployments' timeout_s.
+    request_timeout_s: PositiveFloat = 300.0
 
 
 class Policy(_Section):

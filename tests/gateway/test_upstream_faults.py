@@ -39,6 +39,8 @@ routes:
 keys:
   k: {secret: "${GATEWAY_TEST_KEY}"}
 admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+gateway:
+  request_timeout_s: ${REQUEST_TIMEOUT_S:-30}
 """
 
 
@@ -245,3 +247,21 @@ async def test_client_disconnect_midstream_is_priced(
     record = await wait_for_record(ledger_store, request_id)
     assert record.status == "partial"
     assert 0 < record.completion_tokens < 200
+
+
+def test_refused_connection_falls_back_at_once(start: Any, second: FakeOpenAI) -> None:
+    base = start(FIRST_URL=closed_port_url())
+    response = post(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "second"
+    assert response.headers["x-cascade-attempts"] == "2"  # no retries on a dead engine
+
+
+def test_request_deadline_bounds_all_attempts(start: Any, fake_openai: FakeOpenAI) -> None:
+    base = start(REQUEST_TIMEOUT_S="0.5")
+    fake_openai.delay_s = 3  # each attempt would wait its 5 s timeout
+    began = time.monotonic()
+    response = post(base, model="only-first")
+    assert response.status_code == 504
+    assert "request limit" in response.json()["error"]["message"]
+    assert time.monotonic() - began < 2
