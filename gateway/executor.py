@@ -40,6 +40,7 @@ from gateway.upstreams.base import (
     UpstreamReply,
     UpstreamStatus,
     UpstreamTimedOut,
+    close_stream,
 )
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class Executor:
             except StopAsyncIteration:
                 raise UpstreamFailure(f"deployment '{d.name}' closed the stream empty") from None
             except BaseException:
-                await _close(events)
+                await close_stream(events)
                 raise
             return first, events
 
@@ -201,9 +202,3 @@ def final_error(
 
 def _is_unavailable(failure: UpstreamFailure) -> bool:
     return isinstance(failure, UpstreamConnectFailed) or failure.status in (429, 503, 529)
-
-
-async def _close(events: AsyncIterator[list[bytes]]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()

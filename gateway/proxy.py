@@ -13,11 +13,12 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.accounting import Accountant, Call, Usage, choice_texts, counted_usage, reported_usage
 from gateway.auth import Principal
@@ -26,7 +27,7 @@ from gateway.executor import Executor, Opened
 from gateway.ledger.record import StatusType, usd
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
-from gateway.upstreams.base import EndpointType, UpstreamFailure
+from gateway.upstreams.base import EndpointType, UpstreamFailure, close_stream
 
 log = logging.getLogger(__name__)
 
@@ -128,40 +129,13 @@ class Proxy:
         self._metrics.child(self._metrics.ttft, call.route.name, opened.deployment.name).observe(
             ttft
         )
-        events = self._relay(call, opened, endpoint, body, wants_usage, ttft)
+        settlement = StreamSettlement(
+            self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft
+        )
         headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}
-        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-
-    async def _relay(
-        self,
-        call: Call,
-        opened: Opened,
-        endpoint: EndpointType,
-        body: dict[str, Any],
-        wants_usage: bool,
-        ttft: float,
-    ) -> AsyncIterator[bytes]:
-        tally = StreamTally(wants_usage)
-        status: StatusType = "partial"
-        try:
-            events: list[bytes] | None = opened.first
-            while events is not None:
-                if frame := tally.frame(events):
-                    yield frame
-                events = await anext(opened.rest, None)
-            status = "ok"
-            yield b"data: [DONE]\n\n"
-        except UpstreamFailure as failure:
-            # Bytes already reached the client: no silent retry, tell it in-band.
-            log.warning("stream %s broke after it started: %s", call.request_id, failure.message)
-            yield sse_error(failure)
-        finally:
-            usage = tally.usage or counted_usage(
-                opened.deployment.target.model, endpoint, body, _stream_texts(tally.seen)
-            )
-            self._accountant.settle(call, opened.deployment, usage, status=status, ttft_s=ttft)
-            self._observe(call, opened.deployment, "200")
-            await _close(opened.rest)
+        return RelayedStream(
+            settlement.relay(), settlement.finish, media_type="text/event-stream", headers=headers
+        )
 
     def _observe(self, call: Call, deployment: DeploymentRuntime, status: str) -> None:
         m = self._metrics
@@ -169,6 +143,79 @@ class Proxy:
         m.child(m.latency, call.route.name, deployment.name).observe(
             time.perf_counter() - call.started
         )
+
+
+class StreamSettlement:
+    """One relayed stream and its accounting, which happens exactly once however the
+    stream ends: finished, broken upstream, client gone, or cancelled before its body
+    was ever iterated (then `RelayedStream` calls `finish`)."""
+
+    def __init__(
+        self,
+        accountant: Accountant,
+        observe: Callable[[Call, DeploymentRuntime, str], None],
+        call: Call,
+        opened: Opened,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        wants_usage: bool,
+        ttft: float,
+    ) -> None:
+        self.accountant, self.observe = accountant, observe
+        self.call, self.opened = call, opened
+        self.endpoint, self.body, self.ttft = endpoint, body, ttft
+        self.tally = StreamTally(wants_usage)
+        self.status: StatusType = "partial"
+        self.finished = False
+
+    async def relay(self) -> AsyncIterator[bytes]:
+        try:
+            events: list[bytes] | None = self.opened.first
+            while events is not None:
+                if frame := self.tally.frame(events):
+                    yield frame
+                events = await anext(self.opened.rest, None)
+            self.status = "ok"
+            yield b"data: [DONE]\n\n"
+        except UpstreamFailure as failure:
+            # Bytes already reached the client: no silent retry, tell it in-band.
+            log.warning("stream %s broke after it started: %s", self.call.request_id, failure)
+            yield sse_error(failure)
+        finally:
+            await self.finish()
+
+    async def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        deployment = self.opened.deployment
+        try:
+            usage = self.tally.usage or counted_usage(
+                deployment.target.model, self.endpoint, self.body, _stream_texts(self.tally.seen)
+            )
+        except Exception:  # never lose the record over counting: price what was reported
+            log.exception("counting tokens of stream %s failed", self.call.request_id)
+            usage = Usage(0, 0, "none")
+        # Settled before any await: a cancelled task may not get past the next one.
+        self.accountant.settle(self.call, deployment, usage, status=self.status, ttft_s=self.ttft)
+        self.observe(self.call, deployment, "200")
+        await close_stream(self.opened.rest)
+
+
+class RelayedStream(StreamingResponse):
+    """A StreamingResponse that runs `finish` when it ends, however it ends."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], finish: Callable[[], Awaitable[None]], **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._finish()
 
 
 class StreamTally:
@@ -185,12 +232,17 @@ class StreamTally:
         self.seen.extend(events)
         out: list[bytes] = []
         for payload in events:
-            if b'"usage"' in payload and (event := _parse(payload)) is not None:
+            if _reports_usage(payload) and (event := _parse(payload)) is not None:
                 self.usage = reported_usage(event) or self.usage
                 if not self.wants_usage and not event.get("choices"):
                     continue  # the usage-only event the client did not ask for
             out.append(b"data: " + payload + b"\n\n")
         return b"".join(out)
+
+
+def _reports_usage(payload: bytes) -> bool:
+    # Upstreams asked for usage put `"usage": null` in every chunk: parse only real ones.
+    return b'"usage":{' in payload or b'"usage": {' in payload
 
 
 def cascade_headers(call: Call, deployment: DeploymentRuntime, attempts: int) -> dict[str, str]:
@@ -225,12 +277,3 @@ def _stream_texts(payloads: list[bytes]) -> list[str]:
         if (event := _parse(payload)) is not None:
             texts.extend(choice_texts(event))
     return texts
-
-
-async def _close(events: AsyncIterator[list[bytes]]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        try:
-            await aclose()
-        except Exception:  # closing a broken upstream stream: nothing left to save
-            log.debug("closing upstream stream failed", exc_info=True)

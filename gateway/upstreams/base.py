@@ -12,6 +12,7 @@ so the executor decides retries and fallback from one small vocabulary.
 from __future__ import annotations
 
 import email.utils
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -118,3 +119,14 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+async def close_stream(events: AsyncIterator[list[bytes]]) -> None:
+    """Close an upstream stream (releasing its connection); a broken one is left as is."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:  # closing a broken upstream stream: nothing left to save
+        logging.getLogger(__name__).debug("closing an upstream stream failed", exc_info=True)

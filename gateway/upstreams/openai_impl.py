@@ -138,7 +138,8 @@ class OpenAICompatibleClient:
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
     """Yield the data of the SSE events (joined `data:` lines) completed by each chunk
-    read, as a list per read; stops at `[DONE]`."""
+    read, as a list per read; stops at `[DONE]`. A body that ends without `[DONE]` was
+    cut short: after its last complete event, `UpstreamFailure` is raised."""
     buffer = b""
     data: list[bytes] = []
     async for chunk in chunks:
@@ -159,8 +160,8 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]
                 events.append(payload)
         if events:
             yield events
-    if data and (payload := b"\n".join(data)) != b"[DONE]":
-        yield [payload]
+    # An event not ended by a blank line is incomplete (the SSE rule): dropped.
+    raise UpstreamFailure("the upstream stream ended without [DONE]")
 
 
 @contextmanager
