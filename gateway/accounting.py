@@ -90,7 +90,6 @@ class Accountant:
         deployment: DeploymentRuntime,
         usage: Usage,
         *,
-        attempt: int = 0,
         status: StatusType = "ok",
         ttft_s: float | None = None,
     ) -> SpendRecord:
@@ -98,7 +97,7 @@ class Accountant:
         route = call.route
         elapsed = time.perf_counter() - call.started
         record = SpendRecord(
-            record_id=call.request_id if attempt == 0 else f"{call.request_id}:{attempt}",
+            record_id=call.request_id,  # one priced attempt per request until cascades
             request_id=call.request_id,
             ts=time.time(),
             team=call.team,

@@ -41,6 +41,7 @@ async def readyz(services: ServicesDep) -> Response:
 async def metrics(services: ServicesDep) -> Response:
     m = services.metrics
     m.ledger_degraded.set(1 if services.ledger.degraded else 0)
+    m.ledger_spooled.set(services.ledger.spooled_count)
     for d in services.runtime.deployments.values():
         m.deployment_available.labels(d.name, d.tier).set(0 if d.unavailable_reason else 1)
     return Response(m.render(), media_type=CONTENT_TYPE)
@@ -52,14 +53,11 @@ async def reload_policy(request: Request, services: ServicesDep) -> Response:
     if services.reloader is None:
         raise InvalidRequest("this gateway was started without a reloadable policy file")
     try:
-        loaded = services.reloader.reload_now()
+        loaded = services.reloader.reload_now()  # applies it through services.apply
     except PolicyError as exc:
-        services.last_reload_error = str(exc)
-        services.metrics.policy_reloads.labels("rejected").inc()
         raise InvalidRequest(
             f"policy rejected, the last good policy keeps serving:\n{exc}", code="invalid_policy"
         ) from exc
-    services.apply(loaded)
     return JSONResponse({"status": "reloaded", "digest": loaded.digest})
 
 
@@ -82,7 +80,7 @@ async def policy_status(request: Request, services: ServicesDep) -> Response:
         {
             "digest": runtime.digest,
             "loaded_at": runtime.loaded_at,
-            "last_reload_error": services.last_reload_error,
+            "last_reload_error": services.last_reload_error(),
             "routes": {r.name: list(r.deployments) for r in runtime.routes.values()},
             "deployments": deployments,
             "ledger": {"degraded": services.ledger.degraded},

@@ -6,6 +6,7 @@ policy reloader are created in the lifespan and closed with it.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway import admin, endpoints
+from gateway import admin, endpoints, tokens
 from gateway.accounting import Accountant
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.executor import Executor
@@ -73,6 +74,7 @@ def make_store(settings: Settings) -> LedgerStore:
 
 async def start_services(settings: Settings) -> Services:
     loaded = load_policy(settings.policy)
+    await asyncio.to_thread(tokens.preload)
     metrics = Metrics()
     store = make_store(settings)
     ledger = CostLedger(store, Spool(settings.spool_path))
@@ -100,6 +102,7 @@ async def start_services(settings: Settings) -> Services:
         services.apply,
         interval_s=loaded.policy.gateway.reload_interval_s,
         initial=loaded,
+        on_reject=services.reject,
     )
     services.reloader.start()
     return services
@@ -118,8 +121,10 @@ def error_response(request: Request, error: GatewayError) -> Response:
     request_id = getattr(request.state, "request_id", None) or new_request_id()
     services: Services | None = getattr(request.app.state, "services", None)
     if services is not None:
-        route = getattr(request.state, "route", "-")
-        services.metrics.errors.labels(str(route), error.type).inc()
+        route = str(getattr(request.state, "route", "-"))
+        m = services.metrics
+        m.child(m.errors, route, error.type).inc()
+        m.child(m.requests, route, "-", "-", str(error.status)).inc()
     headers = {"x-request-id": request_id, **error.headers}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,10 +37,13 @@ class KeyTable:
     admin_hashes: frozenset[str]
     anonymous: Principal | None = None
 
-    def authenticate(self, authorization: str | None) -> Principal:
+    def authenticate(self, authorization: str | None, client_host: str | None = None) -> Principal:
+        """The caller's principal. Key-less callers get the policy's anonymous team,
+        and only from this machine: a gateway bound to a public address must not
+        lend its upstream keys to anyone who finds it."""
         secret = bearer_secret(authorization)
         if secret is None:
-            if self.anonymous is not None:
+            if self.anonymous is not None and is_loopback(client_host):
                 return self.anonymous
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
@@ -69,3 +73,10 @@ def bearer_secret(authorization: str | None) -> str | None:
             "malformed Authorization header: expected 'Bearer <key>'", code="invalid_api_key"
         )
     return secret.strip()
+
+
+def is_loopback(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

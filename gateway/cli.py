@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 
+from gateway.errors import GatewayError
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
 from policies.keys import hash_key
 
@@ -77,7 +78,11 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     model = args.model or runtime.policy.gateway.default_route or "auto"
-    route = runtime.resolve(model)
+    try:
+        route = runtime.resolve(model)
+    except GatewayError as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
     plan = runtime.plan(route)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
@@ -113,7 +118,7 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
 def cmd_spend_report(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gateway.ledger import RedisStore
+    from gateway.ledger import LedgerUnavailable, RedisStore
     from gateway.settings import Settings
     from gateway.spend import render, spend_report
 
@@ -133,7 +138,7 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
 
     try:
         print(asyncio.run(report()), end="")
-    except ValueError as exc:
+    except (ValueError, LedgerUnavailable) as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0

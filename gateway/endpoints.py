@@ -12,7 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.auth import Principal
 from gateway.errors import PayloadTooLarge
+from gateway.runtime import Runtime
 from gateway.services import Services
 from gateway.upstreams.base import EndpointType
 from gateway.validation import parse_body
@@ -32,7 +34,7 @@ async def embeddings(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     runtime = _services(request).runtime
-    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = authenticate(request, runtime)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "cascade-gateway"}
         for name in runtime.visible_models(principal)
@@ -57,7 +59,7 @@ async def _proxy(request: Request, endpoint: EndpointType) -> Response:
     services = _services(request)
     request.state.request_id = request_id = services.proxy.request_ids.next()
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
-    principal = runtime.keys.authenticate(request.headers.get("authorization"))
+    principal = authenticate(request, runtime)
     raw = await read_body(request, runtime.max_body_bytes)
 
     def label_route(model: str) -> None:  # only known names: metric labels stay bounded
@@ -66,6 +68,11 @@ async def _proxy(request: Request, endpoint: EndpointType) -> Response:
 
     body = parse_body(raw, endpoint, label_route)
     return await services.proxy.handle(runtime, principal, endpoint, body, request_id, len(raw))
+
+
+def authenticate(request: Request, runtime: Runtime) -> Principal:
+    client = request.client.host if request.client else None
+    return runtime.keys.authenticate(request.headers.get("authorization"), client)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

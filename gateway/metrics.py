@@ -78,9 +78,9 @@ class Metrics:
             ["deployment"],
             registry=r,
         )
-        self.ledger_spooled = Counter(
+        self.ledger_spooled = Gauge(
             "cascade_ledger_spooled_records",
-            "Spend records written to the local spool while the ledger store was down",
+            "Spend records in the local spool, waiting for the ledger store to return",
             registry=r,
         )
         self.ledger_degraded = Gauge(

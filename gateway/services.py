@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -14,7 +14,7 @@ from gateway.proxy import Proxy
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import Settings
 from gateway.upstreams.base import UpstreamClient
-from policies import LoadedPolicy, PolicyReloader
+from policies import LoadedPolicy, PolicyError, PolicyReloader
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +30,20 @@ class Services:
     proxy: Proxy
     clients: dict[str, UpstreamClient]
     reloader: PolicyReloader | None = None
-    last_reload_error: str | None = field(default=None)
 
     def apply(self, loaded: LoadedPolicy) -> None:
-        """Swap in a newly loaded policy (called by the reloader and /admin/reload)."""
+        """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
         self.runtime = build_runtime(loaded)
-        self.last_reload_error = None
         self.metrics.policy_reloads.labels("ok").inc()
         log.info("policy reloaded (digest %s)", loaded.digest[:12])
+
+    def reject(self, error: PolicyError) -> None:
+        """A bad edit was refused (by the poller or /admin/reload): count it."""
+        self.metrics.policy_reloads.labels("rejected").inc()
+
+    def last_reload_error(self) -> str | None:
+        error = self.reloader.last_error if self.reloader is not None else None
+        return None if error is None else str(error)
 
 
 async def get_services(request: Request) -> Services:

@@ -69,3 +69,9 @@ def count_prompt(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
     if isinstance(prompt, list):
         return sum(count_text(model, p) for p in prompt if isinstance(p, str))
     return count_text(model, prompt) if isinstance(prompt, str) else 0
+
+
+def preload() -> None:
+    """Load both encodings now (at start-up) rather than inside the first request."""
+    encoding_for("gpt-4o")
+    encoding_for("cl100k")

@@ -39,9 +39,11 @@ class PolicyReloader:
         interval_s: float = 2.0,
         env: Mapping[str, str] | None = None,
         initial: LoadedPolicy | None = None,
+        on_reject: Callable[[PolicyError], None] | None = None,
     ) -> None:
         self.path = path
         self.on_reload = on_reload
+        self.on_reject = on_reject
         self.interval_s = interval_s
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.current = initial
@@ -104,6 +106,8 @@ class PolicyReloader:
         if self.last_error is not None and str(self.last_error) == str(exc):
             return  # the same problem again (e.g. a missing file): logged already
         self.last_error = exc
+        if self.on_reject is not None:
+            self.on_reject(exc)
         log.error("policy %s rejected; the previous policy keeps serving:\n%s", self.path, exc)
 
     async def _poll(self) -> None:

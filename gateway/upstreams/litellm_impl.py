@@ -272,7 +272,7 @@ def _require_chat(target: UpstreamTarget, endpoint: EndpointType) -> None:
         raise UpstreamStatus(
             f"deployment '{target.deployment}': the {endpoint} endpoint is not supported by "
             f"provider '{target.provider}' (through litellm only chat and embeddings are)",
-            status=400,
+            status=501,  # not the client's fault: the executor moves to the next deployment
         )
 
 

@@ -183,7 +183,10 @@ def translate_errors(target: UpstreamTarget) -> Iterator[None]:
 def status_failure(
     target: UpstreamTarget, status: int, headers: httpx.Headers, content: bytes
 ) -> UpstreamStatus:
-    message = upstream_message(content) or f"HTTP {status}"
+    if status in (401, 403):  # its message can quote (part of) the gateway's own key
+        message = "the upstream rejected the gateway's credentials for this deployment"
+    else:
+        message = upstream_message(content) or f"HTTP {status}"
     return UpstreamStatus(
         f"deployment '{target.deployment}' answered {status}: {message}",
         status=status,

@@ -208,7 +208,8 @@ async def test_completions_endpoint_is_refused(
 ) -> None:
     with pytest.raises(UpstreamStatus) as caught:
         await client.complete(anthropic_target(fake_anthropic), "completions", {"prompt": "x"})
-    assert caught.value.status == 400
+    assert caught.value.status == 501  # not the client's fault: the gateway falls back
+    assert not caught.value.retryable
     assert "completions" in caught.value.message
     assert fake_anthropic.requests == []
 

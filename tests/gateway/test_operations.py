@@ -133,3 +133,22 @@ def test_reload_under_load_loses_no_request(
             httpx.post(f"{base}/admin/reload", headers=ADMIN)
         statuses.append(chat(base).status_code)
     assert statuses == [200] * 40
+
+
+def test_a_bad_edit_found_by_the_poller_is_reported(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = tmp_path / "live.yaml"
+    path.write_text(POLICY.replace("MODEL_NAME", "m1"))
+    base = start_gateway(path, UPSTREAM_BASE_URL=fake_openai.url).url
+    path.write_text(POLICY.replace("MODEL_NAME", "m1") + "\nbogus: 1\n")
+
+    def reported() -> bool:
+        status = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()
+        return bool(status["last_reload_error"])
+
+    wait_until(reported)
+    assert (
+        'cascade_policy_reloads_total{result="rejected"} 1.0' in httpx.get(f"{base}/metrics").text
+    )
+    assert chat(base).status_code == 200

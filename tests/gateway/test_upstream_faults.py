@@ -265,3 +265,16 @@ def test_request_deadline_bounds_all_attempts(start: Any, fake_openai: FakeOpenA
     assert response.status_code == 504
     assert "request limit" in response.json()["error"]["message"]
     assert time.monotonic() - began < 2
+
+
+def test_upstream_credential_errors_do_not_echo_the_upstream(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(401, times=None)  # the real API quotes part of the key it got
+    second.fail(401, times=None)
+    response = post(base)
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "rejected the gateway's credentials" in message
+    assert "Incorrect API key" not in message

@@ -1,0 +1,43 @@
+"""Keys: hashed lookups, admin keys, and anonymous access from this machine only."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.auth import KeyTable, Principal
+from gateway.errors import AuthenticationFailed
+from policies import hash_key
+
+CLIENT = Principal("app", "research", frozenset({"auto"}))
+ANONYMOUS = Principal("anonymous", "default", None)
+TABLE = KeyTable(
+    principals={hash_key("sk-app"): CLIENT},
+    admin_hashes=frozenset({hash_key("sk-admin")}),
+    anonymous=ANONYMOUS,
+)
+
+
+def test_bearer_key_maps_to_its_principal() -> None:
+    assert TABLE.authenticate("Bearer sk-app", "10.1.2.3") is CLIENT
+    assert TABLE.authenticate("bearer  sk-app ", "10.1.2.3") is CLIENT
+    with pytest.raises(AuthenticationFailed):
+        TABLE.authenticate("Bearer sk-admin", "127.0.0.1")  # admin keys are not client keys
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "127.8.9.10"])
+def test_anonymous_is_served_from_loopback(host: str) -> None:
+    assert TABLE.authenticate(None, host) is ANONYMOUS
+
+
+@pytest.mark.parametrize("host", ["10.0.0.5", "192.168.1.2", "2001:db8::1", None, "testclient"])
+def test_anonymous_is_refused_from_elsewhere(host: str | None) -> None:
+    with pytest.raises(AuthenticationFailed) as refused:
+        TABLE.authenticate(None, host)
+    assert refused.value.code == "missing_api_key"
+
+
+def test_admin_key() -> None:
+    TABLE.authenticate_admin("Bearer sk-admin")
+    for header in (None, "Bearer sk-app", "Token sk-admin"):
+        with pytest.raises(AuthenticationFailed):
+            TABLE.authenticate_admin(header)
