@@ -66,6 +66,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         reason = spec.unavailable_reason()
         if reason:
             print(f"  note: deployment '{name}' is unavailable until configured: {reason}")
+    if policy.budgets:
+        print(f"  note: {len(policy.budgets)} budget(s) validated; enforcement is not built yet")
     return 0
 
 
