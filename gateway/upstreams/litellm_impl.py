@@ -22,7 +22,7 @@ import importlib
 import logging
 import os
 import warnings
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -355,28 +355,25 @@ def _short(text: str) -> str:
 
 def chat_body(raw: dict[str, Any]) -> dict[str, Any]:
     """litellm's ModelResponse dump as OpenAI's `chat.completion` object."""
-    body = _envelope(raw, "chat.completion")
-    body["choices"] = [
-        {
-            "index": choice.get("index", index),
-            "message": _message(choice.get("message") or {}),
-            "logprobs": choice.get("logprobs"),
-            "finish_reason": choice.get("finish_reason"),
-        }
-        for index, choice in enumerate(raw.get("choices") or [])
-    ]
-    if raw.get("usage"):
-        body["usage"] = _without_none(raw["usage"])
-    return body
+    return _choices_body(raw, "chat.completion", "message", _message)
 
 
 def chunk_body(raw: dict[str, Any]) -> dict[str, Any]:
     """litellm's stream chunk dump as OpenAI's `chat.completion.chunk` object."""
-    body = _envelope(raw, "chat.completion.chunk")
+    return _choices_body(raw, "chat.completion.chunk", "delta", _delta)
+
+
+def _choices_body(
+    raw: dict[str, Any],
+    obj: str,
+    key: str,
+    convert: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    body = _envelope(raw, obj)
     body["choices"] = [
         {
             "index": choice.get("index", index),
-            "delta": _delta(choice.get("delta") or {}),
+            key: convert(choice.get(key) or {}),
             "logprobs": choice.get("logprobs"),
             "finish_reason": choice.get("finish_reason"),
         }
