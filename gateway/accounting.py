@@ -77,6 +77,7 @@ class Call:
     route: RouteRuntime
     stream: bool
     started: float  # time.perf_counter() at arrival
+    score: float | None = None  # the router's complexity score, on scored routes
 
 
 class Accountant:

@@ -73,6 +73,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
     from gateway.runtime import build_runtime
+    from gateway.scoring import RequestScorer
+    from router import SCORED_STRATEGIES
 
     try:
         runtime = build_runtime(load_policy(Path(args.path)))
@@ -85,7 +87,11 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     except GatewayError as exc:
         print(exc.message, file=sys.stderr)
         return 1
-    plan = runtime.plan(route)
+    score = None
+    if route.strategy in SCORED_STRATEGIES:
+        messages = [{"role": "user", "content": args.prompt}]
+        score = RequestScorer()("chat", {"messages": messages})
+    plan = runtime.plan(route, score)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
         "prompt_chars": len(args.prompt),
@@ -93,7 +99,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "strategy": route.strategy,
         "tier": first.tier if first else None,
         "deployment": first.name if first else None,
-        "score": None,  # the complexity classifier arrives with the router issue
+        "score": score,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
         "reasons": plan.reasons(),
     }

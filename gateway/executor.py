@@ -184,7 +184,7 @@ def final_error(
 ) -> GatewayError:
     if not candidates:
         return UpstreamUnavailable("no deployment is available for this route")
-    summary = "; ".join(f.message for f in failures[-3:])
+    summary = "; ".join(dict.fromkeys(f.message for f in failures[-3:]))  # no repeats
     names = ", ".join(d.name for d in candidates)
     if failures and all(f.status == 429 for f in failures):
         waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]

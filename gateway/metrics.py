@@ -66,6 +66,13 @@ class Metrics:
             ["route", "team"],
             registry=r,
         )
+        self.router_score = Histogram(
+            "cascade_router_score",
+            "Complexity scores of requests on routes that route by score",
+            ["route"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
             "Upstream calls by deployment and outcome (ok, retry, fallback, error)",

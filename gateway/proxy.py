@@ -27,7 +27,9 @@ from gateway.executor import Executor, Opened
 from gateway.ledger.record import StatusType, usd
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.scoring import RequestScorer
 from gateway.upstreams.base import EndpointType, UpstreamFailure, close_stream
+from router import SCORED_STRATEGIES
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +54,17 @@ class RequestIds:
 
 
 class Proxy:
-    def __init__(self, executor: Executor, accountant: Accountant, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        accountant: Accountant,
+        metrics: Metrics,
+        scorer: RequestScorer | None = None,
+    ) -> None:
         self._executor = executor
         self._accountant = accountant
         self._metrics = metrics
+        self._scorer = scorer or RequestScorer()
         self.request_ids = RequestIds()
 
     async def handle(
@@ -75,7 +84,11 @@ class Proxy:
                 f"request body is {body_size} bytes; route '{route.name}' accepts at most "
                 f"{route.max_body_bytes}"
             )
-        candidates = self._candidates(runtime, route)
+        score = None
+        if route.strategy in SCORED_STRATEGIES:
+            score = self._scorer(endpoint, body)
+            self._metrics.child(self._metrics.router_score, route.name).observe(score)
+        candidates = self._candidates(runtime, route, score)
         deadline_s = runtime.request_timeout_s
         call = Call(
             request_id, principal.team, principal.key_id, route, bool(body.get("stream")), started
@@ -84,8 +97,10 @@ class Proxy:
             return await self._stream(call, candidates, endpoint, body, deadline_s)
         return await self._complete(call, candidates, endpoint, body, deadline_s)
 
-    def _candidates(self, runtime: Runtime, route: RouteRuntime) -> list[DeploymentRuntime]:
-        plan = runtime.plan(route)
+    def _candidates(
+        self, runtime: Runtime, route: RouteRuntime, score: float | None
+    ) -> list[DeploymentRuntime]:
+        plan = runtime.plan(route, score)
         if not plan.steps:
             reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
             raise UpstreamUnavailable(
@@ -246,7 +261,7 @@ def _reports_usage(payload: bytes) -> bool:
 
 
 def cascade_headers(call: Call, deployment: DeploymentRuntime, attempts: int) -> dict[str, str]:
-    return {
+    headers = {
         "x-request-id": call.request_id,
         "x-cascade-route": call.route.name,
         "x-cascade-deployment": deployment.name,
@@ -254,6 +269,9 @@ def cascade_headers(call: Call, deployment: DeploymentRuntime, attempts: int) ->
         "x-cascade-escalations": "0",
         "x-cascade-attempts": str(attempts),
     }
+    if call.score is not None:
+        headers["x-cascade-score"] = f"{call.score:.4f}"
+    return headers
 
 
 def sse_error(failure: UpstreamFailure) -> bytes:

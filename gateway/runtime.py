@@ -24,7 +24,7 @@ from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
 from policies.keys import hash_key
 from policies.schema import Deployment, Policy
-from router import DeploymentView, Plan, plan_route
+from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class RouteRuntime:
     reference_price: TokenPrice
     max_body_bytes: int | None = None
     direct: bool = False  # `model` named a deployment, not a route
+    tiers: tuple[Threshold, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,9 @@ class Runtime:
             param="model",
         )
 
-    def plan(self, route: RouteRuntime) -> Plan:
+    def plan(self, route: RouteRuntime, score: float | None = None) -> Plan:
         views = [self.deployments[name].view for name in route.deployments]
-        return plan_route(route.name, route.strategy, views)
+        return plan_route(RouteSpec(route.name, route.strategy, views, route.tiers), score)
 
     def visible_models(self, principal: Principal) -> list[str]:
         names = list(self.routes) + list(self.deployments)
@@ -108,6 +109,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             reference_model=_reference_name(spec.reference_model, spec.deployments, deployments),
             reference_price=_reference_price(spec.reference_model, spec.deployments, deployments),
             max_body_bytes=spec.max_body_bytes,
+            tiers=tuple(Threshold(t.tier, t.below) for t in spec.tiers),
         )
         for name, spec in policy.routes.items()
     }

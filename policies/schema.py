@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
-RouteStrategyType = Literal["fixed", "fallback"]
+RouteStrategyType = Literal["fixed", "fallback", "classifier"]
 BudgetScopeType = Literal["key", "team", "route"]
 BudgetPeriodType = Literal["day", "month"]
 
@@ -107,11 +107,24 @@ class Deployment(_Section):
         return f"{field} is not set ({', '.join(names)} unset)"
 
 
+class TierThreshold(_Section):
+    """One step of a classifier route: requests scoring below `below` go to `tier`;
+    the last step has no `below` and takes the rest."""
+
+    tier: str
+    below: Annotated[float, Field(ge=0, le=1)] | None = None
+
+
 class Route(_Section):
-    """What a request's `model` names: an ordered list of deployments and how to use it."""
+    """What a request's `model` names: an ordered list of deployments and how to use it.
+
+    Strategies: `fixed` (one deployment), `fallback` (in order), `classifier` (the
+    router scores the request in [0, 1]; `tiers` map scores to the tier tried first,
+    cheapest first, with the tiers above as fallbacks)."""
 
     strategy: RouteStrategyType = "fallback"
     deployments: Annotated[list[str], Field(min_length=1)]
+    tiers: list[TierThreshold] = []
     reference_model: str | None = None
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     description: str = ""
@@ -122,7 +135,24 @@ class Route(_Section):
             raise ValueError(
                 f"strategy 'fixed' takes exactly one deployment, got {len(self.deployments)}"
             )
+        if self.strategy == "classifier":
+            _check_tiers(self.tiers)
+        elif self.tiers:
+            raise ValueError(f"tiers apply to strategy 'classifier', not '{self.strategy}'")
         return self
+
+
+def _check_tiers(tiers: list[TierThreshold]) -> None:
+    if not tiers:
+        raise ValueError(
+            "strategy 'classifier' needs tiers (e.g. [{tier: cheap, below: 0.5}, {tier: premium}])"
+        )
+    bounds = [t.below for t in tiers[:-1]]
+    if any(b is None for b in bounds) or tiers[-1].below is not None:
+        raise ValueError("every tier but the last needs 'below'; the last takes the rest")
+    numbers = [b for b in bounds if b is not None]
+    if numbers != sorted(set(numbers)):
+        raise ValueError(f"tier thresholds must increase, got {numbers}")
 
 
 class Team(_Section):
@@ -252,6 +282,14 @@ class Policy(_Section):
                     yield (
                         ("routes", route_name, "deployments", index),
                         self._undeclared(f"route '{route_name}'", "deployment", deployment),
+                    )
+            served = {self.deployments[d].tier for d in route.deployments if d in self.deployments}
+            for index, step in enumerate(route.tiers):
+                if step.tier not in served:
+                    yield (
+                        ("routes", route_name, "tiers", index, "tier"),
+                        f"route '{route_name}' has tier '{step.tier}' but none of its "
+                        f"deployments is in it; their tiers: {', '.join(sorted(served))}",
                     )
 
     def _key_problems(self) -> Iterator[tuple[Loc, str]]:

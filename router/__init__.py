@@ -1,6 +1,23 @@
 """Routing decisions: pure logic, no network I/O."""
 
 from router.errors import RoutingError
-from router.planner import DeploymentView, Plan, Step, plan_route
+from router.planner import (
+    SCORED_STRATEGIES,
+    DeploymentView,
+    Plan,
+    RouteSpec,
+    Step,
+    Threshold,
+    plan_route,
+)
 
-__all__ = ["DeploymentView", "Plan", "RoutingError", "Step", "plan_route"]
+__all__ = [
+    "SCORED_STRATEGIES",
+    "DeploymentView",
+    "Plan",
+    "RouteSpec",
+    "RoutingError",
+    "Step",
+    "Threshold",
+    "plan_route",
+]

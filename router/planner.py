@@ -1,14 +1,13 @@
 """Turn a route and what is known about its deployments into an ordered plan.
 
 Pure logic, no I/O: the gateway executes the plan (retries, fallback) and the
-`policy explain` command prints it. Strategies are functions in a name table;
-the classifier and cascade strategies join it with the router issue.
+`policy explain` command prints it. Strategies are functions in a name table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.errors import RoutingError
 
@@ -27,6 +26,24 @@ class DeploymentView:
 
 
 @dataclass(frozen=True, slots=True)
+class Threshold:
+    """Scores below `below` go to `tier`; None takes the rest (the last step)."""
+
+    tier: str
+    below: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """The routing part of a route: strategy, deployments in order, tier thresholds."""
+
+    name: str
+    strategy: str
+    deployments: Sequence[DeploymentView]
+    tiers: Sequence[Threshold] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     deployment: str
     tier: str
@@ -40,40 +57,79 @@ class Plan:
     strategy: str
     steps: tuple[Step, ...]
     skipped: tuple[tuple[str, str], ...] = ()
+    score: float | None = None
+    notes: tuple[str, ...] = field(default=())
 
     def reasons(self) -> list[str]:
-        lines = [f"route '{self.route}' uses strategy '{self.strategy}'"]
+        lines = [f"route '{self.route}' uses strategy '{self.strategy}'", *self.notes]
         lines += [f"try '{s.deployment}' (tier {s.tier})" for s in self.steps]
         lines += [f"skip '{name}': {why}" for name, why in self.skipped]
         return lines
 
 
-StrategyType = Callable[[str, Sequence[DeploymentView]], Plan]
+StrategyType = Callable[[RouteSpec, float | None], Plan]
 
 
-def _available_in_order(route: str, strategy: str, views: Sequence[DeploymentView]) -> Plan:
+def _available_in_order(
+    spec: RouteSpec,
+    views: Sequence[DeploymentView],
+    score: float | None = None,
+    notes: tuple[str, ...] = (),
+) -> Plan:
     steps = tuple(Step(v.name, v.tier) for v in views if v.available)
     skipped = tuple((v.name, v.unavailable_reason or "") for v in views if not v.available)
-    return Plan(route, strategy, steps, skipped)
+    return Plan(spec.name, spec.strategy, steps, skipped, score, notes)
 
 
-def plan_fixed(route: str, views: Sequence[DeploymentView]) -> Plan:
-    return _available_in_order(route, "fixed", views[:1])
+def plan_fixed(spec: RouteSpec, score: float | None) -> Plan:
+    return _available_in_order(spec, spec.deployments[:1])
 
 
-def plan_fallback(route: str, views: Sequence[DeploymentView]) -> Plan:
-    return _available_in_order(route, "fallback", views)
+def plan_fallback(spec: RouteSpec, score: float | None) -> Plan:
+    return _available_in_order(spec, spec.deployments)
 
 
-STRATEGIES: Mapping[str, StrategyType] = {"fixed": plan_fixed, "fallback": plan_fallback}
+def plan_classifier(spec: RouteSpec, score: float | None) -> Plan:
+    """The tier the score falls in first, then the tiers above it (a failed cheap
+    deployment escalates, never the other way round); tiers below are left out."""
+    if score is None:
+        raise RoutingError(f"route '{spec.name}' routes by score but the request was not scored")
+    chosen = choose_tier(spec.tiers, score)
+    order = [t.tier for t in spec.tiers]
+    rank = {tier: i for i, tier in enumerate(order)}
+    start = rank[chosen.tier]
+    views = sorted(
+        (v for v in spec.deployments if rank.get(v.tier, -1) >= start),
+        key=lambda v: rank[v.tier],
+    )
+    bound = f"below {chosen.below:g}" if chosen.below is not None else "the rest"
+    note = f"score {score:.3f} -> tier '{chosen.tier}' ({bound})"
+    return _available_in_order(spec, views, score=score, notes=(note,))
 
 
-def plan_route(route: str, strategy: str, views: Sequence[DeploymentView]) -> Plan:
+def choose_tier(tiers: Sequence[Threshold], score: float) -> Threshold:
+    for step in tiers:
+        if step.below is None or score < step.below:
+            return step
+    return tiers[-1]
+
+
+STRATEGIES: Mapping[str, StrategyType] = {
+    "fixed": plan_fixed,
+    "fallback": plan_fallback,
+    "classifier": plan_classifier,
+}
+
+# Strategies that need the request's complexity score before planning.
+SCORED_STRATEGIES = frozenset({"classifier"})
+
+
+def plan_route(spec: RouteSpec, score: float | None = None) -> Plan:
     try:
-        planner = STRATEGIES[strategy]
+        planner = STRATEGIES[spec.strategy]
     except KeyError:
         known = ", ".join(sorted(STRATEGIES))
         raise RoutingError(
-            f"route '{route}' has strategy '{strategy}'; known strategies: {known}"
+            f"route '{spec.name}' has strategy '{spec.strategy}'; known strategies: {known}"
         ) from None
-    return planner(route, views)
+    return planner(spec, score)
