@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -139,3 +140,42 @@ def test_soft_limit_above_limit() -> None:
     budget = {"scope": "key", "name": "k", "period": "day", "limit_usd": 1, "soft_limit_usd": 2}
     with pytest.raises(ValidationError, match="soft_limit_usd"):
         Policy.model_validate(minimal(budgets=[budget]))
+
+
+CLASSIFIER_POLICY = {
+    "deployments": {
+        "small": {"model": "s", "api_base": "http://127.0.0.1:1/v1", "tier": "cheap"},
+        "big": {"model": "b", "api_base": "http://127.0.0.1:2/v1", "tier": "premium"},
+    },
+    "routes": {
+        "smart": {
+            "strategy": "classifier",
+            "deployments": ["small", "big"],
+            "tiers": [{"tier": "cheap", "below": 0.4}, {"tier": "premium"}],
+        }
+    },
+}
+
+
+def test_classifier_route_with_tiers_is_valid() -> None:
+    policy = Policy.model_validate(CLASSIFIER_POLICY)
+    assert [t.tier for t in policy.routes["smart"].tiers] == ["cheap", "premium"]
+
+
+@pytest.mark.parametrize(
+    ("tiers", "message"),
+    [
+        ([], "needs tiers"),
+        ([{"tier": "cheap", "below": 0.4}, {"tier": "premium", "below": 0.9}], "last takes"),
+        (
+            [{"tier": "cheap", "below": 0.8}, {"tier": "cheap", "below": 0.4}, {"tier": "premium"}],
+            "must increase",
+        ),
+        ([{"tier": "cheap", "below": 0.4}, {"tier": "gold"}], "none of its deployments"),
+    ],
+)
+def test_bad_classifier_tiers_are_refused(tiers: list[dict[str, object]], message: str) -> None:
+    data = copy.deepcopy(CLASSIFIER_POLICY)
+    data["routes"]["smart"]["tiers"] = tiers  # type: ignore[index]
+    with pytest.raises(ValueError, match=message):
+        Policy.model_validate(data)
