@@ -91,6 +91,7 @@ class Accountant:
         deployment: DeploymentRuntime,
         usage: Usage,
         *,
+        attempt: int = 0,
         status: StatusType = "ok",
         ttft_s: float | None = None,
     ) -> SpendRecord:
@@ -98,7 +99,8 @@ class Accountant:
         route = call.route
         elapsed = time.perf_counter() - call.started
         record = SpendRecord(
-            record_id=call.request_id,  # one priced attempt per request until cascades
+            # Escalations of a cascade are priced too, each under its own id.
+            record_id=call.request_id if attempt == 0 else f"{call.request_id}:{attempt}",
             request_id=call.request_id,
             ts=time.time(),
             team=call.team,
@@ -119,6 +121,7 @@ class Accountant:
             stream=call.stream,
             latency_ms=round(elapsed * 1000, 3),
             ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+            escalations=attempt,
         )
         self._observe(record, deployment)
         self._ledger.submit(record)

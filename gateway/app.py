@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway import admin, endpoints, tokens
 from gateway.accounting import Accountant
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
 from gateway.executor import Executor
 from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
 from gateway.metrics import Metrics
@@ -32,6 +32,7 @@ from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
 from policies import PolicyReloader, load_policy
+from router import RoutingError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(GatewayError, gateway_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, validation_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(RoutingError, routing_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected_error_handler)
     return app
 
@@ -146,6 +148,13 @@ async def validation_error_handler(request: Request, exc: RequestValidationError
     first = exc.errors()[0] if exc.errors() else {}
     param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
     return error_response(request, InvalidRequest(str(first.get("msg", exc)), param=param))
+
+
+async def routing_error_handler(request: Request, exc: RoutingError) -> Response:
+    """The router could not decide (e.g. its model file is unreadable): no guessing."""
+    log.error("routing failed: %s", exc)
+    error = UpstreamUnavailable(f"the router could not route this request: {exc}")
+    return error_response(request, error)
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:

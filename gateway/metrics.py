@@ -73,6 +73,12 @@ class Metrics:
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
             registry=r,
         )
+        self.escalations = Counter(
+            "cascade_escalations",
+            "Cascade escalations: answers the verifier rejected, by route",
+            ["route"],
+            registry=r,
+        )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
             "Upstream calls by deployment and outcome (ok, retry, fallback, error)",

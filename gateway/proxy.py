@@ -22,12 +22,13 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.accounting import Accountant, Call, Usage, choice_texts, counted_usage, reported_usage
 from gateway.auth import Principal
+from gateway.cascade import Cascade
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.executor import Executor, Opened
 from gateway.ledger.record import StatusType, usd
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
-from gateway.scoring import RequestScorer
+from gateway.scoring import AnswerVerifier, RequestScorer
 from gateway.upstreams.base import EndpointType, UpstreamFailure, close_stream
 from router import SCORED_STRATEGIES
 
@@ -60,11 +61,13 @@ class Proxy:
         accountant: Accountant,
         metrics: Metrics,
         scorer: RequestScorer | None = None,
+        verifier: AnswerVerifier | None = None,
     ) -> None:
         self._executor = executor
         self._accountant = accountant
         self._metrics = metrics
         self._scorer = scorer or RequestScorer()
+        self._cascade = Cascade(executor, accountant, verifier or AnswerVerifier())
         self.request_ids = RequestIds()
 
     async def handle(
@@ -84,23 +87,25 @@ class Proxy:
                 f"request body is {body_size} bytes; route '{route.name}' accepts at most "
                 f"{route.max_body_bytes}"
             )
+        stream = bool(body.get("stream"))
+        strategy = effective_strategy(route, stream)
         score = None
-        if route.strategy in SCORED_STRATEGIES:
+        if strategy in SCORED_STRATEGIES:
             score = self._scorer(endpoint, body)
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
-        candidates = self._candidates(runtime, route, score)
+        candidates = self._candidates(runtime, route, score, strategy)
         deadline_s = runtime.request_timeout_s
-        call = Call(
-            request_id, principal.team, principal.key_id, route, bool(body.get("stream")), started
-        )
+        call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
+        if strategy == "cascade":
+            return await self._run_cascade(call, candidates, endpoint, body, deadline_s)
         if call.stream:
             return await self._stream(call, candidates, endpoint, body, deadline_s)
         return await self._complete(call, candidates, endpoint, body, deadline_s)
 
     def _candidates(
-        self, runtime: Runtime, route: RouteRuntime, score: float | None
+        self, runtime: Runtime, route: RouteRuntime, score: float | None, strategy: str
     ) -> list[DeploymentRuntime]:
-        plan = runtime.plan(route, score)
+        plan = runtime.plan(route, score, strategy)
         if not plan.steps:
             reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
             raise UpstreamUnavailable(
@@ -126,6 +131,33 @@ class Proxy:
         headers = cascade_headers(call, done.deployment, done.attempts)
         headers["x-cascade-cost-usd"] = f"{usd(record.cost_nanos):.9f}"
         content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
+        return Response(content, media_type="application/json", headers=headers)
+
+    async def _run_cascade(
+        self,
+        call: Call,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        deadline_s: float,
+    ) -> Response:
+        """Verify before answering; a stream is verified whole, then sent as SSE."""
+        upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        result = await self._cascade.run(call, candidates, endpoint, upstream, deadline_s)
+        final = result.final
+        m = self._metrics
+        m.child(m.escalations, call.route.name).inc(result.escalations)
+        self._observe(call, final.deployment, "200")
+        headers = cascade_headers(call, final.deployment, final.attempts)
+        headers["x-cascade-escalations"] = str(result.escalations)
+        headers["x-cascade-cost-usd"] = f"{usd(result.cost_nanos):.9f}"
+        if call.stream:
+            wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = completion_events(final.reply.body, wants_usage)
+            return Response(
+                events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+            )
+        content = final.reply.raw if final.reply.raw is not None else orjson.dumps(final.reply.body)
         return Response(content, media_type="application/json", headers=headers)
 
     async def _stream(
@@ -253,6 +285,33 @@ class StreamTally:
                     continue  # the usage-only event the client did not ask for
             out.append(b"data: " + payload + b"\n\n")
         return b"".join(out)
+
+
+def effective_strategy(route: RouteRuntime, stream: bool) -> str:
+    """A cascade route routes streams by classifier when its policy says so."""
+    if route.strategy == "cascade" and stream and route.stream_cascade == "classifier":
+        return "classifier"
+    return route.strategy
+
+
+def completion_events(reply: dict[str, Any], include_usage: bool) -> bytes:
+    """A buffered chat completion as the SSE stream OpenAI would have sent for it."""
+    base = {k: reply.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    events = []
+    for choice in reply.get("choices") or []:
+        message = choice.get("message") or {}
+        delta = {k: v for k, v in message.items() if v is not None}
+        first = {"index": choice.get("index", 0), "delta": delta, "finish_reason": None}
+        last = {
+            "index": choice.get("index", 0),
+            "delta": {},
+            "finish_reason": choice.get("finish_reason"),
+        }
+        events += [{**base, "choices": [first]}, {**base, "choices": [last]}]
+    if include_usage and reply.get("usage"):
+        events.append({**base, "choices": [], "usage": reply["usage"]})
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 def _reports_usage(payload: bytes) -> bool:

@@ -55,6 +55,9 @@ class RouteRuntime:
     max_body_bytes: int | None = None
     direct: bool = False  # `model` named a deployment, not a route
     tiers: tuple[Threshold, ...] = ()
+    verify_threshold: float = 0.5
+    max_escalations: int = 2
+    stream_cascade: str = "buffer"
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,14 @@ class Runtime:
             param="model",
         )
 
-    def plan(self, route: RouteRuntime, score: float | None = None) -> Plan:
+    def plan(
+        self, route: RouteRuntime, score: float | None = None, strategy: str | None = None
+    ) -> Plan:
+        """The plan for `route`; `strategy` overrides the route's (a cascade route
+        routes streams by classifier when its policy says so)."""
         views = [self.deployments[name].view for name in route.deployments]
-        return plan_route(RouteSpec(route.name, route.strategy, views, route.tiers), score)
+        spec = RouteSpec(route.name, strategy or route.strategy, views, route.tiers)
+        return plan_route(spec, score)
 
     def visible_models(self, principal: Principal) -> list[str]:
         names = list(self.routes) + list(self.deployments)
@@ -110,6 +118,9 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             reference_price=_reference_price(spec.reference_model, spec.deployments, deployments),
             max_body_bytes=spec.max_body_bytes,
             tiers=tuple(Threshold(t.tier, t.below) for t in spec.tiers),
+            verify_threshold=spec.verify_threshold,
+            max_escalations=spec.max_escalations,
+            stream_cascade=spec.stream_cascade,
         )
         for name, spec in policy.routes.items()
     }

@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
-RouteStrategyType = Literal["fixed", "fallback", "classifier"]
+RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
+StreamCascadeType = Literal["buffer", "classifier"]
 BudgetScopeType = Literal["key", "team", "route"]
 BudgetPeriodType = Literal["day", "month"]
 
@@ -120,11 +121,18 @@ class Route(_Section):
 
     Strategies: `fixed` (one deployment), `fallback` (in order), `classifier` (the
     router scores the request in [0, 1]; `tiers` map scores to the tier tried first,
-    cheapest first, with the tiers above as fallbacks)."""
+    cheapest first, with the tiers above as fallbacks), `cascade` (the deployments'
+    tiers in the order listed, cheapest first: each answer is verified and, when its
+    score is below `verify_threshold`, the next tier is asked, at most
+    `max_escalations` times; streams are verified whole before they are sent
+    (`stream_cascade: buffer`) or routed by the classifier's `tiers` instead)."""
 
     strategy: RouteStrategyType = "fallback"
     deployments: Annotated[list[str], Field(min_length=1)]
     tiers: list[TierThreshold] = []
+    verify_threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
+    max_escalations: Annotated[int, Field(ge=0, le=10)] = 2
+    stream_cascade: StreamCascadeType = "buffer"
     reference_model: str | None = None
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     description: str = ""
@@ -135,10 +143,16 @@ class Route(_Section):
             raise ValueError(
                 f"strategy 'fixed' takes exactly one deployment, got {len(self.deployments)}"
             )
-        if self.strategy == "classifier":
+        uses_tiers = self.strategy == "classifier" or (
+            self.strategy == "cascade" and self.stream_cascade == "classifier"
+        )
+        if uses_tiers:
             _check_tiers(self.tiers)
         elif self.tiers:
-            raise ValueError(f"tiers apply to strategy 'classifier', not '{self.strategy}'")
+            raise ValueError(
+                "tiers apply to strategy 'classifier' (or 'cascade' with stream_cascade: "
+                f"classifier), not '{self.strategy}'"
+            )
         return self
 
 

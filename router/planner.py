@@ -114,10 +114,19 @@ def choose_tier(tiers: Sequence[Threshold], score: float) -> Threshold:
     return tiers[-1]
 
 
+def plan_cascade(spec: RouteSpec, score: float | None) -> Plan:
+    """The deployments in the order listed (cheapest tier first); the gateway asks one
+    tier at a time and escalates while the verifier rejects the answer."""
+    tiers = list(dict.fromkeys(v.tier for v in spec.deployments if v.available))
+    note = f"cascade through tiers {' -> '.join(tiers)}, verifying each answer"
+    return _available_in_order(spec, spec.deployments, score, (note,))
+
+
 STRATEGIES: Mapping[str, StrategyType] = {
     "fixed": plan_fixed,
     "fallback": plan_fallback,
     "classifier": plan_classifier,
+    "cascade": plan_cascade,
 }
 
 # Strategies that need the request's complexity score before planning.

@@ -1,0 +1,104 @@
+"""Cascades: ask the cheapest tier, verify its answer, escalate while it is rejected.
+
+Each tier is one `Executor.complete` over that tier's deployments (so a failing
+deployment still falls back within its tier). Every answer is priced in the ledger,
+the rejected ones too (`<request_id>:<n>` for the n-th escalation), because every one
+was paid for. If an escalation fails outright, the last answer received is returned
+rather than an error: an unverified answer beats none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.accounting import Accountant, Call, choice_texts, counted_usage, reported_usage
+from gateway.errors import GatewayError
+from gateway.executor import Completed, Executor
+from gateway.ledger import SpendRecord
+from gateway.runtime import DeploymentRuntime
+from gateway.scoring import AnswerVerifier
+from gateway.upstreams.base import EndpointType
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeResult:
+    final: Completed
+    records: tuple[SpendRecord, ...]
+    escalations: int
+    scores: tuple[float, ...]  # the verifier's score of each answer it judged
+
+    @property
+    def cost_nanos(self) -> int:
+        return sum(r.cost_nanos for r in self.records)
+
+    @property
+    def attempts(self) -> int:
+        return self.final.attempts
+
+
+def tier_groups(candidates: list[DeploymentRuntime]) -> list[list[DeploymentRuntime]]:
+    """Candidates grouped by tier, in the order the tiers first appear."""
+    groups: dict[str, list[DeploymentRuntime]] = {}
+    for deployment in candidates:
+        groups.setdefault(deployment.tier, []).append(deployment)
+    return list(groups.values())
+
+
+class Cascade:
+    def __init__(self, executor: Executor, accountant: Accountant, verifier: AnswerVerifier):
+        self._executor = executor
+        self._accountant = accountant
+        self._verifier = verifier
+
+    async def run(
+        self,
+        call: Call,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        deadline_s: float,
+    ) -> CascadeResult:
+        route = call.route
+        groups = tier_groups(candidates)[: route.max_escalations + 1]
+        ends_at = time.monotonic() + deadline_s
+        records: list[SpendRecord] = []
+        scores: list[float] = []
+        final: Completed | None = None
+        for step, group in enumerate(groups):
+            try:
+                done = await self._executor.complete(
+                    group, endpoint, body, max(0.001, ends_at - time.monotonic())
+                )
+            except GatewayError:
+                if final is None:
+                    raise
+                log.warning(
+                    "escalation %d of %s failed; answering with the last answer",
+                    step,
+                    call.request_id,
+                )
+                break
+            final = done
+            records.append(self._settle(call, done, endpoint, body, step))
+            if step == len(groups) - 1:
+                break
+            score = self._verifier(endpoint, body, done.reply.body)
+            scores.append(score)
+            if score >= route.verify_threshold:
+                break
+        assert final is not None  # the first group either answered or raised
+        return CascadeResult(final, tuple(records), len(records) - 1, tuple(scores))
+
+    def _settle(
+        self, call: Call, done: Completed, endpoint: EndpointType, body: dict[str, Any], step: int
+    ) -> SpendRecord:
+        reply = done.reply.body
+        usage = reported_usage(reply) or counted_usage(
+            done.deployment.target.model, endpoint, body, choice_texts(reply)
+        )
+        return self._accountant.settle(call, done.deployment, usage, attempt=step)

@@ -1,0 +1,393 @@
+"""Cascade verifier: how likely a cheap model's answer is acceptable.
+
+The score is a logistic model over cheap text signals (format consistency, refusals,
+truncation, requested JSON, repetition, token logprobs), followed by hard caps for
+answers that are unusable whatever the model says (empty, invalid requested JSON).
+The weights live in ``router/models/verifier.json`` (plain JSON, built by
+``router.verifier_train``); scoring needs only the standard library.
+
+Usage::
+
+    verifier = Verifier.load()
+    verifier.score("What is 2 + 3?", "2 + 3 = 5", finish_reason="stop")
+
+Errors raised here are ``RoutingError`` (a missing or malformed artifact).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from router.errors import RoutingError
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "verifier.json"
+ARTIFACT_FORMAT = "cascade-verifier/1"
+
+# Order is the artifact's column order; changing it means retraining.
+FEATURE_NAMES: tuple[str, ...] = (
+    "empty",
+    "very_short",
+    "log_answer_chars",
+    "length_ratio",
+    "finish_length",
+    "ends_mid_sentence",
+    "unbalanced_fences",
+    "unbalanced_brackets",
+    "refusal",
+    "hedge",
+    "json_requested",
+    "json_invalid",
+    "json_schema_mismatch",
+    "mc_prompt",
+    "mc_no_clear_option",
+    "math_prompt",
+    "math_no_number",
+    "math_final_marker",
+    "code_prompt",
+    "code_missing",
+    "code_other_language",
+    "repetition",
+    "degenerate_loop",
+    "no_logprobs",
+    "logprob_mean",
+    "logprob_min",
+    "logprob_low_share",
+)
+
+# Hard rules: when the feature is set, the score is at most this value.
+SCORE_CAPS: dict[str, float] = {
+    "empty": 0.01,
+    "json_invalid": 0.05,
+    "json_schema_mismatch": 0.1,
+    "refusal": 0.2,
+    "finish_length": 0.3,
+    "math_no_number": 0.3,
+    "degenerate_loop": 0.3,
+}
+
+MAX_ANALYSED_CHARS = 4000  # word and repetition statistics look at the head only
+LOW_LOGPROB = math.log(0.1)  # a token the model gave under 10% probability
+# Logprob features are centred on typical values so that "absent" (0.0) is neutral.
+TYPICAL_MEAN_LOGPROB = -0.3
+TYPICAL_MIN_LOGPROB = -4.0
+TYPICAL_LOW_SHARE = 0.05
+
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "number": (int, float),
+    "integer": int,
+    "boolean": bool,
+    "null": type(None),
+}
+OTHER_LANGUAGES = ("javascript", "java", "c++", "cpp", "c#", "csharp", "ruby", "go", "rust")
+
+_REFUSAL = re.compile(
+    r"^\W*(i'?m sorry|i am sorry|sorry,|i apologi[sz]e|i cannot|i can'?t|i can not|"
+    r"i'?m unable|i am unable|i won'?t|i will not|unfortunately|as an ai\b|i do not|i don'?t)"
+)
+_AS_AN_AI = re.compile(r"\bas an ai(?: language model)?\b")
+_HEDGE = re.compile(
+    r"\b(i'?m not sure|i am not sure|not certain|it depends|hard to say|difficult to say|"
+    r"cannot be determined|can'?t be determined|unclear|i'?m not able to)\b"
+)
+_MC_OPTION = re.compile(r"^\s*\(?([A-E])[.):]\s+\S", re.MULTILINE)
+_MC_ANSWER = re.compile(
+    r"^\W*\(?([A-E])\)?(?:[.):]|\s*$)|(?i:answer)(?: is)?\s*[:\-]?\s*\(?([A-E])\b"
+)
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+_MATH_PROMPT = re.compile(
+    r"\b(how many|how much|how long|how far|how old|what is the (?:total|sum|value|"
+    r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^]\s*\d",
+    re.IGNORECASE,
+)
+_FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
+_CODE_PROMPT = re.compile(
+    r"\b(write|implement|create|complete|fix)\b.{0,40}\b(function|program|script|class|"
+    r"method|code)\b|\bpython\b|```",
+    re.IGNORECASE | re.DOTALL,
+)
+_CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
+_FENCE_LANGUAGE = re.compile(r"```\s*([A-Za-z+#]+)")
+_JSON_PROMPT = re.compile(r"\bjson\b", re.IGNORECASE)
+_JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
+_WORD = re.compile(r"\w+")
+_TERMINAL = frozenset(".!?)]}\"'`*:;>")
+_BRACKETS = {"(": ")", "[": "]", "{": "}"}
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What a verifier sees besides the text: the upstream's metadata."""
+
+    logprobs: Sequence[float] | None = None
+    response_format: Mapping[str, Any] | None = None
+    finish_reason: str | None = None
+
+
+def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, float]:
+    """All verifier features for one answer, keyed by ``FEATURE_NAMES``."""
+    answer = response.strip()
+    lowered = answer.lower().replace("\u2019", "'")
+    words = _WORD.findall(lowered[:MAX_ANALYSED_CHARS])
+    features = {
+        **_length_features(prompt, answer, len(words)),
+        **_truncation_features(answer, len(words), signals.finish_reason),
+        "refusal": float(bool(_REFUSAL.match(lowered) or _AS_AN_AI.search(lowered))),
+        "hedge": float(bool(_HEDGE.search(lowered))),
+        **_json_features(prompt, answer, signals.response_format),
+        **_format_features(prompt, answer),
+        **_repetition_features(words, lowered[:MAX_ANALYSED_CHARS]),
+        **_logprob_features(signals.logprobs),
+    }
+    return {name: features[name] for name in FEATURE_NAMES}
+
+
+def _length_features(prompt: str, answer: str, words: int) -> dict[str, float]:
+    short = words < 3 and not _MC_OPTION.search(prompt)
+    ratio = math.log1p(len(answer)) - math.log1p(len(prompt))
+    return {
+        "empty": float(not answer),
+        "very_short": float(bool(answer) and short),
+        "log_answer_chars": math.log1p(len(answer)),
+        "length_ratio": max(-6.0, min(6.0, ratio)),
+    }
+
+
+def _truncation_features(answer: str, words: int, finish_reason: str | None) -> dict[str, float]:
+    long_form = words >= 8
+    mid_sentence = long_form and answer[-1] not in _TERMINAL and not answer[-1].isdigit()
+    return {
+        "finish_length": float(finish_reason == "length"),
+        "ends_mid_sentence": float(mid_sentence),
+        "unbalanced_fences": float(answer.count("```") % 2 == 1),
+        "unbalanced_brackets": float(_brackets_unbalanced(_code_text(answer))),
+    }
+
+
+def _code_text(answer: str) -> str:
+    """The fenced code if there is any (prose often has stray ``1)`` list markers)."""
+    parts = answer.split("```")
+    return "".join(parts[1::2]) if len(parts) > 1 else answer
+
+
+def _brackets_unbalanced(text: str) -> bool:
+    """Counts, not nesting order: a C-speed check that catches cut-off code."""
+    return any(text.count(opener) != text.count(closer) for opener, closer in _BRACKETS.items())
+
+
+def _json_features(
+    prompt: str, answer: str, response_format: Mapping[str, Any] | None
+) -> dict[str, float]:
+    kind = (response_format or {}).get("type")
+    strict = kind in ("json_object", "json_schema")
+    requested = strict or bool(_JSON_PROMPT.search(prompt))
+    if not requested:
+        return {"json_requested": 0.0, "json_invalid": 0.0, "json_schema_mismatch": 0.0}
+    parsed, ok = _parse_json(answer, lenient=not strict)
+    schema = _schema_of(response_format) if ok else None
+    mismatch = (kind == "json_object" and not isinstance(parsed, dict)) or (
+        schema is not None and not schema_matches(parsed, schema)
+    )
+    return {
+        "json_requested": 1.0,
+        "json_invalid": float(not ok),
+        "json_schema_mismatch": float(ok and mismatch),
+    }
+
+
+def _parse_json(answer: str, *, lenient: bool) -> tuple[Any, bool]:
+    """Parse the answer; ``lenient`` also accepts JSON inside a code fence."""
+    candidates = [answer]
+    if lenient:
+        candidates += [match.strip() for match in _JSON_FENCE.findall(answer)]
+    for text in candidates:
+        try:
+            return json.loads(text), True
+        except ValueError:
+            continue
+    return None, False
+
+
+def _schema_of(response_format: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not response_format or response_format.get("type") != "json_schema":
+        return None
+    wrapper = response_format.get("json_schema") or {}
+    schema = wrapper.get("schema") if isinstance(wrapper, Mapping) else None
+    return schema if isinstance(schema, Mapping) else None
+
+
+def schema_matches(value: Any, schema: Mapping[str, Any]) -> bool:
+    """A minimal JSON Schema check: top-level ``type``, ``required`` keys, property types."""
+    if not _type_matches(value, schema.get("type")):
+        return False
+    if not isinstance(value, dict):
+        return True
+    if any(key not in value for key in schema.get("required", ())):
+        return False
+    properties = schema.get("properties") or {}
+    return all(
+        _type_matches(value[key], sub.get("type"))
+        for key, sub in properties.items()
+        if key in value and isinstance(sub, Mapping)
+    )
+
+
+def _type_matches(value: Any, expected: Any) -> bool:
+    if expected is None:
+        return True
+    names = expected if isinstance(expected, list) else [expected]
+    return any(_is_json_type(value, name) for name in names)
+
+
+def _is_json_type(value: Any, name: str) -> bool:
+    python_type = JSON_TYPES.get(name)
+    if python_type is None or not isinstance(value, python_type):
+        return False
+    # bool is an int subclass in Python but not a JSON number.
+    return not (isinstance(value, bool) and name in ("number", "integer"))
+
+
+def _format_features(prompt: str, answer: str) -> dict[str, float]:
+    mc = bool(_MC_OPTION.search(prompt)) and "answer" in prompt.lower()
+    math_prompt = not mc and bool(_MATH_PROMPT.search(prompt)) and any(c.isdigit() for c in prompt)
+    code = not mc and bool(_CODE_PROMPT.search(prompt))
+    return {
+        "mc_prompt": float(mc),
+        "mc_no_clear_option": float(mc and not _single_option(answer)),
+        "math_prompt": float(math_prompt),
+        "math_no_number": float(math_prompt and not _NUMBER.search(answer)),
+        "math_final_marker": float(math_prompt and bool(_FINAL_MARKER.search(answer.lower()))),
+        "code_prompt": float(code),
+        "code_missing": float(code and not _CODE_SIGNS.search(answer)),
+        "code_other_language": float(code and _other_language(prompt, answer)),
+    }
+
+
+def _single_option(answer: str) -> bool:
+    letters = {a or b for a, b in _MC_ANSWER.findall(answer[:400])}
+    return len({letter.upper() for letter in letters}) == 1
+
+
+def _other_language(prompt: str, answer: str) -> bool:
+    asked = prompt.lower()
+    used = {match.lower() for match in _FENCE_LANGUAGE.findall(answer)}
+    return any(lang in used and lang not in asked for lang in OTHER_LANGUAGES)
+
+
+def _repetition_features(words: list[str], lowered: str) -> dict[str, float]:
+    grams = [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+    repeated = 1.0 - len(set(grams)) / len(grams) if len(grams) >= 20 else 0.0
+    lines = [line.strip() for line in lowered.splitlines() if len(line.strip()) > 10]
+    most = max(Counter(lines).values(), default=0)
+    return {"repetition": repeated, "degenerate_loop": float(most >= 4 or repeated > 0.6)}
+
+
+def _logprob_features(logprobs: Sequence[float] | None) -> dict[str, float]:
+    values = [max(-20.0, float(v)) for v in logprobs or () if math.isfinite(v)]
+    if not values:
+        return {
+            "no_logprobs": 1.0,
+            "logprob_mean": 0.0,
+            "logprob_min": 0.0,
+            "logprob_low_share": 0.0,
+        }
+    low_share = sum(v < LOW_LOGPROB for v in values) / len(values)
+    return {
+        "no_logprobs": 0.0,
+        "logprob_mean": sum(values) / len(values) - TYPICAL_MEAN_LOGPROB,
+        "logprob_min": max(-10.0, min(values)) - TYPICAL_MIN_LOGPROB,
+        "logprob_low_share": low_share - TYPICAL_LOW_SHARE,
+    }
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """A logistic model over ``FEATURE_NAMES`` plus the hard ``SCORE_CAPS``."""
+
+    feature_names: tuple[str, ...]
+    coefficients: tuple[float, ...]
+    intercept: float
+    means: tuple[float, ...]
+    scales: tuple[float, ...]
+    threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.feature_names != FEATURE_NAMES:
+            raise RoutingError(
+                f"verifier artifact has features {list(self.feature_names)}; "
+                f"this code expects {list(FEATURE_NAMES)} (retrain the verifier)"
+            )
+        sizes = {len(self.coefficients), len(self.means), len(self.scales)}
+        if sizes != {len(FEATURE_NAMES)}:
+            raise RoutingError(f"verifier artifact has vectors of sizes {sorted(sizes)}")
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Verifier:
+        """Load the JSON artifact (the shipped one by default)."""
+        path = path or DEFAULT_PATH
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise RoutingError(f"cannot read verifier artifact {path}: {exc}") from exc
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verifier:
+        if data.get("format") != ARTIFACT_FORMAT:
+            raise RoutingError(
+                f"verifier format is {data.get('format')!r}; want {ARTIFACT_FORMAT!r}"
+            )
+        try:
+            return cls(
+                feature_names=tuple(data["feature_names"]),
+                coefficients=tuple(float(v) for v in data["coefficients"]),
+                intercept=float(data["intercept"]),
+                means=tuple(float(v) for v in data["means"]),
+                scales=tuple(float(v) for v in data["scales"]),
+                threshold=float(data.get("threshold", 0.5)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RoutingError(f"verifier artifact is malformed: {exc!r}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": ARTIFACT_FORMAT,
+            "feature_names": list(self.feature_names),
+            "coefficients": list(self.coefficients),
+            "intercept": self.intercept,
+            "means": list(self.means),
+            "scales": list(self.scales),
+            "threshold": self.threshold,
+        }
+
+    def score(
+        self,
+        prompt: str,
+        response: str,
+        *,
+        logprobs: list[float] | None = None,
+        response_format: dict[str, Any] | None = None,
+        finish_reason: str | None = None,
+    ) -> float:
+        """The probability in [0, 1] that ``response`` is an acceptable answer to ``prompt``."""
+        signals = Signals(logprobs, response_format, finish_reason)
+        return self.score_features(extract_features(prompt, response, signals))
+
+    def score_features(self, features: Mapping[str, float]) -> float:
+        logit = self.intercept
+        for name, coef, mean, scale in zip(
+            self.feature_names, self.coefficients, self.means, self.scales, strict=True
+        ):
+            logit += coef * (features[name] - mean) / scale
+        probability = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, logit))))
+        caps = [cap for name, cap in SCORE_CAPS.items() if features[name] > 0]
+        return min([probability, *caps])

@@ -1,0 +1,322 @@
+"""Training for the cascade verifier (``router.verifier``).
+
+Rows come from the shared routing data: each GSM8K prompt gives two answers (the weak
+and the strong model's, labelled by correctness) and each RouterBench prompt gives
+eleven (every model's response, acceptable when ``correct >= 0.5``). The model is a
+logistic regression on ``FEATURE_NAMES``; features the data cannot teach (logprobs,
+``finish_reason``, requested JSON) get fixed prior weights instead.
+
+Held out, never trained on: one whole RouterBench task (``HELD_OUT_TASK``) and a fixed
+fifth of every other source's prompts, chosen by a hash of the prompt id. All answers
+to a prompt land on the same side.
+
+Rebuild with ``cascade-gateway router train-verifier`` (which calls ``main``).
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from router.errors import RoutingError
+from router.verifier import DEFAULT_PATH, FEATURE_NAMES, Signals, Verifier, extract_features
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
+GSM8K_FILE = "gsm8k.jsonl"
+ROUTERBENCH_FILES = (
+    "routerbench_arc_challenge.jsonl",
+    "routerbench_mbpp.jsonl",
+    "routerbench_winogrande.jsonl",
+)
+HELD_OUT_TASK = "routerbench_winogrande"
+TEST_FRACTION_BUCKETS = 5  # one bucket in five of each other source is held out
+ACCEPT_THRESHOLD = 0.5
+REPORT_THRESHOLDS = (0.5, 0.7)
+REGULARISATION_C = 1.0
+SIGNIFICANT_DIGITS = 6
+
+# Features the training data never shows (no logprobs, no finish_reason, no JSON
+# requests), so their weights are set by hand, in logits per unit of the raw feature.
+PRIOR_COEFFICIENTS: dict[str, float] = {
+    "finish_length": -2.0,
+    "json_requested": 0.0,
+    "json_invalid": -4.0,
+    "json_schema_mismatch": -3.0,
+    "no_logprobs": 0.0,
+    "logprob_mean": 1.5,
+    "logprob_min": 0.1,
+    "logprob_low_share": -4.0,
+}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled answer; ``prompt_id`` keeps a prompt's answers on one side of the split."""
+
+    source: str
+    prompt_id: str
+    prompt: str
+    response: str
+    label: bool
+
+
+def build_examples(data_dir: Path, *, limit: int | None = None) -> list[Example]:
+    """Labelled answers from the shared data, in a fixed order (``limit`` prompts per file)."""
+    examples = list(_gsm8k_examples(data_dir / GSM8K_FILE, limit))
+    for name in ROUTERBENCH_FILES:
+        examples += _routerbench_examples(data_dir / name, limit)
+    return examples
+
+
+def _read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise RoutingError(f"cannot read training data {path}: {exc}") from exc
+    rows = sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["id"])
+    return rows[:limit] if limit is not None else rows
+
+
+def _gsm8k_examples(path: Path, limit: int | None) -> Iterator[Example]:
+    for row in _read_rows(path, limit):
+        for side in ("weak", "strong"):
+            response = row[f"{side}_response"]
+            yield Example("gsm8k", row["id"], row["prompt"], response, bool(row[f"{side}_correct"]))
+
+
+def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
+    source = path.stem
+    for row in _read_rows(path, limit):
+        for name in sorted(row["models"]):
+            model = row["models"][name]
+            response = _unwrap_response(model["response"])
+            yield Example(source, row["id"], row["prompt"], response, model["correct"] >= 0.5)
+
+
+def _unwrap_response(raw: str) -> str:
+    """RouterBench stores each response as the repr of a one-string list."""
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+    if isinstance(value, list):
+        return "".join(str(part) for part in value)
+    return str(value)
+
+
+def is_held_out(example: Example) -> bool:
+    if example.source == HELD_OUT_TASK:
+        return True
+    digest = hashlib.sha256(f"{example.source}:{example.prompt_id}".encode()).digest()
+    return digest[0] % TEST_FRACTION_BUCKETS == 0
+
+
+def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
+    rows = [list(extract_features(e.prompt, e.response, Signals()).values()) for e in examples]
+    return np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
+
+
+def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
+    """Logistic regression on the learnable columns, each source weighted equally."""
+    from sklearn.linear_model import LogisticRegression
+
+    learned = [i for i, name in enumerate(FEATURE_NAMES) if name not in PRIOR_COEFFICIENTS]
+    columns = features[:, learned]
+    means = columns.mean(axis=0)
+    scales = columns.std(axis=0)
+    scales[scales == 0] = 1.0
+    labels = np.array([e.label for e in examples], dtype=np.int64)
+    model = LogisticRegression(C=REGULARISATION_C, max_iter=2000)
+    model.fit((columns - means) / scales, labels, sample_weight=_source_weights(examples))
+
+    coefficients = dict(PRIOR_COEFFICIENTS)
+    stats = {name: (0.0, 1.0) for name in PRIOR_COEFFICIENTS}
+    for j, i in enumerate(learned):
+        coefficients[FEATURE_NAMES[i]] = float(model.coef_[0][j])
+        stats[FEATURE_NAMES[i]] = (float(means[j]), float(scales[j]))
+    return Verifier(
+        feature_names=FEATURE_NAMES,
+        coefficients=tuple(_round(coefficients[n]) for n in FEATURE_NAMES),
+        intercept=_round(float(model.intercept_[0])),
+        means=tuple(_round(stats[n][0]) for n in FEATURE_NAMES),
+        scales=tuple(_round(stats[n][1]) for n in FEATURE_NAMES),
+        threshold=ACCEPT_THRESHOLD,
+    )
+
+
+def _source_weights(examples: Sequence[Example]) -> NDArray[np.float64]:
+    counts: dict[str, int] = {}
+    for example in examples:
+        counts[example.source] = counts.get(example.source, 0) + 1
+    total = len(examples) / len(counts)
+    return np.array([total / counts[e.source] for e in examples], dtype=np.float64)
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+def evaluate(
+    verifier: Verifier, examples: Sequence[Example], features: NDArray[np.float64]
+) -> dict[str, dict[str, float]]:
+    """Held-out ROC-AUC and accept precision, per source and pooled."""
+    from sklearn.metrics import roc_auc_score
+
+    scores = np.array(
+        [verifier.score_features(dict(zip(FEATURE_NAMES, row, strict=True))) for row in features]
+    )
+    labels = np.array([e.label for e in examples], dtype=np.int64)
+    sources = np.array([e.source for e in examples])
+    report: dict[str, dict[str, float]] = {}
+    for group in [*sorted(set(sources.tolist())), "all"]:
+        mask = np.ones(len(labels), dtype=bool) if group == "all" else sources == group
+        y, s = labels[mask], scores[mask]
+        metrics = {"n": float(mask.sum()), "positive_rate": _round(float(y.mean()))}
+        metrics["roc_auc"] = _round(float(roc_auc_score(y, s))) if 0 < y.sum() < len(y) else 0.5
+        for threshold in REPORT_THRESHOLDS:
+            accepted = s >= threshold
+            metrics[f"accept_share@{threshold}"] = _round(float(accepted.mean()))
+            precision = float(y[accepted].mean()) if accepted.any() else 0.0
+            metrics[f"accept_precision@{threshold}"] = _round(precision)
+        report[group] = metrics
+    return report
+
+
+def train(data_dir: Path, out: Path, *, limit: int | None = None) -> dict[str, Any]:
+    """Build, evaluate and write the verifier artifact (and its model card next to it).
+
+    Returns the artifact's contents. ``limit`` caps the prompts read per file (for tests).
+    """
+    examples = build_examples(data_dir, limit=limit)
+    held_out = np.array([is_held_out(e) for e in examples])
+    features = feature_matrix(examples)
+    train_set = [e for e, h in zip(examples, held_out, strict=True) if not h]
+    test_set = [e for e, h in zip(examples, held_out, strict=True) if h]
+    verifier = fit(train_set, features[~held_out])
+    artifact = verifier.to_dict()
+    artifact["training"] = {
+        "held_out_task": HELD_OUT_TASK,
+        "train_rows": _counts(train_set),
+        "test_rows": _counts(test_set),
+        "prior_coefficients": sorted(PRIOR_COEFFICIENTS),
+    }
+    artifact["held_out_metrics"] = evaluate(verifier, test_set, features[held_out])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(artifact, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    card_path(out).write_text(model_card(artifact), encoding="utf-8")
+    return artifact
+
+
+def _counts(examples: Sequence[Example]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for example in examples:
+        counts[example.source] = counts.get(example.source, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def card_path(out: Path) -> Path:
+    return out.with_name(f"{out.stem}.card.md")
+
+
+def model_card(artifact: dict[str, Any]) -> str:
+    """The Markdown model card for an artifact returned by ``train``."""
+    training = artifact["training"]
+    metrics = artifact["held_out_metrics"]
+    header = "| held out | rows | positive rate | ROC-AUC | accept share @0.5 | precision @0.5 | "
+    header += "accept share @0.7 | precision @0.7 |\n|---|---|---|---|---|---|---|---|\n"
+    table = "".join(
+        f"| {group} | {m['n']:.0f} | {m['positive_rate']:.3f} | {m['roc_auc']:.3f} | "
+        f"{m['accept_share@0.5']:.3f} | {m['accept_precision@0.5']:.3f} | "
+        f"{m['accept_share@0.7']:.3f} | {m['accept_precision@0.7']:.3f} |\n"
+        for group, m in metrics.items()
+    )
+    weights = "".join(
+        f"| {name} | {coef:+.3f} |\n"
+        for name, coef in zip(artifact["feature_names"], artifact["coefficients"], strict=True)
+    )
+    return CARD_TEMPLATE.format(
+        date=datetime.date.today().isoformat(),
+        held_out_task=training["held_out_task"],
+        buckets=TEST_FRACTION_BUCKETS,
+        train_rows=json.dumps(training["train_rows"]),
+        test_rows=json.dumps(training["test_rows"]),
+        priors=", ".join(training["prior_coefficients"]),
+        table=header + table,
+        weights=weights,
+    )
+
+
+CARD_TEMPLATE = """# Cascade verifier
+
+Scores how likely a cheap model's answer is acceptable (0..1); the cascade escalates
+below the route's threshold. Built {date} by `router/verifier_train.py`.
+
+## Model
+Logistic regression over cheap text signals (`router.verifier.FEATURE_NAMES`), standardised
+with the training means/scales stored in `verifier.json`, then hard caps
+(`router.verifier.SCORE_CAPS`: empty answer, invalid requested JSON, schema mismatch,
+refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops).
+The training data has no logprobs, `finish_reason` or JSON requests, so these features
+carry fixed prior weights, not learned ones: {priors}.
+
+## Data
+`shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)
+and RouterBench ARC-Challenge, MBPP and Winogrande (all 11 models' responses,
+acceptable when `correct >= 0.5`). Sources are weighted equally in training.
+
+- train rows: {train_rows}
+- held-out rows: {test_rows}
+
+## Split
+`{held_out_task}` is held out entirely (a task the model never saw); of every other
+source, the prompts whose `sha256(source:id)` first byte is 0 mod {buckets} are held out,
+with all answers to a prompt on the same side.
+
+## Held-out metrics
+{table}
+Precision @t is the share of acceptable answers among those scoring >= t (the answers
+the cascade would keep); compare it with the positive rate (keeping everything).
+
+## Weights (per standardised feature)
+| feature | coefficient |
+|---|---|
+{weights}
+## Limits
+The signals judge form, not content: a well-formed wrong answer (a confident wrong
+option letter) scores like a right one. Logprob weights are guesses until traffic with
+logprobs and outcomes is available.
+
+## Rebuild
+`cascade-gateway router train-verifier` (or `python -m router.verifier_train`);
+training is deterministic and the JSON is byte-identical across runs.
+"""
+
+
+def main(data_dir: Path | None = None, out: Path | None = None) -> int:
+    """Train the shipped verifier; returns a process exit code."""
+    out = out or DEFAULT_PATH
+    try:
+        artifact = train(data_dir or DEFAULT_DATA_DIR, out)
+    except RoutingError as exc:
+        logger.error("%s", exc)
+        return 1
+    pooled = artifact["held_out_metrics"]["all"]
+    logger.info("wrote %s (held-out ROC-AUC %.3f)", out, pooled["roc_auc"])
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Cascades through the running gateway: the cheap tier answers first, the shipped
+verifier judges the answer, and a rejected answer escalates to the next tier. Every
+answer is priced in the ledger, the rejected ones too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+POLICY = """
+deployments:
+  cheap:
+    api_base: ${CHEAP_URL}
+    model: small-model
+    tier: local-small
+    price: {input_per_mtok: 0.1, output_per_mtok: 0.1}
+  premium:
+    api_base: ${PREMIUM_URL}
+    model: big-model
+    tier: premium
+    price: {input_per_mtok: 5, output_per_mtok: 15}
+routes:
+  careful:
+    strategy: cascade
+    deployments: [cheap, premium]
+    verify_threshold: 0.5
+    max_escalations: 1
+    reference_model: premium
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+"""
+QUESTION = {"role": "user", "content": "What is 17 * 23? Answer with the number."}
+GOOD = "17 * 23 = 391. The answer is 391."
+REFUSAL = "I am sorry, I cannot help with that."
+
+
+@pytest.fixture
+def premium() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def base(start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI) -> str:
+    fake_openai.reply_text, premium.reply_text = GOOD, GOOD
+    return start_gateway(POLICY, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+
+
+def ask(base: str, **extra: Any) -> httpx.Response:
+    body = {"model": "careful", "messages": [QUESTION], **extra}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+
+
+async def test_a_good_cheap_answer_is_kept(
+    base: str, premium: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert response.headers["x-cascade-escalations"] == "0"
+    assert premium.requests == []
+    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+    assert record.tier == "local-small"
+
+
+async def test_a_rejected_answer_escalates_and_both_are_priced(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    fake_openai.reply_text = REFUSAL
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == GOOD
+    assert response.headers["x-cascade-deployment"] == "premium"
+    assert response.headers["x-cascade-tier"] == "premium"
+    assert response.headers["x-cascade-escalations"] == "1"
+    request_id = response.headers["x-request-id"]
+    cheap = await wait_for_record(ledger_store, request_id)
+    escalated = await wait_for_record(ledger_store, f"{request_id}:1")
+    assert (cheap.deployment, escalated.deployment) == ("cheap", "premium")
+    assert escalated.escalations == 1
+    total = cheap.cost_nanos + escalated.cost_nanos
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(total / 1e9)
+
+
+def test_invalid_json_in_json_mode_escalates(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    fake_openai.reply_text = "Sure! The name is Bob and he is 30."
+    premium.reply_text = '{"name": "Bob", "age": 30}'
+    response = ask(base, response_format={"type": "json_object"})
+    assert response.headers["x-cascade-escalations"] == "1"
+    assert response.json()["choices"][0]["message"]["content"] == premium.reply_text
+
+
+def test_streams_are_verified_whole_then_sent(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    fake_openai.reply_text = REFUSAL
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={
+            "model": "careful",
+            "messages": [QUESTION],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        headers=AUTH,
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["x-cascade-escalations"] == "1"
+        body = response.read().decode()
+    assert body.endswith("data: [DONE]\n\n")
+    assert GOOD in body and REFUSAL not in body
+    assert '"usage"' in body
+    assert "stream" not in fake_openai.requests[-1]["body"]  # asked whole, to verify it
+
+
+def test_escalation_failure_answers_with_the_cheap_answer(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    fake_openai.reply_text = REFUSAL
+    premium.fail(500, times=None)
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert response.json()["choices"][0]["message"]["content"] == REFUSAL

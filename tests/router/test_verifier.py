@@ -1,0 +1,166 @@
+"""The cascade verifier: shipped artifact, signals, caps and deterministic training."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from router.errors import RoutingError
+from router.verifier import FEATURE_NAMES, Signals, Verifier, extract_features, schema_matches
+from router.verifier_train import DEFAULT_DATA_DIR, build_examples, train
+
+MATHS = "Tom has 3 boxes with 12 apples each. He eats 5 apples. How many apples are left?"
+MATHS_ANSWER = "3 boxes * 12 apples = 36 apples. 36 - 5 = 31.\n#### 31"
+CHOICE = (
+    "Which gas do plants absorb?\nA) oxygen\nB) carbon dioxide\nC) nitrogen\nD) helium\n"
+    'Print only a single choice from "A" or "B" or "C" or "D".\nAnswer:'
+)
+PERSON_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "schema": {
+            "type": "object",
+            "required": ["name", "age"],
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    return Verifier.load()
+
+
+def test_scores_are_probabilities(verifier: Verifier) -> None:
+    cases = [("", ""), (MATHS, MATHS_ANSWER), (CHOICE, "B"), ("hi", "x" * 5000)]
+    for prompt, response in cases:
+        assert 0.0 <= verifier.score(prompt, response) <= 1.0
+
+
+def test_invalid_json_scores_below_valid(verifier: Verifier) -> None:
+    prompt = "Give me the person as JSON."
+    json_mode = {"type": "json_object"}
+    valid = verifier.score(prompt, '{"name": "Ada", "age": 36}', response_format=json_mode)
+    broken = verifier.score(prompt, '{"name": "Ada", "age": 36', response_format=json_mode)
+    assert broken <= 0.05 < valid
+
+
+def test_schema_mismatch_scores_below_match(verifier: Verifier) -> None:
+    prompt = "Describe Ada."
+    good = verifier.score(prompt, '{"name": "Ada", "age": 36}', response_format=PERSON_SCHEMA)
+    missing = verifier.score(prompt, '{"name": "Ada"}', response_format=PERSON_SCHEMA)
+    wrong_type = verifier.score(
+        prompt, '{"name": "Ada", "age": "36"}', response_format=PERSON_SCHEMA
+    )
+    assert max(missing, wrong_type) <= 0.1 < good
+
+
+def test_schema_check_is_minimal_but_strict_on_types() -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    assert schema_matches({"n": 1}, schema)
+    assert not schema_matches({"n": True}, schema)
+    assert not schema_matches([1], schema)
+    assert schema_matches([1], {"type": ["array", "null"]})
+
+
+def test_refusal_scores_below_direct_answer(verifier: Verifier) -> None:
+    prompt = "What is the capital of France?"
+    direct = verifier.score(prompt, "The capital of France is Paris.")
+    refusal = verifier.score(prompt, "I'm sorry, but I cannot help with that request.")
+    assert refusal < direct
+
+
+def test_truncated_answer_scores_below_complete(verifier: Verifier) -> None:
+    prompt = "Explain briefly why the sky is blue."
+    complete = "Sunlight scatters off air molecules, and blue light scatters the most."
+    truncated = "Sunlight scatters off air molecules, and blue light scatters the"
+    assert verifier.score(prompt, truncated, finish_reason="length") < verifier.score(
+        prompt, complete, finish_reason="stop"
+    )
+
+
+def test_maths_answer_needs_a_final_number(verifier: Verifier) -> None:
+    vague = "He has some apples left after eating a few of them."
+    assert verifier.score(MATHS, vague) < verifier.score(MATHS, MATHS_ANSWER)
+
+
+def test_multiple_choice_needs_one_clear_option() -> None:
+    clear = extract_features(CHOICE, "B", Signals())
+    unclear = extract_features(CHOICE, "It could be A or maybe C.", Signals())
+    assert clear["mc_prompt"] == 1.0
+    assert clear["mc_no_clear_option"] == 0.0
+    assert unclear["mc_no_clear_option"] == 1.0
+
+
+def test_code_prompt_without_code_is_flagged() -> None:
+    prompt = "Write a python function to reverse a string."
+    with_code = extract_features(
+        prompt, "```python\ndef rev(s):\n    return s[::-1]\n```", Signals()
+    )
+    without = extract_features(prompt, "You can reverse it with slicing.", Signals())
+    assert (with_code["code_missing"], without["code_missing"]) == (0.0, 1.0)
+
+
+def test_degenerate_loop_is_capped(verifier: Verifier) -> None:
+    loop = "\n".join(["The answer is the answer is the answer."] * 8)
+    assert verifier.score("Tell me a story about a cat.", loop) <= 0.3
+
+
+def test_low_logprobs_lower_the_score(verifier: Verifier) -> None:
+    prompt, response = "What is the capital of France?", "The capital of France is Paris."
+    confident = verifier.score(prompt, response, logprobs=[-0.01, -0.05, -0.02, -0.1])
+    unsure = verifier.score(prompt, response, logprobs=[-2.5, -3.0, -1.8, -4.0])
+    absent = extract_features(prompt, response, Signals())
+    assert unsure < confident
+    assert absent["no_logprobs"] == 1.0
+    assert absent["logprob_mean"] == 0.0
+
+
+def test_scoring_is_fast(verifier: Verifier) -> None:
+    response = MATHS_ANSWER * 20
+    start = time.perf_counter()
+    for _ in range(200):
+        verifier.score(MATHS, response, logprobs=[-0.1] * 200, finish_reason="stop")
+    assert (time.perf_counter() - start) / 200 < 0.005  # < 1 ms typical; slack for busy CI
+
+
+def test_artifact_round_trips(verifier: Verifier, tmp_path: Path) -> None:
+    path = tmp_path / "verifier.json"
+    path.write_text(json.dumps(verifier.to_dict()), encoding="utf-8")
+    assert Verifier.load(path) == verifier
+    assert verifier.feature_names == FEATURE_NAMES
+
+
+def test_bad_artifact_is_a_routing_error(tmp_path: Path) -> None:
+    path = tmp_path / "verifier.json"
+    path.write_text('{"format": "pickle"}', encoding="utf-8")
+    with pytest.raises(RoutingError, match="verifier format"):
+        Verifier.load(path)
+    with pytest.raises(RoutingError, match="cannot read"):
+        Verifier.load(tmp_path / "missing.json")
+
+
+needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
+
+
+@needs_data
+def test_training_is_deterministic(tmp_path: Path) -> None:
+    first, second = tmp_path / "a" / "verifier.json", tmp_path / "b" / "verifier.json"
+    train(DEFAULT_DATA_DIR, first, limit=60)
+    train(DEFAULT_DATA_DIR, second, limit=60)
+    assert first.read_bytes() == second.read_bytes()
+    assert (tmp_path / "a" / "verifier.card.md").is_file()
+    Verifier.load(first)
+
+
+@needs_data
+def test_examples_cover_every_source() -> None:
+    examples = build_examples(DEFAULT_DATA_DIR, limit=3)
+    sources = {e.source for e in examples}
+    assert "gsm8k" in sources and "routerbench_mbpp" in sources
+    assert all(not e.response.startswith("['") for e in examples)
