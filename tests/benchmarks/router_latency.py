@@ -1,0 +1,81 @@
+"""Routing decision latency: score a typical chat request with the shipped classifier
+and plan its route, single thread, one request at a time.
+
+    python -m tests.benchmarks.router_latency [--n 5000]
+
+Prints p50/p99 of the decision and, as a same-run baseline, of parsing the request
+body with orjson (what every request pays anyway). Target: p99 <= 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import orjson
+
+from gateway.scoring import AnswerVerifier, RequestScorer
+from router import DeploymentView, RouteSpec, Threshold, plan_route
+
+SYSTEM = "You are a helpful assistant for an online store. Answer briefly and politely."
+USER = (
+    "I ordered a pair of running shoes last week (order 48213) and they arrived in the "
+    "wrong size. Can you explain how returns work, whether I pay for shipping, and how "
+    "long the refund usually takes? I'd also like to know if I can exchange them for a "
+    "half size larger instead of getting a refund."
+)
+BODY = {
+    "model": "auto",
+    "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
+    "max_tokens": 300,
+}
+SPEC_VIEWS = (DeploymentView("local", "local-small"), DeploymentView("gpt", "premium"))
+TIERS = (Threshold("local-small", 0.5), Threshold("premium"))
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def timed(call: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=5000)
+    n = parser.parse_args().n
+    raw = orjson.dumps(BODY)
+    scorer, verifier = RequestScorer(), AnswerVerifier()
+    answer = {"choices": [{"message": {"content": "Returns are free within 30 days. " * 6}}]}
+    scorer("chat", BODY)  # load the models before timing
+    verifier("chat", BODY, answer)
+
+    def decide() -> None:
+        spec = RouteSpec("auto", "classifier", SPEC_VIEWS, TIERS)
+        plan_route(spec, scorer("chat", BODY))
+
+    rows = {
+        "baseline: orjson.loads(body)": timed(lambda: orjson.loads(raw), n),
+        "classifier score + plan": timed(decide, n),
+        "cascade verifier (one answer)": timed(lambda: verifier("chat", BODY, answer), n),
+    }
+    base_p50 = statistics.median(rows["baseline: orjson.loads(body)"])
+    print(f"{'what':32} {'p50 ms':>8} {'p99 ms':>8} {'p50 / baseline':>15}")
+    for name, samples in rows.items():
+        p50, p99 = percentiles(samples)
+        print(f"{name:32} {p50:8.3f} {p99:8.3f} {p50 / base_p50:15.1f}")
+    _, decision_p99 = percentiles(rows["classifier score + plan"])
+    print(f"target p99 <= 2 ms for a decision: {'met' if decision_p99 <= 2 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Classifier routing through the running gateway with the shipped classifier: easy
+prompts stay on the cheap tier, hard ones go to the premium tier, and the ledger
+records the tier each was priced at."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from gateway.scoring import RequestScorer
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+EASY = "hi, what is the capital of France?"
+HARD = (
+    "Prove that for every prime p > 3, p^2 - 1 is divisible by 24. Then solve step by "
+    "step: a train leaves at 3pm at 60 km/h and another at 4pm at 80 km/h; when does the "
+    "second catch up? Show all reasoning and compute exact values."
+)
+POLICY = """
+deployments:
+  cheap: {api_base: "${CHEAP_URL}", model: small, tier: local-small,
+          price: {input_per_mtok: 0.1, output_per_mtok: 0.1}}
+  premium: {api_base: "${PREMIUM_URL}", model: big, tier: premium,
+            price: {input_per_mtok: 5, output_per_mtok: 15}}
+routes:
+  auto:
+    strategy: classifier
+    deployments: [cheap, premium]
+    tiers: [{tier: local-small, below: THRESHOLD}, {tier: premium}]
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+"""
+
+
+def score(text: str) -> float:
+    return RequestScorer()("chat", {"messages": [{"role": "user", "content": text}]})
+
+
+@pytest.fixture
+def premium() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+async def test_easy_stays_cheap_and_hard_goes_premium(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+) -> None:
+    easy, hard = score(EASY), score(HARD)
+    assert easy < hard  # the shipped classifier ranks them the way anyone would
+    policy = POLICY.replace("THRESHOLD", f"{(easy + hard) / 2:.4f}")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    tiers = {}
+    for text in (EASY, HARD):
+        body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+        assert float(response.headers["x-cascade-score"]) == pytest.approx(score(text), abs=1e-4)
+        record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        tiers[text] = (response.headers["x-cascade-deployment"], record.tier)
+    assert tiers == {EASY: ("cheap", "local-small"), HARD: ("premium", "premium")}
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'cascade_router_score_count{route="auto"} 2.0' in metrics
+
+
+def test_a_failing_cheap_tier_escalates_not_the_other_way(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    easy, hard = score(EASY), score(HARD)
+    policy = POLICY.replace("THRESHOLD", f"{(easy + hard) / 2:.4f}")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    fake_openai.fail(503, times=None)
+    body = {"model": "auto", "messages": [{"role": "user", "content": EASY}]}
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+    assert response.headers["x-cascade-deployment"] == "premium"  # fell back upwards
+    premium.fail(503, times=None)
+    fake_openai.fail_status = None  # the cheap tier is healthy again
+    cheap_calls = len(fake_openai.requests)
+    body["messages"][0]["content"] = HARD
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 503  # a hard request never drops to the cheap tier
+    assert len(fake_openai.requests) == cheap_calls
