@@ -1,4 +1,4 @@
-"""`cascade-gateway` command line: serve, policy check/explain, keys."""
+"""`cascade-gateway` command line: serve, policy check/explain, keys, router, spend."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from gateway.errors import GatewayError
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
 from policies.keys import hash_key
+from router.cli import add_router_commands
 
 log = logging.getLogger("gateway")
 
@@ -184,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_parser("hash", help="print the hash of a key read from stdin").set_defaults(
         func=cmd_keys_hash
     )
+
+    add_router_commands(sub)
 
     spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(
         dest="spend_command", required=True

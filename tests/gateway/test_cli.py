@@ -145,3 +145,24 @@ async def test_spend_report_matches_the_ledger(
     csv_text = run(*args, env=env).stdout.splitlines()
     assert csv_text[0].startswith("team,model,requests,errors,")
     assert csv_text[1].startswith("test,fake-model,3,0,")
+
+
+def test_router_score_and_verify_contracts(tmp_path: Path) -> None:
+    """The external contracts: one {"id", "score"} line per input row, in order."""
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(
+        '{"id": "easy", "prompt": "hi there"}\n'
+        '{"id": 7, "messages": [{"role": "user", "content": "Prove it step by step."}]}\n'
+    )
+    scored = [json.loads(line) for line in run("router", "score", str(rows)).stdout.splitlines()]
+    assert [r["id"] for r in scored] == ["easy", 7]
+    assert all(set(r) == {"id", "score"} and 0 <= r["score"] <= 1 for r in scored)
+
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(
+        '{"id": "ok", "prompt": "What is 2+2?", "response": "2 + 2 = 4. The answer is 4."}\n'
+        '{"id": "no", "prompt": "What is 2+2?", "response": "I am sorry, I cannot help."}\n'
+    )
+    verified = run("router", "verify", str(answers)).stdout.splitlines()
+    scores = {row["id"]: row["score"] for row in map(json.loads, verified)}
+    assert scores["ok"] > scores["no"]

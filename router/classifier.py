@@ -1,0 +1,151 @@
+"""The complexity classifier: how much a chat request needs the strong model.
+
+A logistic model over `router.features`, stored as plain JSON (never a pickle, so a
+model file can be inspected and loading one cannot run code). Scoring needs numpy
+only; training lives in `router.classifier_train`.
+
+    classifier = Classifier.load()          # the model shipped in router/models/
+    classifier.score([{"role": "user", "content": "Prove that ..."}])   # -> 0.83
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from router.errors import RoutingError
+from router.features import DENSE_NAMES, FEATURE_VERSION, HASH_FEATURES, FloatArray, extract
+
+FORMAT = "cascade-gateway/classifier"
+DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "classifier.json"
+SIGNIFICANT_DIGITS = 6  # coefficients are rounded so the file is small and reproducible
+
+
+@dataclass(frozen=True, eq=False)
+class Classifier:
+    """Logistic regression on standardised dense features plus hashed n-grams."""
+
+    dense_mean: FloatArray
+    dense_scale: FloatArray
+    dense_coef: FloatArray
+    hash_coef: FloatArray
+    intercept: float
+    training: Mapping[str, Any] = field(default_factory=dict)
+    # The standardisation folded into the weights, so a score is two dot products.
+    _dense_weights: FloatArray = field(init=False, repr=False)
+    _bias: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        weights = self.dense_coef / self.dense_scale
+        object.__setattr__(self, "_dense_weights", weights)
+        object.__setattr__(self, "_bias", self.intercept - float(self.dense_mean @ weights))
+
+    @classmethod
+    def load(cls, path: Path | str | None = None) -> Classifier:
+        """Load a model file; by default the one shipped with the package."""
+        source = Path(path) if path is not None else DEFAULT_PATH
+        try:
+            document = json.loads(source.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise RoutingError(f"cannot read classifier model {source}: {exc}") from exc
+        return cls.from_dict(document, source=str(source))
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any], *, source: str = "<dict>") -> Classifier:
+        _check_spec(document, source)
+        try:
+            hash_coef = np.zeros(HASH_FEATURES)
+            hashed = document["hash_coef"]
+            hash_coef[np.asarray(hashed["index"], dtype=np.int64)] = hashed["value"]
+            return cls(
+                dense_mean=np.asarray(document["dense_mean"], dtype=np.float64),
+                dense_scale=np.asarray(document["dense_scale"], dtype=np.float64),
+                dense_coef=np.asarray(document["dense_coef"], dtype=np.float64),
+                hash_coef=hash_coef,
+                intercept=float(document["intercept"]),
+                training=dict(document.get("training", {})),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise RoutingError(f"classifier model {source} is malformed: {exc!r}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        nonzero = np.flatnonzero(self.hash_coef)
+        return {
+            "format": FORMAT,
+            "feature_version": FEATURE_VERSION,
+            "hash_features": HASH_FEATURES,
+            "dense_names": list(DENSE_NAMES),
+            "dense_mean": _rounded(self.dense_mean),
+            "dense_scale": _rounded(self.dense_scale),
+            "dense_coef": _rounded(self.dense_coef),
+            "hash_coef": {"index": nonzero.tolist(), "value": _rounded(self.hash_coef[nonzero])},
+            "intercept": _rounded(np.array([self.intercept]))[0],
+            "training": dict(self.training),
+        }
+
+    def save(self, path: Path) -> None:
+        """Write the model as JSON; the same model always gives the same bytes."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        path.write_text(text + "\n", encoding="utf-8")
+
+    def score(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[object] | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
+    ) -> float:
+        """Probability in [0, 1] that the request needs the strong model."""
+        features = extract(
+            messages, tools=tools, response_format=response_format, max_tokens=max_tokens
+        )
+        z = self._bias + float(features.dense @ self._dense_weights)
+        z += float(features.hash_value @ self.hash_coef[features.hash_index])
+        return _sigmoid(z)
+
+    def score_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[float]:
+        """Scores for OpenAI-style request bodies (`messages`, optional `tools`,
+        `response_format`, `max_tokens`), in order."""
+        return [
+            self.score(
+                r["messages"],
+                tools=r.get("tools"),
+                response_format=r.get("response_format"),
+                max_tokens=r.get("max_tokens"),
+            )
+            for r in requests
+        ]
+
+
+def _check_spec(document: Mapping[str, Any], source: str) -> None:
+    expected = {
+        "format": FORMAT,
+        "feature_version": FEATURE_VERSION,
+        "hash_features": HASH_FEATURES,
+        "dense_names": list(DENSE_NAMES),
+    }
+    for key, value in expected.items():
+        if document.get(key) != value:
+            raise RoutingError(
+                f"classifier model {source} has {key}={document.get(key)!r}; this code "
+                f"expects {value!r} (rebuild it with `cascade-gateway router train`)"
+            )
+
+
+def _rounded(values: FloatArray) -> list[float]:
+    return [float(f"{v:.{SIGNIFICANT_DIGITS}g}") for v in values.tolist()]
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)

@@ -1,0 +1,180 @@
+"""`cascade-gateway router ...`: score, verify, train and eval from the command line.
+
+`gateway/cli.py` calls `add_router_commands(subparsers)`; each leaf parser sets
+`func(args) -> int`. For a quick run without the gateway: `python -m router.cli score X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from router.errors import RoutingError
+
+# Optional request fields a score row may carry, with their JSON type.
+REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
+
+
+def add_router_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the `router` command group on the main parser's subparsers."""
+    router = subparsers.add_parser("router", help="score, verify, train and evaluate the router")
+    commands = router.add_subparsers(dest="router_command", required=True)
+
+    score = commands.add_parser("score", help="print {id, score} per JSONL row (prompt/messages)")
+    score.add_argument("input", type=Path, metavar="IN.jsonl")
+    score.set_defaults(func=run_score)
+
+    verify = commands.add_parser("verify", help="print {id, score} per {id, prompt, response}")
+    verify.add_argument("input", type=Path, metavar="IN.jsonl")
+    verify.set_defaults(func=run_verify)
+
+    train = commands.add_parser("train", help="rebuild the shipped classifier and its card")
+    train.add_argument("--data", type=Path, default=None, help="routing data directory")
+    train.add_argument("--out", type=Path, default=None, help="model path (.json)")
+    train.set_defaults(func=run_train)
+
+    train_verifier = commands.add_parser(
+        "train-verifier", help="rebuild the shipped cascade verifier and its card"
+    )
+    train_verifier.add_argument("--data", type=Path, default=None, help="routing data directory")
+    train_verifier.add_argument("--out", type=Path, default=None, help="model path (.json)")
+    train_verifier.set_defaults(func=run_train_verifier)
+
+    evaluate = commands.add_parser("eval", help="held-out APGR / CPT table and plots")
+    evaluate.add_argument("--data", type=Path, default=None, help="routing data directory")
+    evaluate.add_argument("--plot", type=Path, default=None, help="directory for PNG plots")
+    evaluate.set_defaults(func=run_eval)
+
+
+def run_train_verifier(args: argparse.Namespace) -> int:
+    from router import verifier_train
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return verifier_train.main(args.data, args.out)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from router.classifier import Classifier
+
+    try:
+        rows = list(_read_rows(args.input, _score_request))
+        classifier = Classifier.load()
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    scores = classifier.score_batch([request for _, request in rows])
+    for (row_id, _), score in zip(rows, scores, strict=True):
+        print(json.dumps({"id": row_id, "score": round(score, 6)}))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from router.verifier import Verifier  # written alongside; same interface
+
+    try:
+        rows = list(_read_rows(args.input, _verify_request))
+        verifier = Verifier.load()
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for row_id, (prompt, response) in rows:
+        score = verifier.score(prompt, response)
+        print(json.dumps({"id": row_id, "score": round(float(score), 6)}))
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from router.classifier import DEFAULT_PATH
+    from router.classifier_train import format_table, train
+    from router.dataset import load_examples
+
+    out = args.out or DEFAULT_PATH
+    try:
+        reports = train(args.data, out, load_examples(args.data))
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} and {out.with_suffix('.card.md')}")
+    print(format_table(reports))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from router.classifier_train import FeatureCache, format_table, run_evaluation
+    from router.dataset import load_examples
+    from router.evaluation import plot_curves
+
+    try:
+        examples = load_examples(args.data)
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    reports = run_evaluation(examples, FeatureCache(examples))
+    print(format_table(reports))
+    if args.plot is not None:
+        args.plot.mkdir(parents=True, exist_ok=True)
+        for report in reports:
+            path = args.plot / f"{report.name}.png"
+            plot_curves(report.curves, f"held-out {report.name} ({report.rows} prompts)", path)
+            print(f"wrote {path}")
+    return 0
+
+
+def _read_rows(path: Path, parse: Any) -> Iterator[tuple[Any, Any]]:
+    """(id, parsed) per non-blank line; a bad line raises naming the file and line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RoutingError(f"cannot read {path}: {exc}") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "id" not in row:
+                raise ValueError("expected a JSON object with an 'id'")
+            yield row["id"], parse(row)
+        except ValueError as exc:
+            raise RoutingError(f"{path}:{number}: {exc}") from exc
+
+
+def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(row.get("prompt"), str):
+        messages: Any = [{"role": "user", "content": row["prompt"]}]
+    elif isinstance(row.get("messages"), list) and all(
+        isinstance(m, dict) for m in row["messages"]
+    ):
+        messages = row["messages"]
+    else:
+        raise ValueError("expected 'prompt' (a string) or 'messages' (a list of chat messages)")
+    request = {"messages": messages}
+    for name, kind in REQUEST_FIELDS.items():
+        if row.get(name) is not None:
+            if not isinstance(row[name], kind) or isinstance(row[name], bool):
+                raise ValueError(f"'{name}' must be {kind.__name__}, not {row[name]!r:.40}")
+            request[name] = row[name]
+    return request
+
+
+def _verify_request(row: Mapping[str, Any]) -> tuple[str, str]:
+    prompt, response = row.get("prompt"), row.get("response")
+    if not isinstance(prompt, str) or not isinstance(response, str):
+        raise ValueError("expected 'prompt' and 'response' as strings")
+    return prompt, response
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="router")
+    add_router_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["router", *(sys.argv[1:] if argv is None else argv)])
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The labelled routing data and its fixed train / held-out split.
+
+Each row of `../shared/data/routing/*.jsonl` is a prompt with whether the weak model
+(Mixtral-8x7B) and the strong model (GPT-4) answered it correctly. The label is 1 when
+only the strong model was right: that is the only case where paying for the strong
+model changes the answer. "Weak right, strong wrong" is 0 (the weak model suffices).
+"Both wrong" rows are left out of training: either choice gives the same quality, so
+they carry no signal about when the strong model pays, and labelling them 1 would teach
+"hard" rather than "worth escalating" (spending on prompts nobody answers). Every row
+stays in the evaluation, which measures quality, not labels.
+
+The split never lets a model see a prompt it is judged on:
+- MMLU: ~30% of the subjects (by a fixed hash of the subject name) are held out;
+- every other dataset (GSM8K and the RouterBench tasks) is evaluated leave-one-out:
+  the model judged on it was trained on everything else in the training pool.
+
+    examples = load_examples()
+    for fold in evaluation_folds(examples): ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from router.errors import RoutingError
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
+
+# File stem -> dataset name used in reports.
+DATASETS = {
+    "mmlu": "mmlu",
+    "gsm8k": "gsm8k",
+    "routerbench_arc_challenge": "arc_challenge",
+    "routerbench_winogrande": "winogrande",
+    "routerbench_mbpp": "mbpp",
+}
+MMLU_HELD_OUT_BUCKETS = 3  # of 10: subjects whose hash bucket is below this are held out
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One labelled prompt."""
+
+    id: str
+    dataset: str
+    subject: str
+    prompt: str
+    weak_correct: bool
+    strong_correct: bool
+
+    @property
+    def label(self) -> int | None:
+        """1: needs the strong model; 0: the weak one suffices; None: both wrong."""
+        if not self.weak_correct and not self.strong_correct:
+            return None
+        return int(self.strong_correct and not self.weak_correct)
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """Train on `train`, judge on `test`; the two never share a prompt."""
+
+    name: str
+    train: tuple[Example, ...]
+    test: tuple[Example, ...]
+
+
+def load_examples(data_dir: Path | None = None) -> list[Example]:
+    """All rows of the known datasets under `data_dir`, in file order."""
+    directory = data_dir or DEFAULT_DATA_DIR
+    examples: list[Example] = []
+    for stem, name in DATASETS.items():
+        path = directory / f"{stem}.jsonl"
+        if not path.is_file():
+            raise RoutingError(f"routing data file {path} is missing; expected {stem}.jsonl")
+        examples += _read(path, name)
+    return examples
+
+
+def data_fingerprint(data_dir: Path | None = None) -> str:
+    """SHA-256 over the dataset files, recorded in the artifact to tie it to its data."""
+    directory = data_dir or DEFAULT_DATA_DIR
+    digest = hashlib.sha256()
+    for stem in DATASETS:
+        digest.update((directory / f"{stem}.jsonl").read_bytes())
+    return digest.hexdigest()
+
+
+def is_held_out_subject(subject: str) -> bool:
+    bucket = hashlib.sha256(subject.encode()).digest()[0] % 10
+    return bucket < MMLU_HELD_OUT_BUCKETS
+
+
+def training_pool(examples: Sequence[Example]) -> tuple[Example, ...]:
+    """What the shipped model trains on: everything but the held-out MMLU subjects."""
+    return tuple(
+        e for e in examples if not (e.dataset == "mmlu" and is_held_out_subject(e.subject))
+    )
+
+
+def evaluation_folds(examples: Sequence[Example]) -> list[Fold]:
+    """One fold per dataset; MMLU's tests the shipped recipe on unseen subjects."""
+    pool = training_pool(examples)
+    held_out = tuple(e for e in examples if e.dataset == "mmlu" and is_held_out_subject(e.subject))
+    folds = [Fold("mmlu", pool, held_out)]
+    for name in DATASETS.values():
+        if name != "mmlu":
+            train = tuple(e for e in pool if e.dataset != name)
+            test = tuple(e for e in pool if e.dataset == name)
+            folds.append(Fold(name, train, test))
+    return folds
+
+
+def _read(path: Path, dataset: str) -> list[Example]:
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                row = json.loads(line)
+                rows.append(
+                    Example(
+                        id=str(row["id"]),
+                        dataset=dataset,
+                        subject=str(row.get("subject", dataset)),
+                        prompt=str(row["prompt"]),
+                        weak_correct=bool(row["weak_correct"]),
+                        strong_correct=bool(row["strong_correct"]),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RoutingError(
+                    f"{path}:{number}: expected a JSON object with id, prompt, weak_correct "
+                    f"and strong_correct ({exc})"
+                ) from exc
+    return rows

@@ -1,0 +1,139 @@
+"""Router quality metrics, computed as RouteLLM's `evaluate.py` does.
+
+For scores s (higher = send to the strong model), the thresholds are the 11 deciles of
+s; at threshold t a request goes to the strong model when s >= t. Each threshold gives
+a point (strong-call share, quality), quality being the mean of the routed model's
+correctness. Then:
+
+- APGR = (AUC - weak AUC) / (strong AUC - weak AUC), trapezoid areas over the curve's
+  strong-share range (weak and strong AUC are the constant qualities over that range,
+  so over [0, 1] this is (AUC - weak) / (strong - weak));
+- CPT(p) = the strong-call share at which quality first reaches
+  weak + p * (strong - weak), interpolated linearly along the curve.
+
+    metrics = evaluate(scores, weak_correct, strong_correct)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+DECILES = np.linspace(0.0, 1.0, 11)
+RANDOM_SEEDS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Quality against strong-call share, sorted by share (ascending)."""
+
+    share: FloatArray
+    quality: FloatArray
+    weak_quality: float
+    strong_quality: float
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    apgr: float
+    cpt50: float
+    cpt80: float
+
+
+def route_curve(
+    scores: npt.ArrayLike,
+    weak_correct: npt.ArrayLike,
+    strong_correct: npt.ArrayLike,
+) -> Curve:
+    """The 11-point quality curve of a router's scores on labelled prompts."""
+    s = np.asarray(scores, dtype=np.float64)
+    weak = np.asarray(weak_correct, dtype=np.float64)
+    strong = np.asarray(strong_correct, dtype=np.float64)
+    points = []
+    for threshold in np.quantile(s, DECILES):
+        to_strong = s >= threshold
+        points.append((to_strong.mean(), np.where(to_strong, strong, weak).mean()))
+    points.sort()
+    share, quality = (np.array(column) for column in zip(*points, strict=True))
+    return Curve(share, quality, float(weak.mean()), float(strong.mean()))
+
+
+def apgr(curve: Curve) -> float:
+    """Average performance gap recovered."""
+    width = curve.share[-1] - curve.share[0]
+    gap = (curve.strong_quality - curve.weak_quality) * width
+    return float((_trapezoid(curve.quality, curve.share) - curve.weak_quality * width) / gap)
+
+
+def cpt(curve: Curve, fraction: float) -> float:
+    """Strong-call share needed to recover `fraction` of the weak-to-strong gap."""
+    target = curve.weak_quality + fraction * (curve.strong_quality - curve.weak_quality)
+    x, y = curve.share, curve.quality
+    if y[0] >= target:
+        return float(x[0])
+    for i in range(1, len(x)):
+        if y[i] >= target:
+            rise = y[i] - y[i - 1]
+            return float(x[i - 1] + (target - y[i - 1]) / rise * (x[i] - x[i - 1]))
+    return float("nan")
+
+
+def evaluate(
+    scores: npt.ArrayLike,
+    weak_correct: npt.ArrayLike,
+    strong_correct: npt.ArrayLike,
+) -> Metrics:
+    curve = route_curve(scores, weak_correct, strong_correct)
+    return Metrics(apgr(curve), cpt(curve, 0.5), cpt(curve, 0.8))
+
+
+def random_metrics(weak_correct: npt.ArrayLike, strong_correct: npt.ArrayLike) -> Metrics:
+    """A random router, averaged over `RANDOM_SEEDS` fixed seeds (expect 0.5 / 50%)."""
+    rng = np.random.default_rng(0)
+    size = np.asarray(weak_correct).shape[0]
+    runs = [evaluate(rng.random(size), weak_correct, strong_correct) for _ in range(RANDOM_SEEDS)]
+    return Metrics(
+        float(np.mean([m.apgr for m in runs])),
+        float(np.mean([m.cpt50 for m in runs])),
+        float(np.mean([m.cpt80 for m in runs])),
+    )
+
+
+def random_curve(weak_correct: npt.ArrayLike, strong_correct: npt.ArrayLike) -> Curve:
+    rng = np.random.default_rng(0)
+    return route_curve(rng.random(np.asarray(weak_correct).shape[0]), weak_correct, strong_correct)
+
+
+def length_scores(prompts: Sequence[str]) -> FloatArray:
+    """The prompt-length baseline: longer prompts go to the strong model first."""
+    return np.array([len(p) for p in prompts], dtype=np.float64)
+
+
+def _trapezoid(y: FloatArray, x: FloatArray) -> float:
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2.0))
+
+
+def plot_curves(curves: Mapping[str, Curve], title: str, path: Path) -> None:
+    """Write a PNG of quality vs strong-call share, one line per router."""
+    import matplotlib  # imported here: only `router eval` draws
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(6, 4.5))
+    for name, curve in curves.items():
+        axes.plot(curve.share * 100, curve.quality * 100, marker="o", markersize=3, label=name)
+    first = next(iter(curves.values()))
+    axes.axhline(first.weak_quality * 100, color="grey", linestyle=":", label="weak model")
+    axes.axhline(first.strong_quality * 100, color="black", linestyle="--", label="strong model")
+    axes.set(title=title, xlabel="strong-model calls (%)", ylabel="quality (% correct)")
+    axes.legend(loc="lower right")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)

@@ -1,0 +1,308 @@
+"""Hand-made request features for the complexity classifier.
+
+Two parts, both stateless (nothing fitted, so the same request always gives the same
+vector in any process):
+
+- dense: ~35 structural signals (length, turns, code, maths, reasoning, multiple-choice
+  shape, language, requested output length, tools, JSON output), each bounded by a log
+  or a share so no single request can dominate a linear model;
+- hashed: word unigrams and bigrams hashed into `HASH_FEATURES` buckets with CRC-32
+  (stable across processes, unlike `hash()`), L2-normalised counts.
+
+    vector = request_features([{"role": "user", "content": "Prove that ..."}])
+
+Bump `FEATURE_VERSION` whenever a feature changes meaning: saved models record it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FEATURE_VERSION = 1
+HASH_FEATURES = 2**12
+
+Message = Mapping[str, Any]
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+# Word markers, counted over the lower-cased tokens (`TOKEN`: runs of 2+ word
+# characters, so "a" and "I" are dropped) as unigrams or bigrams of the conversation.
+WORD_MARKERS: Mapping[str, tuple[str, ...]] = {
+    "code_keywords": (
+        "def",
+        "class",
+        "function",
+        "import",
+        "return",
+        "const",
+        "var",
+        "void",
+        "lambda",
+        "elif",
+        "println",
+        "printf",
+        "self",
+        "null",
+        "none",
+        "int",
+        "str",
+        "array",
+    ),
+    "code_asks": (
+        "write function",
+        "write program",
+        "write script",
+        "python function",
+        "implement",
+        "algorithm",
+        "debug",
+        "refactor",
+        "regex",
+        "sql",
+        "python",
+        "javascript",
+        "code",
+    ),
+    "math_words": (
+        "solve",
+        "calculate",
+        "compute",
+        "prove",
+        "proof",
+        "equation",
+        "integral",
+        "derivative",
+        "probability",
+        "theorem",
+        "how many",
+        "how much",
+        "percent",
+        "percentage",
+        "average",
+        "ratio",
+        "matrix",
+        "polynomial",
+        "sum",
+        "total",
+    ),
+    "reasoning_words": (
+        "explain why",
+        "by step",
+        "compare",
+        "contrast",
+        "analyze",
+        "analyse",
+        "justify",
+        "evaluate",
+        "derive",
+        "reason",
+        "reasoning",
+        "implications",
+        "tradeoffs",
+        "trade offs",
+        "pros and",
+        "critique",
+        "why",
+    ),
+    "negations": ("not", "except", "least", "false", "incorrect", "never"),
+    "long_output_words": (
+        "essay",
+        "detailed",
+        "in detail",
+        "comprehensive",
+        "in depth",
+        "thorough",
+        "thoroughly",
+        "elaborate",
+        "report",
+        "article",
+        "story",
+    ),
+    "short_output_words": (
+        "brief",
+        "briefly",
+        "short",
+        "concise",
+        "concisely",
+        "one word",
+        "single word",
+        "single choice",
+        "only",
+        "tl dr",
+        "yes or",
+        "without explanation",
+    ),
+}
+WORD_MARKER_INDEX: Mapping[str, int] = {
+    word: i for i, words in enumerate(WORD_MARKERS.values()) for word in words
+}
+
+# Shape markers, counted with a regular expression over the raw text.
+PATTERN_MARKERS: Mapping[str, re.Pattern[str]] = {
+    "code_fences": re.compile(r"```"),
+    "code_punctuation": re.compile(r"[{};]"),
+    "math_expressions": re.compile(r"\d\s*[-+*/^=<>\u00d7\u00f7]\s*\(?\d"),
+    "latex": re.compile(r"\\[a-zA-Z]{2,}|\$[^$\n]{1,200}\$"),
+    "mc_options": re.compile(r"^\s*\(?[A-Ea-e][.)]\s", re.MULTILINE),
+    "answer_cues": re.compile(r"Answer\s*:|ANSWER\s*:|answer\s*:"),
+    "question_marks": re.compile(r"\?"),
+}
+
+STRUCTURE_NAMES = (
+    "log_chars",
+    "log_words",
+    "log_lines",
+    "log_last_user_chars",
+    "log_messages",
+    "log_user_turns",
+    "has_system",
+    "log_system_chars",
+    "mean_word_length",
+    "digit_share",
+    "non_ascii_share",
+    "uppercase_share",
+    "log_max_tokens",
+    "has_max_tokens",
+    "has_tools",
+    "log_tools",
+    "json_output",
+)
+DENSE_NAMES: tuple[str, ...] = (
+    STRUCTURE_NAMES
+    + tuple(f"log_{name}" for name in WORD_MARKERS)
+    + tuple(f"log_{name}" for name in PATTERN_MARKERS)
+)
+
+TOKEN = re.compile(r"\w\w+")
+UPPERCASE = re.compile(r"[A-Z]")
+DIGIT = re.compile(r"\d")
+NON_ASCII = re.compile(r"[^\x00-\x7f]")
+# Bigram bucket = mix of its two unigram hashes (no string building on the hot path).
+BIGRAM_MIX = np.uint64(1_000_003)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """One request's features: the dense part and the sparse hashed part."""
+
+    dense: FloatArray
+    hash_index: IntArray
+    hash_value: FloatArray
+
+    def to_array(self) -> FloatArray:
+        """Dense vector: `DENSE_NAMES` then the `HASH_FEATURES` hashed buckets."""
+        vector = np.zeros(len(DENSE_NAMES) + HASH_FEATURES)
+        vector[: len(DENSE_NAMES)] = self.dense
+        vector[len(DENSE_NAMES) + self.hash_index] = self.hash_value
+        return vector
+
+
+def message_text(message: Message) -> str:
+    """The text of a chat message: a string, or the text parts of a content list."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = (p.get("text") for p in content if isinstance(p, Mapping))
+        return "\n".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def extract(
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[object] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    max_tokens: int | None = None,
+) -> RequestFeatures:
+    """Features of a chat request (all messages, plus the request fields that matter)."""
+    texts = [message_text(m) for m in messages]
+    text = "\n".join(texts)
+    tokens = TOKEN.findall(text.lower())
+    dense = _structure(messages, texts, text, tools, response_format, max_tokens)
+    dense += _word_markers(tokens)
+    dense += [math.log1p(len(pattern.findall(text))) for pattern in PATTERN_MARKERS.values()]
+    index, value = _hashed(tokens)
+    return RequestFeatures(np.array(dense), index, value)
+
+
+def request_features(
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[object] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    max_tokens: int | None = None,
+) -> FloatArray:
+    """The full feature vector (`DENSE_NAMES`, then the hashed buckets) of a request."""
+    features = extract(
+        messages, tools=tools, response_format=response_format, max_tokens=max_tokens
+    )
+    return features.to_array()
+
+
+def _structure(
+    messages: Sequence[Message],
+    texts: list[str],
+    text: str,
+    tools: Sequence[object] | None,
+    response_format: Mapping[str, Any] | None,
+    max_tokens: int | None,
+) -> list[float]:
+    roles = [m.get("role") for m in messages]
+    pairs = list(zip(texts, roles, strict=True))
+    system = "\n".join(t for t, r in pairs if r in ("system", "developer"))
+    last_user = next((t for t, r in reversed(pairs) if r == "user"), "")
+    chars = max(len(text), 1)
+    words = text.split()
+    format_type = (response_format or {}).get("type")
+    return [
+        math.log1p(len(text)),
+        math.log1p(len(words)),
+        math.log1p(text.count("\n")),
+        math.log1p(len(last_user)),
+        math.log1p(len(messages)),
+        math.log1p(roles.count("user")),
+        float(bool(system)),
+        math.log1p(len(system)),
+        min(sum(map(len, words)) / max(len(words), 1), 20.0) / 10.0,
+        len(DIGIT.findall(text)) / chars,
+        len(NON_ASCII.findall(text)) / chars,
+        len(UPPERCASE.findall(text)) / chars,
+        math.log1p(max(max_tokens or 0, 0)),
+        float(max_tokens is not None),
+        float(bool(tools)),
+        math.log1p(len(tools or ())),
+        float(format_type in ("json_object", "json_schema")),
+    ]
+
+
+def _word_markers(tokens: list[str]) -> list[float]:
+    counts = [0] * len(WORD_MARKERS)
+    lookup = WORD_MARKER_INDEX.get
+    for gram in itertools.chain(tokens, map(" ".join, itertools.pairwise(tokens))):
+        found = lookup(gram)
+        if found is not None:
+            counts[found] += 1
+    return [math.log1p(c) for c in counts]
+
+
+def _hashed(tokens: list[str]) -> tuple[IntArray, FloatArray]:
+    if not tokens:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    unigrams = np.array([zlib.crc32(t.encode()) for t in tokens], dtype=np.uint64)
+    bigrams = (unigrams[:-1] * BIGRAM_MIX) ^ unigrams[1:]
+    buckets = np.concatenate([unigrams, bigrams]) % np.uint64(HASH_FEATURES)
+    index, counts = np.unique(buckets.astype(np.int64), return_counts=True)
+    value = counts.astype(np.float64)
+    value /= math.sqrt(float(value @ value))
+    return index, value

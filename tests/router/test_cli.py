@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from router.cli import add_router_commands
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="cascade-gateway")
+    add_router_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+def write_rows(path: Path, rows: list[object]) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_score_prints_one_line_per_row_in_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {"id": "b", "prompt": "hi, what's the capital of France?"},
+        {"id": 7, "messages": [{"role": "user", "content": "Prove that sqrt(2) is irrational."}]},
+        {"id": "c", "prompt": "Write JSON.", "response_format": {"type": "json_object"}},
+    ]
+    assert run(["router", "score", str(write_rows(tmp_path / "in.jsonl", rows))]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["id"] for line in lines] == ["b", 7, "c"]
+    assert all(set(line) == {"id", "score"} and 0 <= line["score"] <= 1 for line in lines)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "{not json",
+        json.dumps({"prompt": "no id"}),
+        json.dumps({"id": 1}),
+        json.dumps({"id": 1, "messages": "not a list"}),
+        json.dumps({"id": 1, "prompt": "x", "max_tokens": "lots"}),
+    ],
+)
+def test_score_names_the_bad_line(
+    bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_rows(tmp_path / "in.jsonl", [{"id": 0, "prompt": "fine"}, "", bad])
+    assert run(["router", "score", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{path}:3:" in captured.err
+
+
+def test_score_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["router", "score", str(tmp_path / "absent.jsonl")]) == 1
+    assert "absent.jsonl" in capsys.readouterr().err

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from router.features import DENSE_NAMES, HASH_FEATURES, extract, request_features
+
+
+def dense(messages: list[dict[str, object]], **fields: object) -> dict[str, float]:
+    return dict(zip(DENSE_NAMES, extract(messages, **fields).dense.tolist(), strict=True))  # type: ignore[arg-type]
+
+
+def user(text: str) -> list[dict[str, object]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_code_is_detected() -> None:
+    f = dense(user("Fix this:\n```python\ndef f(x):\n    return {x: 1};\n```\nWrite a function."))
+    assert f["log_code_fences"] > 0
+    assert f["log_code_keywords"] > 0
+    assert f["log_code_asks"] > 0
+    assert f["log_code_punctuation"] > 0
+
+
+def test_maths_is_detected() -> None:
+    f = dense(user(r"Solve $x^2 + 3 = 12$ and prove that \frac{a}{b} is rational. 4 * 5 = 20"))
+    assert f["log_math_words"] > 0
+    assert f["log_latex"] > 0
+    assert f["log_math_expressions"] > 0
+    assert f["digit_share"] > 0
+
+
+def test_multiple_choice_is_detected() -> None:
+    f = dense(user("Which is a mammal?\nA. shark\nB) whale\nC. trout\nD. eel\nAnswer:"))
+    assert f["log_mc_options"] == math.log1p(4)
+    assert f["log_answer_cues"] > 0
+    assert f["log_question_marks"] > 0
+
+
+def test_request_fields_and_conversation_shape() -> None:
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": [{"type": "text", "text": "Explain why, step by step."}]},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "Write a detailed essay."},
+    ]
+    f = dense(
+        messages,
+        tools=[{"type": "function"}, {"type": "function"}],
+        response_format={"type": "json_object"},
+        max_tokens=2000,
+    )
+    assert f["has_system"] == 1.0
+    assert f["log_messages"] == math.log1p(4)
+    assert f["log_user_turns"] == math.log1p(2)
+    assert f["log_reasoning_words"] > 0
+    assert f["log_long_output_words"] > 0
+    assert (f["has_tools"], f["log_tools"], f["json_output"]) == (1.0, math.log1p(2), 1.0)
+    assert f["log_max_tokens"] == math.log1p(2000)
+
+
+def test_values_are_bounded_and_stable() -> None:
+    huge = user("¿Qué? 数学 " * 5000 + "}" * 1000)
+    vector = request_features(huge)
+    assert vector.shape == (len(DENSE_NAMES) + HASH_FEATURES,)
+    assert np.all(np.isfinite(vector))
+    assert vector.min() >= 0.0 and vector.max() < 20.0
+    assert np.isclose(np.linalg.norm(vector[len(DENSE_NAMES) :]), 1.0)
+    assert np.array_equal(vector, request_features(huge))
+
+
+def test_empty_request() -> None:
+    vector = request_features([])
+    assert np.all(vector == 0.0)
