@@ -1,27 +1,19 @@
-"""The router's complexity score for a request body, for routes that route by score.
+"""The router's models applied to request and reply bodies: the complexity score of a
+request (classifier routes) and the acceptability of an answer (cascade routes).
 
-The classifier is loaded on first use (routes without scoring never pay for it) and
-then kept; scoring is numpy-only and sub-millisecond, so it runs inline.
+The shipped models are loaded on first use (routes that need neither never pay for
+them) and kept; both score in well under a millisecond, so they run inline.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+import functools
+from collections.abc import Mapping
+from typing import Any
 
 from gateway.upstreams.base import EndpointType
-
-
-class ClassifierType(Protocol):
-    def score(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[object] | None = None,
-        response_format: Mapping[str, Any] | None = None,
-        max_tokens: int | None = None,
-    ) -> float: ...
+from router.classifier import Classifier
+from router.verifier import Verifier
 
 
 def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -40,12 +32,11 @@ def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[di
 class RequestScorer:
     """`scorer(endpoint, body) -> float` in [0, 1]: how much the request needs a strong model."""
 
-    def __init__(self, classifier: ClassifierType | None = None) -> None:
+    def __init__(self, classifier: Classifier | None = None) -> None:
         self._classifier = classifier
-        self._lock = threading.Lock()
 
     def __call__(self, endpoint: EndpointType, body: Mapping[str, Any]) -> float:
-        classifier = self._classifier or self._load()
+        classifier = self._classifier or shipped_classifier()
         response_format = body.get("response_format")
         tools = body.get("tools")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
@@ -55,26 +46,6 @@ class RequestScorer:
             response_format=response_format if isinstance(response_format, Mapping) else None,
             max_tokens=max_tokens if isinstance(max_tokens, int) else None,
         )
-
-    def _load(self) -> ClassifierType:
-        with self._lock:
-            if self._classifier is None:
-                from router.classifier import Classifier
-
-                self._classifier = Classifier.load()
-            return self._classifier
-
-
-class VerifierType(Protocol):
-    def score(
-        self,
-        prompt: str,
-        response: str,
-        *,
-        logprobs: list[float] | None = None,
-        response_format: dict[str, Any] | None = None,
-        finish_reason: str | None = None,
-    ) -> float: ...
 
 
 def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
@@ -114,14 +85,13 @@ class AnswerVerifier:
     """`verifier(endpoint, body, reply) -> float` in [0, 1]: how likely the answer is
     acceptable. The model is loaded on first use and kept."""
 
-    def __init__(self, verifier: VerifierType | None = None) -> None:
+    def __init__(self, verifier: Verifier | None = None) -> None:
         self._verifier = verifier
-        self._lock = threading.Lock()
 
     def __call__(
         self, endpoint: EndpointType, body: Mapping[str, Any], reply: Mapping[str, Any]
     ) -> float:
-        verifier = self._verifier or self._load()
+        verifier = self._verifier or shipped_verifier()
         text, logprobs, finish_reason = answer_parts(reply)
         response_format = body.get("response_format")
         return verifier.score(
@@ -132,10 +102,12 @@ class AnswerVerifier:
             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         )
 
-    def _load(self) -> VerifierType:
-        with self._lock:
-            if self._verifier is None:
-                from router.verifier import Verifier
 
-                self._verifier = Verifier.load()
-            return self._verifier
+@functools.cache
+def shipped_classifier() -> Classifier:
+    return Classifier.load()
+
+
+@functools.cache
+def shipped_verifier() -> Verifier:
+    return Verifier.load()
