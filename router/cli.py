@@ -45,6 +45,15 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     train_verifier.add_argument("--out", type=Path, default=None, help="model path (.json)")
     train_verifier.set_defaults(func=run_train_verifier)
 
+    calibrate = commands.add_parser(
+        "calibrate", help="tier thresholds that give each tier a target share of a sample"
+    )
+    calibrate.add_argument("input", type=Path, metavar="IN.jsonl", help="rows as for score")
+    calibrate.add_argument(
+        "--shares", required=True, help="tier=share,... cheapest first, e.g. local=0.7,premium=0.3"
+    )
+    calibrate.set_defaults(func=run_calibrate)
+
     evaluate = commands.add_parser("eval", help="held-out APGR / CPT table and plots")
     evaluate.add_argument("--data", type=Path, default=None, help="routing data directory")
     evaluate.add_argument("--plot", type=Path, default=None, help="directory for PNG plots")
@@ -71,6 +80,33 @@ def run_score(args: argparse.Namespace) -> int:
     for (row_id, _), score in zip(rows, scores, strict=True):
         print(json.dumps({"id": row_id, "score": round(score, 6)}))
     return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from router.calibration import calibrate, tiers_yaml
+    from router.classifier import Classifier
+
+    try:
+        shares = _parse_shares(args.shares)
+        rows = list(_read_rows(args.input, _score_request))
+        scores = Classifier.load().score_batch([request for _, request in rows])
+        tiers = calibrate(scores, shares)
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(tiers_yaml(tiers), end="")
+    return 0
+
+
+def _parse_shares(text: str) -> dict[str, float]:
+    shares: dict[str, float] = {}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        try:
+            shares[name.strip()] = float(value)
+        except ValueError:
+            raise RoutingError(f"--shares: '{part}' is not tier=share") from None
+    return shares
 
 
 def run_verify(args: argparse.Namespace) -> int:

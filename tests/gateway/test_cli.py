@@ -166,3 +166,16 @@ def test_router_score_and_verify_contracts(tmp_path: Path) -> None:
     verified = run("router", "verify", str(answers)).stdout.splitlines()
     scores = {row["id"]: row["score"] for row in map(json.loads, verified)}
     assert scores["ok"] > scores["no"]
+
+
+def test_router_calibrate_prints_a_tiers_block(tmp_path: Path) -> None:
+    rows = tmp_path / "sample.jsonl"
+    prompts = ["hi", "what time is it?", "Prove the theorem step by step.", "Write a compiler."]
+    rows.write_text(
+        "".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts))
+    )
+    result = run("router", "calibrate", str(rows), "--shares", "local=0.5,premium=0.5")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "tiers:" and lines[1].startswith("  - {tier: local, below: ")
+    assert lines[2] == "  - {tier: premium}"
