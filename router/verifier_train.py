@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 from router.errors import RoutingError
 from router.verifier import DEFAULT_PATH, FEATURE_NAMES, Signals, Verifier, extract_features
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
 GSM8K_FILE = "gsm8k.jsonl"
@@ -310,10 +310,10 @@ def main(data_dir: Path | None = None, out: Path | None = None) -> int:
     try:
         artifact = train(data_dir or DEFAULT_DATA_DIR, out)
     except RoutingError as exc:
-        logger.error("%s", exc)
+        log.error("%s", exc)
         return 1
     pooled = artifact["held_out_metrics"]["all"]
-    logger.info("wrote %s (held-out ROC-AUC %.3f)", out, pooled["roc_auc"])
+    log.info("wrote %s (held-out ROC-AUC %.3f)", out, pooled["roc_auc"])
     return 0
 
 

@@ -23,7 +23,7 @@ from gateway.ledger.record import AggregateRow, SpendRecord
 from gateway.ledger.spool import Spool
 from gateway.ledger.store import LedgerStore, LedgerUnavailable
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 # Records per pipelined write. Packing a record costs ~0.1 ms of event-loop time, so a
 # batch blocks the loop for BATCH_MAX times that: small batches keep tail latency low.
@@ -80,7 +80,7 @@ class CostLedger:
                 self._spool.append(rec)
             except OSError:
                 self._dropped += 1
-                logger.exception("cannot spool spend to %s after shutdown", self._spool.path)
+                log.exception("cannot spool spend to %s after shutdown", self._spool.path)
             return
         self._queue.append(rec)
         self._wakeup.set()
@@ -111,7 +111,7 @@ class CostLedger:
                 try:
                     await self._write(batch)
                 except Exception:  # a bug must not end the writer and strand the queue
-                    logger.exception("writing %d spend record(s) failed", len(batch))
+                    log.exception("writing %d spend record(s) failed", len(batch))
                     await self._to_spool(batch)
                 self._in_flight = []
 
@@ -130,7 +130,7 @@ class CostLedger:
             await asyncio.to_thread(self._spool.append_many, batch)
         except OSError:
             self._dropped += len(batch)
-            logger.exception(
+            log.exception(
                 "cannot spool spend to %s; %d record(s) lost so far",
                 self._spool.path,
                 self._dropped,
@@ -152,7 +152,7 @@ class CostLedger:
         self._stopped = False
         if self._task is None:
             if self._spool.pending:
-                logger.info("%d spooled spend record(s) to replay", self._spool.pending)
+                log.info("%d spooled spend record(s) to replay", self._spool.pending)
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self, timeout_s: float = 10.0) -> None:
@@ -160,7 +160,7 @@ class CostLedger:
         records stay on disk for the next start."""
         self._stopped = True  # from now on `submit` spools synchronously
         if not await self.flush(timeout_s):
-            logger.error("ledger writes did not finish in %.0fs; spooling the rest", timeout_s)
+            log.error("ledger writes did not finish in %.0fs; spooling the rest", timeout_s)
         tasks = [self._writer, self._task]
         self._writer = self._task = None
         for task in tasks:
@@ -180,7 +180,7 @@ class CostLedger:
             try:
                 await self.catch_up()
             except Exception:  # a bug here must not end the task and strand the spool
-                logger.exception("spend replay from %s failed", self._spool.path)
+                log.exception("spend replay from %s failed", self._spool.path)
 
     async def catch_up(self) -> int:
         """One replay attempt if degraded and the store answers; returns records replayed."""
@@ -193,16 +193,16 @@ class CostLedger:
             self._enter_outage(exc)
             return 0
         if replayed:
-            logger.info("replayed %d spooled spend record(s) from %s", replayed, self._spool.path)
+            log.info("replayed %d spooled spend record(s) from %s", replayed, self._spool.path)
         if self._in_episode and not self.degraded:
             self._in_episode = False
-            logger.warning("ledger store is reachable again; spend is written through")
+            log.warning("ledger store is reachable again; spend is written through")
         return replayed
 
     def _enter_outage(self, exc: LedgerUnavailable) -> None:
         self._store_down = True
         if not self._in_episode:
             self._in_episode = True
-            logger.warning(
+            log.warning(
                 "ledger store unreachable (%s); spooling spend to %s", exc, self._spool.path
             )

@@ -27,7 +27,7 @@ from gateway.ledger.store import LedgerStore
 
 REPLAY_BATCH = 256  # records per pipelined write while replaying
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 class Spool:
@@ -154,7 +154,7 @@ def _parse(line: bytes, path: Path, number: int) -> SpendRecord | None:
     try:
         return SpendRecord.from_dict(orjson.loads(line))
     except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
-        logger.warning("skipping unreadable spool line %s:%d (%s): %.200r", path, number, exc, line)
+        log.warning("skipping unreadable spool line %s:%d (%s): %.200r", path, number, exc, line)
         return None
 
 

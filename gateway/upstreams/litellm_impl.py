@@ -40,7 +40,7 @@ from gateway.upstreams.base import (
     retry_after,
 )
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 # Set (unless already set) before litellm is imported. Without the first three litellm
 # fetches its price map from GitHub at import, and a cost call on some model names
@@ -223,7 +223,7 @@ class LiteLLMClient:
         """litellm's keyword arguments: the allowed body fields plus the target's settings."""
         dropped = sorted(set(body) - allowed - OWN_FIELDS)
         if dropped:
-            logger.debug("%s: fields not passed to litellm: %s", target.deployment, dropped)
+            log.debug("%s: fields not passed to litellm: %s", target.deployment, dropped)
         kwargs = {name: value for name, value in body.items() if name in allowed}
         kwargs.update(
             model=f"{target.provider}/{target.model}",
@@ -311,7 +311,7 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
         return UpstreamStatus(
             message, status=status, retry_after_s=retry_after(headers), body=_error_body(exc)
         )
-    logger.warning("%s: unexpected litellm failure", target.deployment, exc_info=exc)
+    log.warning("%s: unexpected litellm failure", target.deployment, exc_info=exc)
     return UpstreamFailure(message)
 
 
