@@ -122,6 +122,7 @@ class Accountant:
             latency_ms=round(elapsed * 1000, 3),
             ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
             escalations=attempt,
+            score=call.score,
         )
         self._observe(record, deployment)
         self._ledger.submit(record)

@@ -61,6 +61,7 @@ class SpendRecord:
     latency_ms: float = 0.0
     ttft_ms: float | None = None
     escalations: int = 0
+    score: float | None = None  # the router's complexity score, on scored routes
 
     @property
     def day(self) -> str:
@@ -92,7 +93,7 @@ def _coerce(name: str, value: Any) -> Any:
         return int(value)
     if name in _FLOATS:
         return float(value)
-    if name == "ttft_ms":
+    if name in ("ttft_ms", "score"):
         return None if value in (None, "", "None") else float(value)
     if name == "stream":
         return value in (True, "1", "true", "True", 1)

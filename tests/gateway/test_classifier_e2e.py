@@ -64,6 +64,7 @@ async def test_easy_stays_cheap_and_hard_goes_premium(
         assert response.status_code == 200
         assert float(response.headers["x-cascade-score"]) == pytest.approx(score(text), abs=1e-4)
         record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        assert record.score == pytest.approx(score(text), abs=1e-6)  # kept for calibration
         tiers[text] = (response.headers["x-cascade-deployment"], record.tier)
     assert tiers == {EASY: ("cheap", "local-small"), HARD: ("premium", "premium")}
     metrics = httpx.get(f"{base}/metrics").text

@@ -35,7 +35,7 @@ async def store(make_store: StoreFactory) -> LedgerStore:
 
 
 async def test_record_then_get(store: LedgerStore) -> None:
-    rec = make_record(1, ttft_ms=120.5, stream=True, latency_ms=900.25, escalations=1)
+    rec = make_record(1, ttft_ms=120.5, stream=True, latency_ms=900.25, escalations=1, score=0.4375)
     assert await store.record(rec) is True
     assert await store.get(rec.record_id) == rec
     assert await store.get("never-recorded") is None
