@@ -9,6 +9,7 @@ randomness in the features or the fit, coefficients rounded on save).
 from __future__ import annotations
 
 import datetime
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from router.dataset import Example, Fold, data_fingerprint, evaluation_folds, tr
 from router.evaluation import (
     Curve,
     Metrics,
+    apgr,
+    cascade_curve,
+    cpt,
     evaluate,
     length_scores,
     random_curve,
@@ -32,6 +36,19 @@ from router.features import HASH_FEATURES, RequestFeatures, extract
 
 REGULARISATION_C = 1.0
 ROUTERS = ("classifier", "random", "length")
+
+# The cascade evaluation: which data files carry the cheap model's answers, and prices.
+CASCADE_FILES = {
+    "gsm8k": "gsm8k",
+    "routerbench_arc_challenge": "arc_challenge",
+    "routerbench_mbpp": "mbpp",
+    "routerbench_winogrande": "winogrande",
+}
+WEAK_MODEL = "mistralai/mixtral-8x7b-chat"
+STRONG_MODEL = "gpt-4-1106-preview"
+# GSM8K rows carry no prices: the cheap call is counted at this fixed fraction of the
+# strong one (roughly Mixtral-8x7B vs GPT-4-1106 per-token list prices).
+GSM8K_WEAK_COST_RATIO = 1 / 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +127,119 @@ def format_table(reports: Sequence[FoldReport]) -> str:
                 f"{router} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} |"
             )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeReport:
+    """The verifier cascade on one dataset's rows the verifier did not train on."""
+
+    name: str
+    rows: int
+    weak_quality: float
+    strong_quality: float
+    metrics: Metrics
+    curve: Curve
+    cost: np.ndarray  # relative to always-strong, aligned with curve.share
+    cost_source: str
+
+
+def run_cascade_evaluation(data_dir: Path | None = None) -> list[CascadeReport]:
+    """Score each cheap answer with the shipped verifier, on its held-out rows only."""
+    from router.dataset import DEFAULT_DATA_DIR
+    from router.verifier import Verifier
+    from router.verifier_train import Example as AnswerExample
+    from router.verifier_train import is_held_out, unwrap_response
+
+    verifier = Verifier.load()
+    directory = data_dir or DEFAULT_DATA_DIR
+    reports = []
+    for stem, name in CASCADE_FILES.items():
+        path = directory / f"{stem}.jsonl"
+        if not path.is_file():
+            continue
+        scores, weak, strong, weak_cost, strong_cost = [], [], [], [], []
+        priced = stem != "gsm8k"
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if priced:
+                    cheap, dear = row["models"][WEAK_MODEL], row["models"][STRONG_MODEL]
+                    response = unwrap_response(cheap["response"])
+                    costs = (float(cheap["cost_usd"]), float(dear["cost_usd"]))
+                else:
+                    response = row["weak_response"]
+                    costs = (GSM8K_WEAK_COST_RATIO, 1.0)
+                answer = AnswerExample(stem, row["id"], row["prompt"], response, False)
+                if not is_held_out(answer):
+                    continue
+                scores.append(verifier.score(row["prompt"], response))
+                weak.append(bool(row["weak_correct"]))
+                strong.append(bool(row["strong_correct"]))
+                weak_cost.append(costs[0])
+                strong_cost.append(costs[1])
+        if not scores:
+            continue
+        cascade = cascade_curve(scores, weak, strong, weak_cost, strong_cost)
+        curve = cascade.curve
+        source = "cost_usd" if priced else f"weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong"
+        reports.append(
+            CascadeReport(
+                name,
+                len(scores),
+                curve.weak_quality,
+                curve.strong_quality,
+                _cascade_metrics(curve),
+                curve,
+                cascade.cost,
+                source,
+            )
+        )
+    return reports
+
+
+def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
+    """APGR / CPT over escalation share, and the cost at 50% / 80% of the gap recovered."""
+    lines = [
+        "cascade (verifier): cheap model first, escalate when the shipped verifier scores "
+        "its answer below a threshold (11 thresholds at the score deciles); x = escalation "
+        "share; only rows the verifier did not train on (verifier_train.is_held_out); cost = "
+        "mean cost per query relative to always-strong, cheap call on every row plus strong "
+        f"call when escalated (RouterBench: per-row cost_usd of {WEAK_MODEL} / "
+        f"{STRONG_MODEL}; GSM8K: no prices, weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong); "
+        "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
+        "spread the escalation share",
+        "",
+        "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) "
+        "| cost@CPT(50%) | cost@CPT(80%) | max escalation (cost) | cost basis |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in reports:
+        m = r.metrics
+        at50, at80 = (_cost_at(r, share) for share in (m.cpt50, m.cpt80))
+        lines.append(
+            f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "
+            f"cascade (verifier) | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} | "
+            f"{at50:.1%} | {at80:.1%} | {r.curve.share[-1]:.1%} ({r.cost[-1]:.1%}) | "
+            f"{r.cost_source} |"
+        )
+    return "\n".join(lines)
+
+
+def _cascade_metrics(curve: Curve) -> Metrics:
+    """APGR / CPT as for the routers; undefined (nan) when the verifier's scores are all
+    tied, so that every threshold escalates the same rows and the curve is one point."""
+    if curve.share[-1] == curve.share[0]:
+        return Metrics(float("nan"), float("nan"), float("nan"))
+    return Metrics(apgr(curve), cpt(curve, 0.5), cpt(curve, 0.8))
+
+
+def _cost_at(report: CascadeReport, share: float) -> float:
+    """Relative cost at an escalation share, interpolated linearly along the curve."""
+    if np.isnan(share):
+        return float("nan")
+    return float(np.interp(share, report.curve.share, report.cost))
 
 
 def _judge(fold: Fold, classifier: Classifier) -> FoldReport:

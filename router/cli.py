@@ -141,22 +141,36 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from router.classifier_train import FeatureCache, format_table, run_evaluation
+    from router.classifier_train import (
+        FeatureCache,
+        format_cascade_table,
+        format_table,
+        run_cascade_evaluation,
+        run_evaluation,
+    )
     from router.dataset import load_examples
     from router.evaluation import plot_curves
 
     try:
         examples = load_examples(args.data)
+        cascades = {c.name: c for c in run_cascade_evaluation(args.data)}
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     reports = run_evaluation(examples, FeatureCache(examples))
     print(format_table(reports))
+    print()
+    print(format_cascade_table(list(cascades.values())))
     if args.plot is not None:
         args.plot.mkdir(parents=True, exist_ok=True)
         for report in reports:
             path = args.plot / f"{report.name}.png"
-            plot_curves(report.curves, f"held-out {report.name} ({report.rows} prompts)", path)
+            title = f"held-out {report.name} ({report.rows} prompts)"
+            cascade = cascades.get(report.name)
+            if cascade is not None:
+                title += f"; cascade: {cascade.rows} verifier-held-out"
+            curve = cascade.curve if cascade is not None else None
+            plot_curves(report.curves, title, path, cascade=curve)
             print(f"wrote {path}")
     return 0
 

@@ -12,6 +12,14 @@ correctness. Then:
   weak + p * (strong - weak), interpolated linearly along the curve.
 
     metrics = evaluate(scores, weak_correct, strong_correct)
+
+The cascade (cheap model first, a verifier scores its answer, escalate below a
+threshold) gets the same curve: thresholds at the 11 deciles of the verifier scores,
+x = escalation share (rows scoring strictly below the threshold, which take the strong
+model's correctness), and a cost per point: the cheap call on every row plus the strong
+call on escalated rows, relative to always calling the strong model.
+
+    cascade = cascade_curve(verifier_scores, weak_correct, strong_correct, weak_cost, strong_cost)
 """
 
 from __future__ import annotations
@@ -61,6 +69,39 @@ def route_curve(
     points.sort()
     share, quality = (np.array(column) for column in zip(*points, strict=True))
     return Curve(share, quality, float(weak.mean()), float(strong.mean()))
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeCurve:
+    """A cascade's quality curve (x = escalation share) and its cost at each point."""
+
+    curve: Curve
+    cost: FloatArray  # mean cost per query relative to always-strong, aligned with curve.share
+
+
+def cascade_curve(
+    verifier_scores: npt.ArrayLike,
+    weak_correct: npt.ArrayLike,
+    strong_correct: npt.ArrayLike,
+    weak_cost: npt.ArrayLike,
+    strong_cost: npt.ArrayLike,
+) -> CascadeCurve:
+    """The 11-point curve of a verifier cascade; costs are per row (any unit, same for both)."""
+    s = np.asarray(verifier_scores, dtype=np.float64)
+    weak = np.asarray(weak_correct, dtype=np.float64)
+    strong = np.asarray(strong_correct, dtype=np.float64)
+    cheap = np.asarray(weak_cost, dtype=np.float64)
+    dear = np.asarray(strong_cost, dtype=np.float64)
+    always_strong = dear.sum()
+    points = []
+    for threshold in np.quantile(s, DECILES):
+        escalate = s < threshold
+        quality = np.where(escalate, strong, weak).mean()
+        cost = (cheap.sum() + dear[escalate].sum()) / always_strong
+        points.append((escalate.mean(), quality, cost))
+    points.sort()
+    share, quality, cost = (np.array(column) for column in zip(*points, strict=True))
+    return CascadeCurve(Curve(share, quality, float(weak.mean()), float(strong.mean())), cost)
 
 
 def apgr(curve: Curve) -> float:
@@ -118,8 +159,15 @@ def _trapezoid(y: FloatArray, x: FloatArray) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2.0))
 
 
-def plot_curves(curves: Mapping[str, Curve], title: str, path: Path) -> None:
-    """Write a PNG of quality vs strong-call share, one line per router."""
+def plot_curves(
+    curves: Mapping[str, Curve], title: str, path: Path, cascade: Curve | None = None
+) -> None:
+    """Write a PNG of quality vs strong-call share, one line per router.
+
+    `cascade`, when given, is drawn too (x = escalation share); it may cover fewer rows
+    than the routers (the verifier's held-out rows only), so its own weak / strong
+    levels differ slightly from the reference lines.
+    """
     import matplotlib  # imported here: only `router eval` draws
 
     matplotlib.use("Agg")
@@ -128,10 +176,19 @@ def plot_curves(curves: Mapping[str, Curve], title: str, path: Path) -> None:
     figure, axes = pyplot.subplots(figsize=(6, 4.5))
     for name, curve in curves.items():
         axes.plot(curve.share * 100, curve.quality * 100, marker="o", markersize=3, label=name)
+    if cascade is not None:
+        axes.plot(
+            cascade.share * 100,
+            cascade.quality * 100,
+            marker="s",
+            markersize=3,
+            linestyle="-.",
+            label="cascade (verifier)",
+        )
     first = next(iter(curves.values()))
     axes.axhline(first.weak_quality * 100, color="grey", linestyle=":", label="weak model")
     axes.axhline(first.strong_quality * 100, color="black", linestyle="--", label="strong model")
-    axes.set(title=title, xlabel="strong-model calls (%)", ylabel="quality (% correct)")
+    axes.set(title=title, xlabel="strong-call / escalation share (%)", ylabel="quality (% correct)")
     axes.legend(loc="lower right")
     axes.grid(alpha=0.3)
     figure.tight_layout()

@@ -101,11 +101,11 @@ def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
     for row in _read_rows(path, limit):
         for name in sorted(row["models"]):
             model = row["models"][name]
-            response = _unwrap_response(model["response"])
+            response = unwrap_response(model["response"])
             yield Example(source, row["id"], row["prompt"], response, model["correct"] >= 0.5)
 
 
-def _unwrap_response(raw: str) -> str:
+def unwrap_response(raw: str) -> str:
     """RouterBench stores each response as the repr of a one-string list."""
     try:
         value = ast.literal_eval(raw)

@@ -1,0 +1,64 @@
+"""The cascade curve and its cost, checked against a hand-computed example."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from router.classifier_train import CascadeReport, _cascade_metrics, format_cascade_table
+from router.evaluation import apgr, cascade_curve, cpt
+
+# Four rows; the verifier trusts the cheap answer in ascending order of score.
+SCORES = [0.1, 0.2, 0.3, 0.4]
+WEAK = [False, False, True, True]
+STRONG = [True, True, True, False]
+WEAK_COST = [1.0, 1.0, 1.0, 1.0]
+STRONG_COST = [10.0, 10.0, 10.0, 10.0]
+
+
+def test_cascade_curve_by_hand() -> None:
+    cascade = cascade_curve(SCORES, WEAK, STRONG, WEAK_COST, STRONG_COST)
+    curve = cascade.curve
+    # Deciles of [.1, .2, .3, .4] at 0, .1, ..., 1 are .1, .13, .16, .19, .22, .25, .28,
+    # .31, .34, .37, .4; escalate = score < threshold, so the escalated counts are
+    # 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3.
+    np.testing.assert_allclose(
+        curve.share, [0, 0.25, 0.25, 0.25, 0.5, 0.5, 0.5, 0.75, 0.75, 0.75, 0.75]
+    )
+    # Quality: 0 escalated -> weak [0,0,1,1] = .5; 1 -> [1,0,1,1] = .75; 2 or 3 -> 1.0.
+    np.testing.assert_allclose(curve.quality, [0.5, 0.75, 0.75, 0.75, 1, 1, 1, 1, 1, 1, 1])
+    assert curve.weak_quality == 0.5
+    assert curve.strong_quality == 0.75
+    # Cost: 4 cheap calls (4) + 10 per escalation, over always-strong (40).
+    np.testing.assert_allclose(
+        cascade.cost, [0.1, 0.35, 0.35, 0.35, 0.6, 0.6, 0.6, 0.85, 0.85, 0.85, 0.85]
+    )
+
+
+def test_cascade_metrics_by_hand() -> None:
+    curve = cascade_curve(SCORES, WEAK, STRONG, WEAK_COST, STRONG_COST).curve
+    # Trapezoid over x in [0, .75]: (.5+.75)/2*.25 + (.75+1)/2*.25 + 1*.25 = .625;
+    # weak area .375, strong area .5625 -> APGR = .25 / .1875 = 4/3
+    # (above 1: the cascade beats always-strong, which is wrong on row 4).
+    assert apgr(curve) == pytest.approx(4 / 3)
+    # 50% of the gap: quality .625, reached halfway from (0, .5) to (.25, .75).
+    assert cpt(curve, 0.5) == pytest.approx(0.125)
+    assert cpt(curve, 0.8) == pytest.approx(0.2)
+
+
+def test_cascade_table_reports_cost_at_cpt_and_ties() -> None:
+    cascade = cascade_curve(SCORES, WEAK, STRONG, WEAK_COST, STRONG_COST)
+    curve = cascade.curve
+    report = CascadeReport(
+        "tiny", 4, 0.5, 0.75, _cascade_metrics(curve), curve, cascade.cost, "test"
+    )
+    table = format_cascade_table([report])
+    # cost at CPT(50%) = 12.5% escalation: .1 + .125 * 10 / 10 = 22.5%.
+    assert (
+        "| tiny | 4 | 0.500 | 0.750 | cascade (verifier) | 1.333 | 12.5% | 20.0% | 22.5% |" in table
+    )
+    assert "75.0% (85.0%)" in table
+
+    tied = cascade_curve([0.5] * 4, WEAK, STRONG, WEAK_COST, STRONG_COST)
+    assert np.all(tied.curve.share == 0)
+    assert np.isnan(_cascade_metrics(tied.curve).apgr)
