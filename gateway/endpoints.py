@@ -15,7 +15,7 @@ from starlette.routing import Route
 from gateway.auth import Principal
 from gateway.errors import PayloadTooLarge
 from gateway.runtime import Runtime
-from gateway.services import Services
+from gateway.services import services_of
 from gateway.upstreams.base import EndpointType
 from gateway.validation import parse_body
 
@@ -33,7 +33,7 @@ async def embeddings(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    runtime = _services(request).runtime
+    runtime = services_of(request).runtime
     principal = authenticate(request, runtime)
     data = [
         {"id": name, "object": "model", "created": 0, "owned_by": "cascade-gateway"}
@@ -50,13 +50,8 @@ ROUTES = [
 ]
 
 
-def _services(request: Request) -> Services:
-    services: Services = request.app.state.services
-    return services
-
-
 async def _proxy(request: Request, endpoint: EndpointType) -> Response:
-    services = _services(request)
+    services = services_of(request)
     request.state.request_id = request_id = services.proxy.request_ids.next()
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
     principal = authenticate(request, runtime)

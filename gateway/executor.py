@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 
-Call = Callable[[DeploymentRuntime], Awaitable[Any]]
+AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one deployment
 
 
 @dataclass(slots=True)
@@ -116,7 +116,7 @@ class Executor:
         return Opened(deployment, first, rest, attempts)
 
     async def _run(
-        self, candidates: list[DeploymentRuntime], call: Call, deadline_s: float
+        self, candidates: list[DeploymentRuntime], call: AttemptFn, deadline_s: float
     ) -> tuple[Any, Any, int]:
         failures: list[UpstreamFailure] = []
         try:
@@ -128,7 +128,7 @@ class Executor:
             ) from None
 
     async def _attempts(
-        self, candidates: list[DeploymentRuntime], call: Call, failures: list[UpstreamFailure]
+        self, candidates: list[DeploymentRuntime], call: AttemptFn, failures: list[UpstreamFailure]
     ) -> tuple[Any, Any, int]:
         attempts = 0
         for position, deployment in enumerate(candidates):

@@ -46,8 +46,12 @@ class Services:
         return None if error is None else str(error)
 
 
+def services_of(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
 async def get_services(request: Request) -> Services:
     """FastAPI dependency. Async on purpose: FastAPI runs a plain `def` dependency in
     a worker thread, which costs more than the whole proxying of a request."""
-    services: Services = request.app.state.services
-    return services
+    return services_of(request)
