@@ -13,6 +13,7 @@ from datetime import date
 from pathlib import Path
 
 from gateway.errors import GatewayError
+from local_engine.cli import add_engine_commands
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
 from policies.keys import hash_key
 from router.cli import add_router_commands
@@ -187,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_router_commands(sub)
+    add_engine_commands(sub)
 
     spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(
         dest="spend_command", required=True

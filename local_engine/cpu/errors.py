@@ -1,0 +1,24 @@
+"""Embedded CPU engine exceptions.
+
+CpuEngineError          base of everything the CPU engine raises
+├── CheckpointError     a model directory is missing files or holds an unsupported model
+└── InvalidRequest      a request the engine cannot run; names the offending field (`param`)
+"""
+
+from __future__ import annotations
+
+
+class CpuEngineError(Exception):
+    pass
+
+
+class CheckpointError(CpuEngineError):
+    pass
+
+
+class InvalidRequest(CpuEngineError):
+    """A bad request field; `param` is the field's name as the client sent it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
