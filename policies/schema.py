@@ -23,6 +23,9 @@ RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
 StreamCascadeType = Literal["buffer", "classifier"]
 BudgetScopeType = Literal["key", "team", "route"]
 BudgetPeriodType = Literal["day", "month"]
+PriorityType = Literal["interactive", "batch"]
+SlaMissType = Literal["degrade", "shed"]
+FailModeType = Literal["open", "closed"]
 
 OPENAI_COMPATIBLE = "openai"  # the provider spoken natively; others go through litellm
 DEFAULT_TEAM = "default"
@@ -86,6 +89,12 @@ class Deployment(_Section):
     self_hosted: SelfHosted | None = None
     requires: list[str] = []
     context_window: Annotated[int, Field(gt=0)] | None = None
+    # Load view: vLLM's Prometheus endpoint, scraped every `gateway.load_scrape_interval_s`
+    # (default: `api_base` without its `/v1` suffix + `/metrics`, for self-hosted tiers).
+    metrics_url: str | None = None
+    scrape_metrics: bool | None = None
+    # The engine runs `--scheduling-policy priority`: send the route's priority along.
+    priority_scheduling: bool = False
 
     # field name -> env var names that were referenced but unset (set by `Policy`)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
@@ -116,6 +125,33 @@ class TierThreshold(_Section):
     below: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
+class Sla(_Section):
+    """A route's latency promise and what the gateway does to keep it.
+
+    `ttft_ms` is the first-token target (the whole answer, for non-streaming requests,
+    is held to `timeout_ms`); deployments predicted to miss it are skipped (when
+    `load_aware`), and when none can meet it `on_miss` decides: `degrade` tries the
+    faster tiers anyway, in predicted order; `shed` answers 429 with `Retry-After`.
+    `hedge_after_ms`: when the first token is that late, the next candidate is asked
+    too; the first to answer wins, the other is cancelled, both are priced."""
+
+    ttft_ms: PositiveFloat | None = None
+    timeout_ms: PositiveFloat | None = None
+    p99_ms: PositiveFloat | None = None
+    priority: PriorityType = "interactive"
+    load_aware: bool = True
+    on_miss: SlaMissType = "degrade"
+    hedge_after_ms: PositiveFloat | None = None
+    max_hedges: Annotated[int, Field(ge=1, le=3)] = 1
+
+
+class RateLimit(_Section):
+    """Requests and tokens (prompt + `max_tokens`) per minute, over a sliding window."""
+
+    requests_per_minute: Annotated[int, Field(gt=0)] | None = None
+    tokens_per_minute: Annotated[int, Field(gt=0)] | None = None
+
+
 class Route(_Section):
     """What a request's `model` names: an ordered list of deployments and how to use it.
 
@@ -135,6 +171,9 @@ class Route(_Section):
     stream_cascade: StreamCascadeType = "buffer"
     reference_model: str | None = None
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
+    # Output tokens assumed for a request without `max_tokens` when reserving budget.
+    max_output_tokens: Annotated[int, Field(gt=0)] = 4096
+    sla: Sla | None = None
     description: str = ""
 
     @model_validator(mode="after")
@@ -173,6 +212,7 @@ class Team(_Section):
     """A group of keys sharing allowed routes and budgets."""
 
     allowed_routes: list[str] = [ANY_ROUTE]
+    rate_limit: RateLimit | None = None
     description: str = ""
 
 
@@ -183,6 +223,7 @@ class Key(_Section):
     hash: Annotated[str, Field(pattern=KEY_HASH_PATTERN)] | None = None
     team: str = DEFAULT_TEAM
     allowed_routes: list[str] | None = None
+    rate_limit: RateLimit | None = None
     description: str = ""
 
     # env var names of a secret that was unset: the key is disabled (set by `Policy`)
@@ -212,6 +253,9 @@ class Budget(_Section):
     period: BudgetPeriodType
     limit_usd: PositiveFloat
     soft_limit_usd: PositiveFloat | None = None
+    # Past the soft limit, requests on routes with this tier are sent to it instead of
+    # the tier the router chose (e.g. `local`): spend slows before the hard stop.
+    downgrade_tier: str | None = None
 
     @model_validator(mode="after")
     def _check_soft_limit(self) -> Self:
@@ -220,6 +264,15 @@ class Budget(_Section):
                 f"soft_limit_usd {self.soft_limit_usd} is above limit_usd {self.limit_usd}"
             )
         return self
+
+
+class CircuitBreaker(_Section):
+    """Eject a deployment after consecutive failures or timeouts; after `cooldown_s`
+    let `half_open_probes` requests through, and close again on their success."""
+
+    failure_threshold: Annotated[int, Field(ge=1)] = 5
+    cooldown_s: PositiveFloat = 30.0
+    half_open_probes: Annotated[int, Field(ge=1)] = 1
 
 
 class Auth(_Section):
@@ -237,6 +290,12 @@ class GatewaySection(_Section):
     # Upper bound on one request across all its attempts, retries and fallbacks (until
     # the first streamed byte, for streams); per-attempt limits are deployments' timeout_s.
     request_timeout_s: PositiveFloat = 300.0
+    circuit_breaker: CircuitBreaker = CircuitBreaker()
+    # When Redis is unreachable: serve without budget/rate checks (open) or refuse (closed).
+    limits_when_redis_down: FailModeType = "open"
+    load_scrape_interval_s: PositiveFloat = 2.0
+    # Sliding window of the live latency model (TTFT, inter-token time, error rate).
+    latency_window_s: PositiveFloat = 60.0
 
 
 class Policy(_Section):
@@ -337,6 +396,13 @@ class Policy(_Section):
             elif budget.name not in declared[budget.scope]:
                 message = self._undeclared(owner, budget.scope, budget.name)
                 yield ("budgets", index, "name"), message
+            tiers = {d.tier for d in self.deployments.values()}
+            if budget.downgrade_tier is not None and budget.downgrade_tier not in tiers:
+                yield (
+                    ("budgets", index, "downgrade_tier"),
+                    f"{owner} downgrades to tier '{budget.downgrade_tier}', which no "
+                    f"deployment serves; tiers: {', '.join(sorted(tiers))}",
+                )
 
     def _has_team(self, team: str) -> bool:
         return team == DEFAULT_TEAM or team in self.teams
