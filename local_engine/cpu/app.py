@@ -1,0 +1,271 @@
+"""The CPU engine's HTTP surface: OpenAI's API as vLLM serves it, plus `/metrics`.
+
+    app = create_app(EngineService(runner, tokenizer, metrics, "local-tiny"))
+
+Routes: POST /v1/chat/completions, POST /v1/completions (both stream as OpenAI's SSE,
+with `stream_options.include_usage`), GET /v1/models, GET /health, GET /metrics.
+Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from local_engine.cpu.errors import InvalidRequest
+from local_engine.cpu.metrics import EngineMetrics
+from local_engine.cpu.protocol import ChatCompletionBody, CompletionBody, GenerationBody
+from local_engine.cpu.runner import EngineRunner
+from local_engine.cpu.sequence import Output
+from local_engine.cpu.sequence import Request as EngineRequest
+from local_engine.cpu.tokenizer import Tokenizer
+
+# Builds one streamed chunk's `choices[0]` from (text, finish_reason, first chunk?).
+ChoiceBuilder = Callable[[str, str | None, bool], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EngineService:
+    runner: EngineRunner
+    tokenizer: Tokenizer
+    metrics: EngineMetrics
+    model_name: str
+    model_root: str = ""
+
+
+class ModelNotFound(Exception):
+    pass
+
+
+def create_app(service: EngineService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.runner.start()
+        try:
+            yield
+        finally:
+            service.runner.stop()
+
+    app = FastAPI(title="cascade-gateway CPU engine", lifespan=lifespan)
+    _add_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if service.runner.is_alive() else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": service.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "cascade-gateway",
+            "root": service.model_root or service.model_name,
+            "parent": None,
+            "max_model_len": service.runner.engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionBody) -> Response:
+        _check_model(service, body)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        ids = service.tokenizer.encode(service.tokenizer.render_chat(messages))
+        request = _request("chatcmpl", ids, body.sampling_params(), service, "messages")
+        if body.stream:
+            return _sse(_chat_chunks(service, request, body))
+        text, last = await _collect(service, request)
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": None}
+        return JSONResponse(_reply(service, request, "chat.completion", choice, text, last))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody) -> Response:
+        _check_model(service, body)
+        prompt = (
+            body.prompt[0]
+            if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str)
+            else body.prompt
+        )
+        ids = _completion_ids(service.tokenizer, prompt)
+        request = _request("cmpl", ids, body.sampling_params(), service, "prompt")
+        if body.stream:
+            return _sse(_completion_chunks(service, request, body))
+        text, last = await _collect(service, request)
+        choice = {"index": 0, "text": text, "logprobs": None}
+        return JSONResponse(_reply(service, request, "text_completion", choice, text, last))
+
+    return app
+
+
+def _completion_ids(tokenizer: Tokenizer, prompt: str | list[str] | list[int]) -> list[int]:
+    """A text prompt (alone or as a one-item list) gets BOS, as Llama tokenizers add it."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return [tokenizer.bos_id, *tokenizer.encode(prompt)]
+    ids = [int(token) for token in prompt]
+    bad = [token for token in ids if not 0 <= token < tokenizer.vocab_size]
+    if bad:
+        raise InvalidRequest(
+            f"prompt has token id {bad[0]}; ids are in [0, {tokenizer.vocab_size})", "prompt"
+        )
+    return ids
+
+
+def _check_model(service: EngineService, body: GenerationBody) -> None:
+    if body.model != service.model_name:
+        raise ModelNotFound(f"The model `{body.model}` does not exist.")
+
+
+def _request(
+    prefix: str, ids: list[int], params: Any, service: EngineService, param: str
+) -> EngineRequest:
+    request = EngineRequest(f"{prefix}-{uuid.uuid4().hex}", ids, params)
+    service.runner.engine.check(request, param)
+    return request
+
+
+async def _collect(service: EngineService, request: EngineRequest) -> tuple[str, Output]:
+    parts: list[str] = []
+    last: Output | None = None
+    async for output in service.runner.generate(request):
+        parts.append(output.text)
+        last = output
+    assert last is not None
+    return "".join(parts), last
+
+
+def _usage(output: Output) -> dict[str, int]:
+    return {
+        "prompt_tokens": output.prompt_tokens,
+        "completion_tokens": output.completion_tokens,
+        "total_tokens": output.prompt_tokens + output.completion_tokens,
+    }
+
+
+def _reply(
+    service: EngineService,
+    request: EngineRequest,
+    kind: str,
+    choice: dict[str, Any],
+    text: str,
+    last: Output,
+) -> dict[str, Any]:
+    return {
+        "id": request.request_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": service.model_name,
+        "choices": [choice | {"finish_reason": last.finish_reason}],
+        "usage": _usage(last),
+    }
+
+
+def _sse(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _chat_chunks(
+    service: EngineService, request: EngineRequest, body: ChatCompletionBody
+) -> AsyncIterator[str]:
+    def choice(text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        if finish is not None and not text and not first:
+            delta = {}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    async for event in _chunks(service, request, body, "chat.completion.chunk", choice):
+        yield event
+
+
+async def _completion_chunks(
+    service: EngineService, request: EngineRequest, body: CompletionBody
+) -> AsyncIterator[str]:
+    def choice(text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    async for event in _chunks(service, request, body, "text_completion", choice):
+        yield event
+
+
+async def _chunks(
+    service: EngineService,
+    request: EngineRequest,
+    body: GenerationBody,
+    kind: str,
+    choice: ChoiceBuilder,
+) -> AsyncIterator[str]:
+    """OpenAI's SSE: one chunk per engine output, `usage` last when asked for, `[DONE]`."""
+    base = {"id": request.request_id, "object": kind, "created": int(time.time())}
+    base["model"] = service.model_name
+    usage_field = {"usage": None} if body.include_usage else {}
+    first, last = kind == "chat.completion.chunk", None
+    async for output in service.runner.generate(request):
+        last = output
+        if not output.text and output.finish_reason is None and not first:
+            continue
+        chunk = base | {"choices": [choice(output.text, output.finish_reason, first)]}
+        yield _event(chunk | usage_field)
+        first = False
+    if body.include_usage and last is not None:
+        yield _event(base | {"choices": [], "usage": _usage(last)})
+    yield "data: [DONE]\n\n"
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def _error(status: int, message: str, kind: str, param: str | None, code: Any) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _param(loc: Sequence[Any]) -> str | None:
+    parts = [str(part) for part in loc if part != "body"]
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if part.isdigit() else (f".{part}" if path else part)
+    return path or None
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [part for part in first.get("loc", ()) if not _is_type_tag(part)]
+        param = _param(loc)
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return _error(400, message, "invalid_request_error", param, None)
+
+    @app.exception_handler(InvalidRequest)
+    async def invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
+        return _error(400, str(exc), "invalid_request_error", exc.param, None)
+
+    @app.exception_handler(ModelNotFound)
+    async def no_model(request: Request, exc: ModelNotFound) -> JSONResponse:
+        return _error(404, str(exc), "invalid_request_error", "model", "model_not_found")
+
+
+def _is_type_tag(part: Any) -> bool:
+    """Pydantic adds union member names (`str`, `list[...]`) to error locations."""
+    return isinstance(part, str) and (
+        part in {"str", "int"}
+        or "[" in part
+        or part == "function-after[_one_prompt(), union[str,list[str],list[int]]]"
+    )
