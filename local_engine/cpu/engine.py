@@ -225,7 +225,8 @@ class Engine:
         """Draft up to K tokens per sequence, score them all in one target pass, keep the
         prefix the accept/reject rule keeps plus one target token."""
         # Never draft past what the request may still emit or the cache can hold.
-        ks = [max(0, min(self.options.num_speculative_tokens, *self._room(s)) - 1) for s in seqs]
+        k_max = self.options.num_speculative_tokens
+        ks = [max(0, min(k_max, *(room - 1 for room in self._room(s)))) for s in seqs]
         drafts, draft_probs = self._draft(seqs, ks)
         ids = [[s.tokens[-1], *drafts[i]] for i, s in enumerate(seqs)]
         starts = [s.cache_len for s in seqs]
