@@ -29,7 +29,7 @@ from policies.schema import CrossReferenceError, Policy
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 # Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
-SECRET_SECTIONS = {"keys": "secret"}
+SECRET_SECTIONS = {"keys": "secret", "engines": "api_key"}
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
 
 

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
+from policies.engines import EngineSpec
+
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
 StreamCascadeType = Literal["buffer", "classifier"]
 BudgetScopeType = Literal["key", "team", "route"]
@@ -95,6 +97,9 @@ class Deployment(_Section):
     scrape_metrics: bool | None = None
     # The engine runs `--scheduling-policy priority`: send the route's priority along.
     priority_scheduling: bool = False
+    # A self-hosted engine from `engines`: it supplies api_base (and api_key,
+    # self_hosted pricing, priority_scheduling) where this deployment leaves them unset.
+    engine: str | None = None
 
     # field name -> env var names that were referenced but unset (set by `Policy`)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
@@ -313,6 +318,7 @@ class Policy(_Section):
     budgets: list[Budget] = []
     auth: Auth = Auth()
     gateway: GatewaySection = GatewaySection()
+    engines: dict[str, EngineSpec] = {}
 
     @model_validator(mode="after")
     def _check_references(self, info: ValidationInfo) -> Self:
@@ -322,7 +328,22 @@ class Policy(_Section):
         problems = list(self._reference_problems())
         if problems:
             raise CrossReferenceError(problems)
+        self._apply_engines()
         return self
+
+    def _apply_engines(self) -> None:
+        for deployment in self.deployments.values():
+            engine = self.engines.get(deployment.engine or "")
+            if engine is None:
+                continue
+            deployment.api_base = deployment.api_base or engine.api_base
+            deployment.api_key = deployment.api_key or engine.api_key
+            if deployment.self_hosted is None and engine.gpu_hour_usd and engine.tokens_per_second:
+                deployment.self_hosted = SelfHosted(
+                    gpu_hour_usd=engine.gpu_hour_usd, tokens_per_second=engine.tokens_per_second
+                )
+            if engine.scheduling_policy == "priority":
+                deployment.priority_scheduling = True
 
     def _note_unset_env(self, unset_env: Mapping[str, list[str]]) -> None:
         for name, deployment in self.deployments.items():
@@ -340,6 +361,7 @@ class Policy(_Section):
             loc: Loc = ("teams", team_name)
             yield from self._allowed_route_problems(loc, f"team '{team_name}'", team.allowed_routes)
         yield from self._budget_problems()
+        yield from self._engine_problems()
         anonymous = self.auth.anonymous_team
         if anonymous is not None and not self._has_team(anonymous):
             yield ("auth", "anonymous_team"), self._undeclared("auth", "team", anonymous)
@@ -404,6 +426,32 @@ class Policy(_Section):
                     f"deployment serves; tiers: {', '.join(sorted(tiers))}",
                 )
 
+    def _engine_problems(self) -> Iterator[tuple[Loc, str]]:
+        for name, deployment in self.deployments.items():
+            if deployment.engine is None:
+                continue
+            engine = self.engines.get(deployment.engine)
+            loc: Loc = ("deployments", name, "engine")
+            if engine is None:
+                yield loc, self._undeclared(f"deployment '{name}'", "engine", deployment.engine)
+            elif (
+                deployment.provider == OPENAI_COMPATIBLE and deployment.model != engine.served_name
+            ):
+                yield (
+                    ("deployments", name, "model"),
+                    f"deployment '{name}' asks for model '{deployment.model}' but engine "
+                    f"'{deployment.engine}' serves '{engine.served_name}'",
+                )
+        listening: dict[tuple[str, int], str] = {}
+        for name, engine in self.engines.items():
+            other = listening.setdefault((engine.host, engine.port), name)
+            if other != name:
+                yield (
+                    ("engines", name, "port"),
+                    f"engine '{name}' listens on {engine.host}:{engine.port}, as engine "
+                    f"'{other}' does; give each engine its own port",
+                )
+
     def _has_team(self, team: str) -> bool:
         return team == DEFAULT_TEAM or team in self.teams
 
@@ -413,6 +461,7 @@ class Policy(_Section):
             "route": list(self.routes),
             "team": sorted({DEFAULT_TEAM, *self.teams}),
             "key": list(self.keys),
+            "engine": list(self.engines),
         }[kind]
         if extra is not None:
             declared = [*declared, extra]

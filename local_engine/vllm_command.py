@@ -1,0 +1,67 @@
+"""An engine spec as a `vllm serve` command: an argv list (no shell) and its environment.
+
+    vllm_argv(spec)  # ['vllm', 'serve', 'Qwen/Qwen3-4B', '--host', '127.0.0.1', ...]
+
+Only flags whose field is set are passed, in `FLAG_FIELDS` order, then prefix caching,
+speculative decoding and `extra_args`. The API key travels in the environment
+(`VLLM_API_KEY`, which vLLM reads like `--api-key`) so it does not show in `ps`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from policies.engines import FLAG_FIELDS, EngineSpec, Speculation
+
+API_KEY_ENV = "VLLM_API_KEY"
+# Speculation fields copied into vLLM's JSON when set, in this order.
+SPECULATIVE_JSON_FIELDS = (
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "draft_tensor_parallel_size",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+)
+
+
+def vllm_argv(spec: EngineSpec) -> list[str]:
+    """The `vllm serve` command line for `spec`."""
+    argv = [spec.executable, "serve", spec.model]
+    for name in FLAG_FIELDS:
+        value = getattr(spec, name)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    if spec.enable_prefix_caching is not None:
+        argv.append(
+            "--enable-prefix-caching"
+            if spec.enable_prefix_caching
+            else "--no-enable-prefix-caching"
+        )
+    if spec.speculative is not None:
+        argv += ["--speculative-config", speculative_config_json(spec.speculative)]
+    return [*argv, *spec.extra_args]
+
+
+def speculative_config_json(speculation: Speculation) -> str:
+    """vLLM's `--speculative-config` value: compact JSON with the fields that are set."""
+    config: dict[str, object] = {}
+    for name in SPECULATIVE_JSON_FIELDS:
+        value = getattr(speculation, name)
+        if value is not None:
+            config[name] = value
+    config.update(speculation.extra)
+    return json.dumps(config, separators=(",", ":"))
+
+
+def vllm_env(spec: EngineSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """The engine's environment: `base` (the supervisor's), the spec's `env`, the API key.
+
+    An inherited VLLM_API_KEY is dropped: the policy alone decides whether the engine
+    asks for a key, so the deployments pointing at it agree."""
+    env = {**base, **spec.env}
+    env.pop(API_KEY_ENV, None)
+    if spec.api_key is not None:
+        env[API_KEY_ENV] = spec.api_key
+    return env
