@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import (
     GatewayError,
@@ -43,6 +44,9 @@ from gateway.upstreams.base import (
     close_stream,
 )
 
+if TYPE_CHECKING:
+    from gateway.sla import SlaGuard
+
 log = logging.getLogger(__name__)
 
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
@@ -51,10 +55,31 @@ AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one depl
 
 
 @dataclass(slots=True)
+class Hedge:
+    """When to ask another deployment too: after `after_s` without an answer (a first
+    event, for streams), up to `max_hedges` more; the first to answer wins."""
+
+    after_s: float
+    max_hedges: int = 1
+
+
+@dataclass(slots=True)
+class Loser:
+    """A hedged attempt that lost the race: cancelled (`result` None) or answered too
+    late. Priced all the same: the upstream did the work."""
+
+    deployment: DeploymentRuntime
+    result: Any = None
+
+
+@dataclass(slots=True)
 class Completed:
     deployment: DeploymentRuntime
     reply: UpstreamReply
     attempts: int
+    losers: list[Loser] = field(default_factory=list)
+    hedges: int = 0  # hedges fired
+    won_by_hedge: bool = False
 
 
 @dataclass(slots=True)
@@ -65,6 +90,21 @@ class Opened:
     first: list[bytes]
     rest: AsyncIterator[list[bytes]]
     attempts: int
+    losers: list[Loser] = field(default_factory=list)
+    hedges: int = 0
+    won_by_hedge: bool = False
+    opened_at: float = 0.0  # time.perf_counter() when the first events arrived
+
+
+@dataclass(slots=True)
+class _Run:
+    """Shared by the attempt chains of one request (several when hedged)."""
+
+    attempts: int = 0
+    failures: list[UpstreamFailure] = field(default_factory=list)
+    current: dict[int, DeploymentRuntime] = field(default_factory=dict)  # chain -> in flight
+    hedges: int = 0
+    won_by_hedge: bool = False
 
 
 class Executor:
@@ -73,10 +113,12 @@ class Executor:
         clients: Mapping[str, UpstreamClient],
         metrics: Metrics,
         max_retry_wait_s: float = 5.0,
+        guard: SlaGuard | None = None,
     ) -> None:
         self._clients = clients
         self._metrics = metrics
         self._max_wait = max_retry_wait_s
+        self._guard = guard
 
     def client_for(self, deployment: DeploymentRuntime) -> UpstreamClient:
         return self._clients.get(deployment.provider) or self._clients["litellm"]
@@ -87,12 +129,15 @@ class Executor:
         endpoint: EndpointType,
         body: dict[str, Any],
         deadline_s: float,
+        hedge: Hedge | None = None,
+        priority: int | None = None,
     ) -> Completed:
         async def call(d: DeploymentRuntime) -> UpstreamReply:
-            return await self.client_for(d).complete(d.target, endpoint, upstream_body(d, body))
+            request = upstream_body(d, body, priority)
+            return await self.client_for(d).complete(d.target, endpoint, request)
 
-        deployment, reply, attempts = await self._run(candidates, call, deadline_s)
-        return Completed(deployment, reply, attempts)
+        deployment, reply, run, losers = await self._run(candidates, call, deadline_s, hedge)
+        return Completed(deployment, reply, run.attempts, losers, run.hedges, run.won_by_hedge)
 
     async def open_stream(
         self,
@@ -100,9 +145,12 @@ class Executor:
         endpoint: EndpointType,
         body: dict[str, Any],
         deadline_s: float,
+        hedge: Hedge | None = None,
+        priority: int | None = None,
     ) -> Opened:
         async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
-            events = self.client_for(d).stream(d.target, endpoint, upstream_body(d, body))
+            request = upstream_body(d, body, priority)
+            events = self.client_for(d).stream(d.target, endpoint, request)
             try:
                 first = await anext(events)
             except StopAsyncIteration:
@@ -112,43 +160,103 @@ class Executor:
                 raise
             return first, events
 
-        deployment, (first, rest), attempts = await self._run(candidates, call, deadline_s)
-        return Opened(deployment, first, rest, attempts)
+        deployment, (first, rest), run, losers = await self._run(
+            candidates, call, deadline_s, hedge
+        )
+        opened_at = time.perf_counter()
+        return Opened(
+            deployment, first, rest, run.attempts, losers, run.hedges, run.won_by_hedge, opened_at
+        )
 
     async def _run(
-        self, candidates: list[DeploymentRuntime], call: AttemptFn, deadline_s: float
-    ) -> tuple[Any, Any, int]:
-        failures: list[UpstreamFailure] = []
+        self,
+        candidates: list[DeploymentRuntime],
+        call: AttemptFn,
+        deadline_s: float,
+        hedge: Hedge | None,
+    ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
+        run = _Run()
         try:
             async with asyncio.timeout(deadline_s):
-                return await self._attempts(candidates, call, failures)
+                if hedge is None or len(candidates) < 2:
+                    deployment, result = await self._attempts(candidates, call, run)
+                    return deployment, result, run, []
+                return await self._hedged(candidates, call, run, hedge)
         except TimeoutError:
             raise UpstreamTimeout(
                 f"no deployment answered within the request limit of {deadline_s:g}s"
             ) from None
 
+    async def _hedged(
+        self, candidates: list[DeploymentRuntime], call: AttemptFn, run: _Run, hedge: Hedge
+    ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
+        """Race attempt chains: chain k starts at candidate k (falling back through the
+        rest) once chain k-1 has gone `hedge.after_s` without an answer."""
+        chains: dict[asyncio.Task[tuple[DeploymentRuntime, Any]], int] = {}
+
+        def launch(k: int) -> None:
+            order = candidates[k:] + candidates[:k]
+            chains[asyncio.create_task(self._attempts(order, call, run, chain=k))] = k
+
+        launch(0)
+        errors: list[BaseException] = []
+        try:
+            while chains:
+                more = run.hedges < hedge.max_hedges and 1 + run.hedges < len(candidates)
+                done, _ = await asyncio.wait(
+                    chains, timeout=hedge.after_s if more else None, return_when="FIRST_COMPLETED"
+                )
+                if not done:
+                    run.hedges += 1
+                    launch(run.hedges)
+                    continue
+                winner = _first_success(done, errors)
+                if winner is not None:
+                    run.won_by_hedge = chains[winner] > 0
+                for task in done:
+                    chains.pop(task)
+                if winner is not None:
+                    losers = [Loser(*t.result()) for t in done if t is not winner and _ok(t)]
+                    losers += await _cancel(chains, run)
+                    return (*winner.result(), run, losers)
+                if any(isinstance(e, GatewayError) and _client_fault(e) for e in errors):
+                    break
+        finally:
+            await _cancel(chains, run)
+        raise errors[0] if errors else final_error(candidates, run.failures)
+
     async def _attempts(
-        self, candidates: list[DeploymentRuntime], call: AttemptFn, failures: list[UpstreamFailure]
-    ) -> tuple[Any, Any, int]:
-        attempts = 0
+        self, candidates: list[DeploymentRuntime], call: AttemptFn, run: _Run, chain: int = 0
+    ) -> tuple[DeploymentRuntime, Any]:
+        guard = self._guard
         for position, deployment in enumerate(candidates):
             last = position == len(candidates) - 1
+            if guard is not None and not last and not guard.allows(deployment.name):
+                continue  # ejected meanwhile, or its half-open probe is taken
             for retry in range(deployment.max_retries + 1):
-                attempts += 1
+                run.attempts += 1
+                run.current[chain] = deployment
+                started = time.perf_counter()
                 try:
                     result = await call(deployment)
                 except UpstreamFailure as failure:
-                    failures.append(failure)
+                    run.failures.append(failure)
+                    if guard is not None:
+                        guard.failed(deployment.name, failure)
                     wait = self._next_wait(deployment, failure, retry, last)
                     self._count(deployment, "retry" if wait is not None else "fallback")
-                    log.info("attempt %d failed: %s", attempts, failure.message)
+                    log.info("attempt %d failed: %s", run.attempts, failure.message)
                     if wait is None:
                         break
                     await asyncio.sleep(wait)
                 else:
+                    run.current.pop(chain, None)
+                    if guard is not None:
+                        guard.succeeded(deployment.name, time.perf_counter() - started)
                     self._count(deployment, "ok")
-                    return deployment, result, attempts
-        raise final_error(candidates, failures)
+                    return deployment, result
+        run.current.pop(chain, None)
+        raise final_error(candidates, run.failures)
 
     def _next_wait(
         self, deployment: DeploymentRuntime, failure: UpstreamFailure, retry: int, last: bool
@@ -160,6 +268,8 @@ class Executor:
             return None
         if not last and isinstance(failure, UpstreamConnectFailed | UpstreamTimedOut):
             return None
+        if not last and failure.status == 503:  # vLLM's "queue full": busy, go elsewhere
+            return None
         if failure.retry_after_s is not None:
             return failure.retry_after_s if failure.retry_after_s <= self._max_wait else None
         backoff: float = deployment.retry_backoff_s * 2.0**retry
@@ -169,9 +279,48 @@ class Executor:
         self._metrics.child(self._metrics.upstream_attempts, deployment.name, outcome).inc()
 
 
-def upstream_body(deployment: DeploymentRuntime, body: dict[str, Any]) -> dict[str, Any]:
-    """The client's body with the deployment's model name; every other field untouched."""
+def upstream_body(
+    deployment: DeploymentRuntime, body: dict[str, Any], priority: int | None = None
+) -> dict[str, Any]:
+    """The client's body with the deployment's model name (and the route's priority, for
+    engines scheduling by priority); every other field untouched."""
+    if priority is not None and deployment.priority_scheduling and "priority" not in body:
+        return {**body, "model": deployment.target.model, "priority": priority}
     return {**body, "model": deployment.target.model}
+
+
+def _ok(task: asyncio.Task[Any]) -> bool:
+    return not task.cancelled() and task.exception() is None
+
+
+def _first_success(
+    done: set[asyncio.Task[Any]], errors: list[BaseException]
+) -> asyncio.Task[Any] | None:
+    winner = None
+    for task in done:
+        if _ok(task):
+            winner = winner or task
+        elif not task.cancelled() and (error := task.exception()) is not None:
+            errors.append(error)
+    return winner
+
+
+def _client_fault(error: GatewayError) -> bool:
+    return isinstance(error, InvalidRequest | PayloadTooLarge)
+
+
+async def _cancel(chains: dict[asyncio.Task[Any], int], run: _Run) -> list[Loser]:
+    """Cancel the chains still running; the deployments they were calling lost."""
+    losers = [Loser(run.current[k]) for k in chains.values() if k in run.current]
+    for task in chains:
+        task.cancel()
+    for task in list(chains):
+        try:
+            await task
+        except BaseException:  # cancelled, or failed while being cancelled: it lost either way
+            log.debug("hedge chain ended while cancelled", exc_info=True)
+    chains.clear()
+    return losers
 
 
 def client_fault(failure: UpstreamStatus) -> GatewayError:

@@ -24,12 +24,13 @@ from gateway.accounting import Accountant, Call, Usage, choice_texts, counted_us
 from gateway.auth import Principal
 from gateway.cascade import Cascade
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
-from gateway.executor import Executor, Opened
+from gateway.executor import Executor, Hedge, Loser, Opened
 from gateway.ledger.record import StatusType, usd
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.scoring import AnswerVerifier, RequestScorer
-from gateway.upstreams.base import EndpointType, UpstreamFailure, close_stream
+from gateway.sla import SlaGuard
+from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
 from router import SCORED_STRATEGIES
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class Proxy:
         metrics: Metrics,
         scorer: RequestScorer | None = None,
         verifier: AnswerVerifier | None = None,
+        guard: SlaGuard | None = None,
     ) -> None:
         self._executor = executor
+        self._guard = guard
         self._accountant = accountant
         self._metrics = metrics
         self._scorer = scorer or RequestScorer()
@@ -94,7 +97,12 @@ class Proxy:
             score = self._scorer(endpoint, body)
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
         candidates = self._candidates(runtime, route, score, strategy)
+        if self._guard is not None:
+            # A cascade keeps its tier order: only ejected deployments are dropped.
+            candidates = self._guard.select(route, candidates, use_sla=strategy != "cascade")
         deadline_s = runtime.request_timeout_s
+        if route.sla is not None and route.sla.timeout_s is not None:
+            deadline_s = min(deadline_s, route.sla.timeout_s)
         call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         if strategy == "cascade":
             return await self._run_cascade(call, candidates, endpoint, body, deadline_s)
@@ -121,13 +129,20 @@ class Proxy:
         body: dict[str, Any],
         deadline_s: float,
     ) -> Response:
-        done = await self._executor.complete(candidates, endpoint, body, deadline_s)
+        route = call.route
+        done = await self._executor.complete(
+            candidates, endpoint, body, deadline_s, hedge_of(route), priority_of(route)
+        )
+        await self._settle_hedges(call, done.losers, endpoint, body, done.hedges, done.won_by_hedge)
         reply = done.reply.body
         usage = reported_usage(reply) or counted_usage(
             done.deployment.target.model, endpoint, body, choice_texts(reply)
         )
         record = self._accountant.settle(call, done.deployment, usage)
         self._observe(call, done.deployment, "200")
+        if self._guard is not None:
+            elapsed = time.perf_counter() - call.started
+            self._guard.count_outcome(route, elapsed, elapsed)
         headers = cascade_headers(call, done.deployment, done.attempts)
         headers["x-cascade-cost-usd"] = f"{usd(record.cost_nanos):.9f}"
         content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
@@ -171,7 +186,13 @@ class Proxy:
         options = body.get("stream_options") or {}
         wants_usage = bool(options.get("include_usage"))
         upstream = {**body, "stream_options": {**options, "include_usage": True}}
-        opened = await self._executor.open_stream(candidates, endpoint, upstream, deadline_s)
+        route = call.route
+        opened = await self._executor.open_stream(
+            candidates, endpoint, upstream, deadline_s, hedge_of(route), priority_of(route)
+        )
+        await self._settle_hedges(
+            call, opened.losers, endpoint, body, opened.hedges, opened.won_by_hedge
+        )
         ttft = time.perf_counter() - call.started
         self._metrics.child(self._metrics.ttft, call.route.name, opened.deployment.name).observe(
             ttft
@@ -179,10 +200,34 @@ class Proxy:
         settlement = StreamSettlement(
             self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft
         )
+        settlement.guard = self._guard
         headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}
         return RelayedStream(
             settlement.relay(), settlement.finish, media_type="text/event-stream", headers=headers
         )
+
+    async def _settle_hedges(
+        self,
+        call: Call,
+        losers: list[Loser],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        fired: int,
+        won: bool,
+    ) -> None:
+        """Count the hedges and price the attempts that lost the race: the upstream
+        worked on them (a cancelled one is charged its prompt, as it was sent)."""
+        if not fired:
+            return
+        m = self._metrics
+        m.child(m.hedges, call.route.name, "fired").inc(fired)
+        if won:
+            m.child(m.hedges, call.route.name, "won").inc()
+        for n, loser in enumerate(losers, start=1):
+            if isinstance(loser.result, tuple):  # a stream that opened too late
+                await close_stream(loser.result[1])
+            usage, status = loser_usage(loser, endpoint, body)
+            self._accountant.settle(call, loser.deployment, usage, status=status, label=f"h{n}")
 
     def _observe(self, call: Call, deployment: DeploymentRuntime, status: str) -> None:
         m = self._metrics
@@ -214,11 +259,14 @@ class StreamSettlement:
         self.tally = StreamTally(wants_usage)
         self.status: StatusType = "partial"
         self.finished = False
+        self.guard: SlaGuard | None = None
+        self.frames = 0
 
     async def relay(self) -> AsyncIterator[bytes]:
         try:
             events: list[bytes] | None = self.opened.first
             while events is not None:
+                self.frames += len(events)
                 if frame := self.tally.frame(events):
                     yield frame
                 events = await anext(self.opened.rest, None)
@@ -246,6 +294,12 @@ class StreamSettlement:
         # Settled before any await: a cancelled task may not get past the next one.
         self.accountant.settle(self.call, deployment, usage, status=self.status, ttft_s=self.ttft)
         self.observe(self.call, deployment, "200")
+        if self.guard is not None:
+            now = time.perf_counter()
+            streamed = now - self.opened.opened_at
+            itl = streamed / (self.frames - 1) if self.frames > 1 and self.status == "ok" else None
+            self.guard.stream_ended(deployment.name, itl, streamed)
+            self.guard.count_outcome(self.call.route, self.ttft, now - self.call.started)
         await close_stream(self.opened.rest)
 
 
@@ -285,6 +339,34 @@ class StreamTally:
                     continue  # the usage-only event the client did not ask for
             out.append(b"data: " + payload + b"\n\n")
         return b"".join(out)
+
+
+def hedge_of(route: RouteRuntime) -> Hedge | None:
+    sla = route.sla
+    if sla is None or sla.hedge_after_s is None:
+        return None
+    return Hedge(sla.hedge_after_s, sla.max_hedges)
+
+
+def priority_of(route: RouteRuntime) -> int | None:
+    return None if route.sla is None else route.sla.priority
+
+
+def loser_usage(
+    loser: Loser, endpoint: EndpointType, body: dict[str, Any]
+) -> tuple[Usage, StatusType]:
+    """What a losing hedge consumed: its answer's usage if it answered, else its prompt."""
+    model = loser.deployment.target.model
+    result = loser.result
+    if isinstance(result, UpstreamReply):
+        reply = result.body
+        return reported_usage(reply) or counted_usage(
+            model, endpoint, body, choice_texts(reply)
+        ), "ok"
+    if isinstance(result, tuple):  # a stream that opened too late: close it, count what came
+        first, _ = result
+        return counted_usage(model, endpoint, body, _stream_texts(first)), "partial"
+    return counted_usage(model, endpoint, body, ()), "partial"
 
 
 def effective_strategy(route: RouteRuntime, stream: bool) -> str:

@@ -23,10 +23,13 @@ from gateway.pricing import (
 from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
 from policies.keys import hash_key
-from policies.schema import Deployment, Policy
+from policies.schema import Deployment, Policy, Sla
 from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route
 
 log = logging.getLogger(__name__)
+
+# vLLM's `priority` request field for `--scheduling-policy priority` (lower runs first).
+VLLM_PRIORITY = {"interactive": 0, "batch": 10}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +42,24 @@ class DeploymentRuntime:
     max_retries: int
     retry_backoff_s: float
     unavailable_reason: str | None
+    priority_scheduling: bool = False
 
     @property
     def view(self) -> DeploymentView:
         return DeploymentView(self.name, self.tier, self.unavailable_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSla:
+    """A route's SLA as the request path uses it (seconds, not milliseconds)."""
+
+    ttft_s: float | None
+    timeout_s: float | None
+    load_aware: bool
+    on_miss: str
+    hedge_after_s: float | None
+    max_hedges: int
+    priority: int | None  # vLLM's `priority` (lower runs first) for priority-scheduled engines
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +75,8 @@ class RouteRuntime:
     verify_threshold: float = 0.5
     max_escalations: int = 2
     stream_cascade: str = "buffer"
+    sla: RouteSla | None = None
+    max_output_tokens: int = 4096
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,8 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             verify_threshold=spec.verify_threshold,
             max_escalations=spec.max_escalations,
             stream_cascade=spec.stream_cascade,
+            sla=_route_sla(spec.sla),
+            max_output_tokens=spec.max_output_tokens,
         )
         for name, spec in policy.routes.items()
     }
@@ -132,6 +153,24 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
         routes=routes,
         max_body_bytes=policy.gateway.max_body_bytes,
         request_timeout_s=policy.gateway.request_timeout_s,
+    )
+
+
+def _route_sla(sla: Sla | None) -> RouteSla | None:
+    if sla is None:
+        return None
+
+    def seconds(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1000.0
+
+    return RouteSla(
+        ttft_s=seconds(sla.ttft_ms),
+        timeout_s=seconds(sla.timeout_ms),
+        load_aware=sla.load_aware,
+        on_miss=sla.on_miss,
+        hedge_after_s=seconds(sla.hedge_after_ms),
+        max_hedges=sla.max_hedges,
+        priority=VLLM_PRIORITY[sla.priority],
     )
 
 
@@ -155,6 +194,7 @@ def _deployment(name: str, spec: Deployment) -> DeploymentRuntime:
         max_retries=spec.max_retries,
         retry_backoff_s=spec.retry_backoff_s,
         unavailable_reason=spec.unavailable_reason(),
+        priority_scheduling=spec.priority_scheduling,
     )
 
 

@@ -13,6 +13,7 @@ from gateway.metrics import Metrics
 from gateway.proxy import Proxy
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import Settings
+from gateway.sla import SlaGuard
 from gateway.upstreams.base import UpstreamClient
 from policies import LoadedPolicy, PolicyError, PolicyReloader
 
@@ -29,11 +30,13 @@ class Services:
     accountant: Accountant
     proxy: Proxy
     clients: dict[str, UpstreamClient]
+    guard: SlaGuard
     reloader: PolicyReloader | None = None
 
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
         self.runtime = build_runtime(loaded)
+        self.guard.configure(loaded.policy)
         self.metrics.policy_reloads.labels("ok").inc()
         log.info("policy reloaded (digest %s)", loaded.digest[:12])
 

@@ -98,13 +98,26 @@ def test_fallback_to_the_next_deployment(
     start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
 ) -> None:
     base = start()
-    fake_openai.fail(503, times=None)
+    fake_openai.fail(500, times=None)
     response = post(base)
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "second"
     assert response.headers["x-cascade-tier"] == "premium"
     assert len(fake_openai.requests) == 3 and len(second.requests) == 1
     assert second.requests[0]["body"]["model"] == "second-model"
+
+
+def test_busy_503_goes_elsewhere_at_once(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    """vLLM answers 503 when its queue limits are hit: not retried there (and, on
+    routes with an SLA, avoided for a while rather than ejected)."""
+    base = start()
+    fake_openai.fail(503, times=1)
+    first = post(base)
+    assert first.headers["x-cascade-deployment"] == "second"
+    assert len(fake_openai.requests) == 1 and len(second.requests) == 1
+    assert first.headers["x-cascade-attempts"] == "2"
 
 
 def test_retry_after_is_honoured(start: Any, fake_openai: FakeOpenAI) -> None:

@@ -1,0 +1,204 @@
+"""Keeping routes' latency promises: the live health of every deployment (latency
+model, engine load, circuit breakers) and what the request path asks of it.
+
+    guard.select(route, candidates)        # skip ejected / predicted-late deployments
+    guard.allows(deployment)               # per attempt: breaker (takes half-open probes)
+    guard.succeeded(deployment, ttft_s)    # per attempt, from the executor
+    guard.failed(deployment, failure)
+    guard.count_outcome(route, ttft_s, total_s)
+
+Selection itself is the router's pure rule (`router.selection.select`); this module
+only supplies what it needs and turns its verdict into deployments or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+
+import redis.asyncio as aioredis
+
+from gateway.breaker import STATE_VALUES, BreakerSettings, BreakerStateType, CircuitBreakers
+from gateway.errors import RateLimited, UpstreamUnavailable
+from gateway.latency import LatencyModel
+from gateway.load import LoadView, ScrapeTarget, scrape_targets
+from gateway.metrics import Metrics
+from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla, Runtime
+from gateway.upstreams.base import UpstreamFailure
+from policies.schema import Policy
+from router.selection import Health, SlaMissType, select
+
+log = logging.getLogger(__name__)
+
+BUSY_DEFAULT_S = 1.0  # how long a 503/429 without Retry-After marks a deployment busy
+BUSY_MAX_S = 10.0
+BREAKER_SYNC_S = 0.5
+
+
+class SlaGuard:
+    def __init__(
+        self,
+        metrics: Metrics,
+        latency: LatencyModel,
+        breakers: CircuitBreakers,
+        load: LoadView,
+        redis: aioredis.Redis | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._redis = redis
+        self.latency = latency
+        self.breakers = breakers
+        self.load = load
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # Selection.
+
+    def select(
+        self, route: RouteRuntime, candidates: list[DeploymentRuntime], use_sla: bool = True
+    ) -> list[DeploymentRuntime]:
+        """The candidates to try, in order; raises when none may be tried. Without
+        `use_sla` only ejected deployments are dropped."""
+        sla = route.sla if use_sla else None
+        health = {d.name: self._health(d.name, sla) for d in candidates}
+        ttft_s = sla.ttft_s if sla is not None and sla.load_aware else None
+        on_miss: SlaMissType = "shed" if sla is not None and sla.on_miss == "shed" else "degrade"
+        chosen = select([d.name for d in candidates], health, ttft_s, on_miss)
+        if chosen.shed:
+            self._metrics.child(self._metrics.sla_shed, route.name).inc()
+            reasons = "; ".join(f"{name}: {why}" for name, why in chosen.skipped)
+            raise RateLimited(
+                f"route '{route.name}' cannot meet its TTFT SLA now ({reasons})",
+                retry_after_s=chosen.retry_after_s,
+                code="sla_unmeetable",
+            )
+        if not chosen.order:
+            names = [d.name for d in candidates]
+            wait = self.breakers.reopens_in(names)
+            raise UpstreamUnavailable(
+                f"every deployment of route '{route.name}' is ejected by its circuit "
+                f"breaker ({', '.join(names)}); the first is probed again in {wait:.1f}s"
+            )
+        if chosen.skipped:
+            log.debug("route '%s' skipped %s", route.name, chosen.skipped)
+        by_name = {d.name: d for d in candidates}
+        return [by_name[name] for name in chosen.order]
+
+    def _health(self, deployment: str, sla: RouteSla | None) -> Health:
+        ejected = self.breakers.is_ejected(deployment)
+        if sla is None or not sla.load_aware:
+            return Health(ejected=ejected)
+        prediction = self.latency.predict(deployment)
+        return Health(ejected, prediction.ttft_s, prediction.reason)
+
+    # Per attempt, from the executor.
+
+    def allows(self, deployment: str) -> bool:
+        return self.breakers.allows(deployment)
+
+    def succeeded(self, deployment: str, ttft_s: float) -> None:
+        self.breakers.record_success(deployment)
+        self.latency.observe(deployment, ok=True, ttft_s=ttft_s)
+        self._metrics.child(self._metrics.upstream_ttft, deployment).observe(ttft_s)
+
+    def failed(self, deployment: str, failure: UpstreamFailure) -> None:
+        self.breakers.record_failure(deployment, failure)
+        self.latency.observe(deployment, ok=False)
+        if failure.status in (429, 503):  # busy: go elsewhere for a while, don't eject
+            wait = failure.retry_after_s if failure.retry_after_s is not None else BUSY_DEFAULT_S
+            self.latency.mark_busy(deployment, min(wait, BUSY_MAX_S))
+
+    def stream_ended(self, deployment: str, itl_s: float | None, duration_s: float) -> None:
+        if itl_s is not None:
+            self.latency.observe(deployment, ok=True, itl_s=itl_s)
+            self._metrics.child(self._metrics.upstream_itl, deployment).observe(itl_s)
+        self._metrics.child(self._metrics.upstream_duration, deployment).observe(duration_s)
+
+    # SLA attainment.
+
+    def count_outcome(self, route: RouteRuntime, ttft_s: float, total_s: float) -> None:
+        sla = route.sla
+        if sla is None:
+            return
+        met = (sla.ttft_s is None or ttft_s <= sla.ttft_s) and (
+            sla.timeout_s is None or total_s <= sla.timeout_s
+        )
+        self._metrics.child(
+            self._metrics.sla_requests, route.name, "met" if met else "missed"
+        ).inc()
+
+    # Background work: engine scraping and shared breaker state.
+
+    def start(self, runtime: Callable[[], Runtime]) -> None:
+        def targets() -> list[ScrapeTarget]:
+            return scrape_targets(runtime().policy)
+
+        def deployments() -> list[str]:
+            return list(runtime().deployments)
+
+        interval = runtime().policy.gateway.load_scrape_interval_s
+        self._tasks = [
+            asyncio.create_task(self._scrape_loop(targets, interval)),
+            asyncio.create_task(self.breakers.run_sync(deployments, BREAKER_SYNC_S)),
+        ]
+
+    async def _scrape_loop(
+        self, targets: Callable[[], list[ScrapeTarget]], interval: float
+    ) -> None:
+        while True:
+            current = targets()
+            if current:
+                await self.load.scrape_once(current)
+                self._export_load(current)
+            await asyncio.sleep(interval)
+
+    def _export_load(self, targets: list[ScrapeTarget]) -> None:
+        m = self._metrics
+        for target in targets:
+            reading = self.load.readings.get(target.deployment)
+            if reading is None:
+                continue
+            m.child(m.engine_requests, target.deployment, "running").set(reading.running)
+            m.child(m.engine_requests, target.deployment, "waiting").set(reading.waiting)
+            if reading.kv_cache_usage is not None:
+                m.child(m.engine_kv_cache, target.deployment).set(reading.kv_cache_usage)
+            predicted = self.latency.predict(target.deployment).ttft_s
+            if predicted is not None:
+                m.child(m.predicted_ttft, target.deployment).set(min(predicted, 1e6))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with suppress(asyncio.CancelledError):
+                await task
+        await self.load.close()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    def configure(self, policy: Policy) -> None:
+        """A reloaded policy's breaker knobs apply from now on."""
+        self.breakers.settings = breaker_settings(policy)
+
+
+def breaker_metric(metrics: Metrics) -> Callable[[str, BreakerStateType], None]:
+    def on_change(deployment: str, state: BreakerStateType) -> None:
+        metrics.child(metrics.breaker_state, deployment).set(STATE_VALUES[state])
+
+    return on_change
+
+
+def build_guard(metrics: Metrics, policy: Policy, redis_url: str | None, prefix: str) -> SlaGuard:
+    """The guard for a gateway process; breakers share ejections through Redis if set."""
+    client = aioredis.Redis.from_url(redis_url) if redis_url else None
+    breakers = CircuitBreakers(
+        breaker_settings(policy), client, prefix, on_change=breaker_metric(metrics)
+    )
+    latency = LatencyModel(policy.gateway.latency_window_s)
+    return SlaGuard(metrics, latency, breakers, LoadView(latency), client)
+
+
+def breaker_settings(policy: Policy) -> BreakerSettings:
+    spec = policy.gateway.circuit_breaker
+    return BreakerSettings(spec.failure_threshold, spec.cooldown_s, spec.half_open_probes)
