@@ -20,6 +20,7 @@ import base64
 import hashlib
 import logging
 import math
+import random
 import re
 import socket
 import struct
@@ -304,7 +305,10 @@ class FakeOpenAI(FakeServer):
     """OpenAI's `/v1` API: chat completions, completions, embeddings, models, health.
 
     Extra knobs: `api_key` (when set, `Authorization: Bearer <key>` is required),
-    `models` (what `/v1/models` lists), `healthy` (False: `/health` answers 503)."""
+    `models` (what `/v1/models` lists), `healthy` (False: `/health` answers 503),
+    `engine_load` (running, waiting, KV-cache usage that `/metrics` reports with vLLM's
+    metric names), `slow_share` / `slow_delay_s` (that share of requests, drawn from a
+    seeded generator, waits `slow_delay_s` more before its first byte)."""
 
     url_suffix = "/v1"
 
@@ -313,6 +317,10 @@ class FakeOpenAI(FakeServer):
         self.api_key: str | None = None
         self.models: list[str] = ["fake-model"]
         self.healthy = True
+        self.engine_load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self.slow_share = 0.0
+        self.slow_delay_s = 0.0
+        self._slow_rng = random.Random(7)
 
     def routes(self) -> list[Route]:
         return [
@@ -321,6 +329,7 @@ class FakeOpenAI(FakeServer):
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/health", self._health, methods=["GET"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
         ]
 
     async def _chat(self, request: Request) -> Response:
@@ -342,7 +351,8 @@ class FakeOpenAI(FakeServer):
         """The steps every POST shares: record, auth, delay, scripted failure, validation."""
         entry = await self.record(request)
         behaviour = self.next_behaviour()
-        await self.sleep(behaviour.delay_s)
+        slow = self.slow_share and self._slow_rng.random() < self.slow_share
+        await self.sleep(behaviour.delay_s + (self.slow_delay_s if slow else 0.0))
         body = entry["body"]
         if self.api_key is not None and entry["headers"].get("authorization") != (
             f"Bearer {self.api_key}"
@@ -367,6 +377,19 @@ class FakeOpenAI(FakeServer):
 
     async def _health(self, request: Request) -> Response:
         return Response(status_code=200 if self.healthy else 503)
+
+    async def _metrics(self, request: Request) -> Response:
+        running, waiting, kv = self.engine_load
+        label = '{model_name="fake-model"}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {running}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {waiting}",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{label} {kv}",
+        ]
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     def _chat_body(self, body: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
         limit = body.get("max_completion_tokens") or body.get("max_tokens")

@@ -1,0 +1,253 @@
+"""Latency SLAs through the real gateway over loopback: hedging, load-aware selection
+from vLLM's `/metrics`, shedding, circuit breakers shared through Redis, priority.
+Two fake OpenAI-compatible engines serve one tier; real Redis holds the ledger."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+
+POLICY = """
+deployments:
+  a:
+    api_base: ${A_URL}
+    model: a-model
+    tier: gpu
+    max_retries: 0
+    timeout_s: 10
+    scrape_metrics: true
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+  b:
+    api_base: ${B_URL}
+    model: b-model
+    tier: gpu
+    max_retries: 0
+    timeout_s: 10
+    scrape_metrics: true
+    priority_scheduling: true
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+routes:
+  chat:
+    strategy: fallback
+    deployments: [a, b]
+    sla:
+      ttft_ms: 400
+      hedge_after_ms: ${HEDGE_MS:-150}
+      load_aware: ${LOAD_AWARE:-true}
+      on_miss: ${ON_MISS:-degrade}
+      timeout_ms: ${TIMEOUT_MS:-5000}
+  batch:
+    strategy: fallback
+    deployments: [b]
+    sla: {priority: batch}
+  plain: {strategy: fallback, deployments: [a, b]}
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+gateway:
+  load_scrape_interval_s: 0.1
+  circuit_breaker:
+    failure_threshold: 2
+    cooldown_s: ${COOLDOWN_S:-30}
+"""
+
+
+@pytest.fixture
+def engine_a() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def engine_b() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def start(start_gateway: StartGateway, engine_a: FakeOpenAI, engine_b: FakeOpenAI) -> Any:
+    def run(**env: str) -> str:
+        urls = {"A_URL": engine_a.url, "B_URL": engine_b.url}
+        return start_gateway(POLICY, **{**urls, **env}).url
+
+    return run
+
+
+def chat(base: str, model: str = "chat", **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello there"}], **extra}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+
+
+def chat_requests(fake: FakeOpenAI) -> list[dict[str, Any]]:
+    return [r for r in fake.requests if r["path"].endswith("/chat/completions")]
+
+
+def metric(base: str, line_start: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_late_first_token_is_hedged_and_both_attempts_are_priced(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start(LOAD_AWARE="false")
+    engine_a.delay_s = 2.0
+    began = time.monotonic()
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        headers=AUTH,
+        timeout=30,
+    ) as response:
+        body = b"".join(response.iter_bytes())
+        headers = response.headers
+    assert time.monotonic() - began < 1.5  # did not wait for engine a
+    assert headers["x-cascade-deployment"] == "b"
+    assert body.endswith(b"data: [DONE]\n\n")
+    request_id = headers["x-request-id"]
+    winner = await wait_for_record(ledger_store, request_id)
+    loser = await wait_for_record(ledger_store, f"{request_id}:h1")
+    assert (winner.deployment, winner.status) == ("b", "ok")
+    assert (loser.deployment, loser.status) == ("a", "partial")
+    assert loser.prompt_tokens > 0 and loser.cost_nanos > 0  # its prompt was sent: priced
+    assert metric(base, 'cascade_hedges_total{outcome="fired",route="chat"}') == 1
+    assert metric(base, 'cascade_hedges_total{outcome="won",route="chat"}') == 1
+
+
+async def test_non_streaming_requests_are_hedged_too(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start(LOAD_AWARE="false")
+    engine_a.delay_s = 2.0
+    response = chat(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "b"
+    request_id = response.headers["x-request-id"]
+    assert (await wait_for_record(ledger_store, f"{request_id}:h1")).deployment == "a"
+
+
+def test_no_hedge_when_the_first_token_is_on_time(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    base = start(LOAD_AWARE="false")
+    for _ in range(3):
+        assert chat(base).headers["x-cascade-deployment"] == "a"
+    assert chat_requests(engine_b) == []
+    assert metric(base, 'cascade_sla_requests_total{outcome="met",route="chat"}') == 3
+
+
+def test_an_engine_with_a_long_queue_is_skipped(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    engine_a.engine_load = (8, 200, 0.99)  # vLLM's /metrics: 8 running, 200 waiting, KV full
+    base = start(HEDGE_MS="5000")
+    time.sleep(0.5)  # a few scrapes
+    for _ in range(3):
+        assert chat(base).headers["x-cascade-deployment"] == "b"
+    assert chat_requests(engine_a) == []
+    assert metric(base, 'cascade_engine_requests{deployment="a",state="waiting"}') == 200
+
+
+def test_when_no_engine_can_meet_the_sla_shed_answers_429(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    engine_a.engine_load = engine_b.engine_load = (8, 200, 0.99)
+    base = start(ON_MISS="shed")
+    time.sleep(0.5)
+    response = chat(base)
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "sla_unmeetable"
+    assert "predicted TTFT" in response.json()["error"]["message"]
+    assert chat_requests(engine_a) == chat_requests(engine_b) == []
+
+
+def test_degrade_tries_the_fastest_predicted_anyway(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    engine_a.engine_load = (8, 400, 0.99)
+    engine_b.engine_load = (8, 100, 0.5)
+    base = start(HEDGE_MS="5000")
+    time.sleep(0.5)
+    response = chat(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "b"
+
+
+def test_breaker_ejects_a_failing_engine_then_probes_it(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    base = start(COOLDOWN_S="1")
+    engine_a.fail(500, times=None)
+    for _ in range(2):  # two consecutive failures open a's breaker (each falls back to b)
+        assert chat(base, "plain").headers["x-cascade-deployment"] == "b"
+    assert len(chat_requests(engine_a)) == 2
+    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 2
+    assert chat(base, "plain").headers["x-cascade-attempts"] == "1"  # a skipped
+    assert len(chat_requests(engine_a)) == 2
+    engine_a.fail_status = None  # a recovers; after the cooldown one probe goes to it
+    time.sleep(1.1)
+    assert chat(base, "plain").headers["x-cascade-deployment"] == "a"
+    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 0
+
+
+def test_an_ejection_is_shared_with_other_gateways_through_redis(
+    start_gateway: StartGateway, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    urls = {"A_URL": engine_a.url, "B_URL": engine_b.url}
+    first = start_gateway(POLICY, **urls).url
+    second = start_gateway(POLICY, **urls).url
+    engine_a.fail(500, times=None)
+    for _ in range(2):
+        chat(first, "plain")
+    deadline = time.monotonic() + 3
+    while metric(second, 'cascade_breaker_state{deployment="a"}') != 2:
+        assert time.monotonic() < deadline, "the second gateway never adopted the ejection"
+        time.sleep(0.1)
+    before = len(chat_requests(engine_a))
+    assert chat(second, "plain").headers["x-cascade-deployment"] == "b"
+    assert len(chat_requests(engine_a)) == before  # the second gateway never tried a
+
+
+def test_every_ejected_deployment_means_503(start: Any, engine_a: FakeOpenAI) -> None:
+    base = start()
+    engine_a.fail(500, times=None)
+    chat(base, "plain")
+    chat(base, "plain")
+    response = chat(base, "a")  # the deployment by name: nothing else to fall back to
+    assert response.status_code == 503
+    assert "circuit breaker" in response.json()["error"]["message"]
+
+
+def test_priority_is_forwarded_to_priority_scheduled_engines(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    base = start(LOAD_AWARE="false")
+    chat(base, "batch")
+    assert chat_requests(engine_b)[-1]["body"]["priority"] == 10
+    chat(base)  # interactive, answered by a, which does not schedule by priority
+    assert "priority" not in chat_requests(engine_a)[-1]["body"]
+
+
+def test_timeout_ms_bounds_the_request(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    base = start(TIMEOUT_MS="300", HEDGE_MS="5000", LOAD_AWARE="false")
+    engine_a.delay_s = engine_b.delay_s = 2.0
+    began = time.monotonic()
+    response = chat(base)
+    assert response.status_code == 504
+    assert time.monotonic() - began < 1.5
