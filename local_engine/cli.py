@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from local_engine.commands import add_vllm_commands
+
 DEFAULT_CPU_PORT = 8001
 
 
@@ -19,6 +21,7 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     """Register the `engine` command group on the main parser's subparsers."""
     engine = subparsers.add_parser("engine", help="self-hosted engines")
     commands = engine.add_subparsers(dest="engine_command", required=True)
+    add_vllm_commands(commands)  # up, status, down: the policy's vLLM engines
 
     serve_cpu = commands.add_parser(
         "serve-cpu", help="serve a Llama checkpoint on CPU with an OpenAI/vLLM-compatible API"
