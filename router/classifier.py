@@ -1,8 +1,8 @@
 """The complexity classifier: how much a chat request needs the strong model.
 
-A logistic model over `router.features`, stored as plain JSON (never a pickle, so a
-model file can be inspected and loading one cannot run code). Scoring needs numpy
-only; training lives in `router.classifier_train`.
+A linear model over `router.features` with a logistic link, stored as plain JSON
+(never a pickle, so a model file can be inspected and loading one cannot run code).
+Scoring needs numpy only; training lives in `router.classifier_train`.
 
     classifier = Classifier.load()          # the model shipped in router/models/
     classifier.score([{"role": "user", "content": "Prove that ..."}])   # -> 0.83
@@ -29,7 +29,8 @@ SIGNIFICANT_DIGITS = 6  # coefficients are rounded so the file is small and repr
 
 @dataclass(frozen=True, eq=False)
 class Classifier:
-    """Logistic regression on standardised dense features plus hashed n-grams."""
+    """Linear score on standardised dense features (plus hashed n-grams, whose weights
+    may be all zero) through a sigmoid."""
 
     dense_mean: FloatArray
     dense_scale: FloatArray

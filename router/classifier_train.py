@@ -14,12 +14,20 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
-from scipy import sparse
 
 from router.classifier import Classifier
-from router.dataset import Example, Fold, data_fingerprint, evaluation_folds, training_pool
+from router.dataset import (
+    Example,
+    Fold,
+    data_fingerprint,
+    evaluation_folds,
+    selection_folds,
+    training_pool,
+)
+from router.errors import RoutingError
 from router.evaluation import (
     Curve,
     Metrics,
@@ -32,9 +40,30 @@ from router.evaluation import (
     random_metrics,
     route_curve,
 )
-from router.features import HASH_FEATURES, RequestFeatures, extract
+from router.features import DENSE_NAMES, HASH_FEATURES, RequestFeatures, extract
+from router.gain_regression import fit_gain, sign_consistent
 
-REGULARISATION_C = 1.0
+FeatureSetType = Literal["all", "sign-consistent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """The choices made by cross-validation inside the training pool."""
+
+    feature_set: FeatureSetType
+    ridge: float
+    shrink_to_length: bool = False
+
+
+RIDGE_GRID = (0.01, 0.1, 1.0)
+# The candidates `choose_recipe` compares, simplest first (it keeps the first of a tie).
+RECIPES = tuple(
+    Recipe(feature_set, ridge, to_length)
+    for to_length in (False, True)
+    for feature_set in ("all", "sign-consistent")
+    for ridge in RIDGE_GRID
+)
+LENGTH_COLUMN = DENSE_NAMES.index("log_chars")  # the length router's signal
 ROUTERS = ("classifier", "random", "length")
 
 # The cascade evaluation: which data files carry the cheap model's answers, and prices.
@@ -73,29 +102,92 @@ class FeatureCache:
         return self._features[example.id]
 
 
-def fit(examples: Sequence[Example], cache: FeatureCache) -> Classifier:
-    """Logistic regression on the labelled rows (both-wrong rows are left out)."""
-    from sklearn.linear_model import LogisticRegression  # only training needs sklearn
+def fit(
+    examples: Sequence[Example], cache: FeatureCache, recipe: Recipe | None = None
+) -> Classifier:
+    """Within-task gain regression (`router.gain_regression`), then a logistic map of its
+    output to P(needs the strong model), so scores stay in [0, 1] in the same order.
 
-    rows = [e for e in examples if e.label is not None]
-    features = [cache.get(e) for e in rows]
-    dense = np.vstack([f.dense for f in features])
+    Without a `recipe` the feature set and ridge strength are chosen by `choose_recipe`
+    on these same examples (so an evaluation fold never sees its test rows, even there).
+    """
+    recipe = recipe or choose_recipe(examples, cache)
+    rows = list(examples)
+    dense = np.vstack([cache.get(e).dense for e in rows])
     mean, scale = dense.mean(axis=0), dense.std(axis=0)
     scale[scale < 1e-9] = 1.0  # constant in training (e.g. tools): weight stays 0
-    matrix = sparse.hstack([sparse.csr_matrix((dense - mean) / scale), _hashed(features)])
-    model = LogisticRegression(C=REGULARISATION_C, solver="lbfgs", max_iter=5000, tol=1e-8)
-    model.fit(matrix.tocsr(), [e.label for e in rows], sample_weight=_dataset_weights(rows))
-    coef = model.coef_[0]
+    coef = _gain_coef(rows, (dense - mean) / scale, recipe)
+    slope, intercept = _probability_map(rows, (dense - mean) / scale @ coef)
     fitted = Classifier(
         dense_mean=mean,
         dense_scale=scale,
-        dense_coef=coef[: dense.shape[1]],
-        hash_coef=coef[dense.shape[1] :],
-        intercept=float(model.intercept_[0]),
-        training=_summary(rows),
+        dense_coef=slope * coef,
+        hash_coef=np.zeros(HASH_FEATURES),
+        intercept=intercept,
+        training=_summary(rows, recipe),
     )
     # What ships is the rounded JSON, so judge and return exactly that.
     return Classifier.from_dict(fitted.to_dict())
+
+
+def choose_recipe(examples: Sequence[Example], cache: FeatureCache) -> Recipe:
+    """The recipe with the best mean APGR over `selection_folds` (one figure per dataset,
+    MMLU's subject groups averaged first); ties go to the earlier, simpler one."""
+    rows = list(examples)
+    dense = np.vstack([cache.get(e).dense for e in rows])
+    index = {e.id: i for i, e in enumerate(rows)}
+    folds = selection_folds(rows)
+    best: tuple[float, Recipe] | None = None
+    for recipe in RECIPES:
+        per_dataset: dict[str, list[float]] = {}
+        for fold in folds:
+            train = np.array([index[e.id] for e in fold.train])
+            test = np.array([index[e.id] for e in fold.test])
+            scores = _fold_scores(fold, dense[train], dense[test], recipe)
+            metrics = evaluate(
+                scores, [e.weak_correct for e in fold.test], [e.strong_correct for e in fold.test]
+            )
+            per_dataset.setdefault(fold.test[0].dataset, []).append(metrics.apgr)
+        value = float(np.mean([np.mean(v) for v in per_dataset.values()]))
+        if best is None or value > best[0] + 1e-12:
+            best = (value, recipe)
+    if best is None:
+        raise RoutingError("cannot choose a classifier recipe: no selection folds")
+    return best[1]
+
+
+def _fold_scores(fold: Fold, train: np.ndarray, test: np.ndarray, recipe: Recipe) -> np.ndarray:
+    mean, scale = train.mean(axis=0), train.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    coef = _gain_coef(list(fold.train), (train - mean) / scale, recipe)
+    return np.asarray((test - mean) / scale @ coef)
+
+
+def _gain_coef(rows: Sequence[Example], x: np.ndarray, recipe: Recipe) -> np.ndarray:
+    gain = np.array([float(e.strong_correct) - float(e.weak_correct) for e in rows])
+    _, groups = np.unique([e.dataset for e in rows], return_inverse=True)
+    columns = x.std(axis=0) > 1e-12
+    if recipe.feature_set == "sign-consistent":
+        columns &= sign_consistent(x, gain, groups)
+    weights = _dataset_weights(rows)
+    toward = LENGTH_COLUMN if recipe.shrink_to_length else None
+    return fit_gain(x, gain, groups, weights, ridge=recipe.ridge, columns=columns, toward=toward)
+
+
+def _probability_map(rows: Sequence[Example], gain_score: np.ndarray) -> tuple[float, float]:
+    """Slope and intercept of a logistic fit of the label on the gain score (labelled rows,
+    dataset-balanced). The slope is kept positive so the map never reverses the order."""
+    from sklearn.linear_model import LogisticRegression  # only training needs sklearn
+
+    labelled = np.array([e.label is not None for e in rows])
+    labels = [e.label for e in rows if e.label is not None]
+    weights = _dataset_weights([e for e in rows if e.label is not None])
+    model = LogisticRegression(C=1e6, solver="lbfgs", max_iter=1000, tol=1e-10)
+    model.fit(gain_score[labelled, None], labels, sample_weight=weights)
+    slope = float(model.coef_[0, 0])
+    if slope <= 0.0:  # the pooled label disagrees with the within-task order: keep the order
+        slope = 1.0 / max(float(gain_score.std()), 1e-12)
+    return slope, float(model.intercept_[0])
 
 
 def run_evaluation(examples: Sequence[Example], cache: FeatureCache) -> list[FoldReport]:
@@ -261,25 +353,27 @@ def _judge(fold: Fold, classifier: Classifier) -> FoldReport:
     )
 
 
-def _hashed(features: Sequence[RequestFeatures]) -> sparse.csr_matrix:
-    indptr = np.cumsum([0] + [len(f.hash_index) for f in features])
-    index = np.concatenate([f.hash_index for f in features])
-    value = np.concatenate([f.hash_value for f in features])
-    return sparse.csr_matrix((value, index, indptr), shape=(len(features), HASH_FEATURES))
-
-
 def _dataset_weights(rows: Sequence[Example]) -> np.ndarray:
     """Each dataset weighs the same in total, so MMLU's 10k rows do not drown the rest."""
     sizes = Counter(e.dataset for e in rows)
     return np.array([len(rows) / (len(sizes) * sizes[e.dataset]) for e in rows])
 
 
-def _summary(rows: Sequence[Example]) -> dict[str, object]:
+def _summary(rows: Sequence[Example], recipe: Recipe) -> dict[str, object]:
     return {
         "rows": len(rows),
         "positives": sum(e.label or 0 for e in rows),
         "datasets": dict(sorted(Counter(e.dataset for e in rows).items())),
-        "model": f"LogisticRegression(C={REGULARISATION_C}, lbfgs), dataset-balanced weights",
+        "model": (
+            f"within-dataset ridge on the gain (ridge {recipe.ridge:g} towards "
+            f"{'the length router' if recipe.shrink_to_length else 'zero'}, "
+            f"{recipe.feature_set} features), dataset-balanced weights, logistic map to [0, 1]"
+        ),
+        "recipe": {
+            "feature_set": recipe.feature_set,
+            "ridge": recipe.ridge,
+            "shrink_to_length": recipe.shrink_to_length,
+        },
     }
 
 
@@ -292,6 +386,7 @@ def model_card(classifier: Classifier, reports: Sequence[FoldReport]) -> str:
         positives=t.get("positives"),
         datasets=", ".join(f"{k} {v}" for k, v in dict(t.get("datasets", {})).items()),
         model=t.get("model"),
+        recipe=t.get("recipe"),
         sha=t.get("data_sha256"),
         table=format_table(reports),
     )
@@ -303,19 +398,31 @@ Trained {date} by `cascade-gateway router train` (rebuild: the same command; the
 data gives a byte-identical `classifier.json`). Data SHA-256: `{sha}`.
 
 ## What it is
-{model} over `router/features.py` (feature version in the JSON): ~30 dense
-structural features (lengths, turns, system prompt, code / maths / reasoning markers,
-multiple-choice shape, non-ASCII share, requested output length, tools, JSON output),
-standardised, plus word unigrams and bigrams hashed into 4096 buckets (CRC-32, L2
-normalised). The score is P(the request needs the strong model). No embeddings yet.
+{model} over the dense part of `router/features.py` (feature version in the JSON): ~35
+structural features of the whole conversation (lengths, turns, system prompt, code /
+maths / reasoning markers, multiple-choice shape, non-ASCII share, requested output
+length, tools, JSON output) and ~20 of the question block (the last blank-line block of
+the last user turn: its length, stem and option lengths, numbers, sentences, negations,
+"I and II" combinations, context length before it). No hashed n-grams: they memorised
+subjects and inverted on unseen ones. The score is P(the request needs the strong
+model), a logistic map of the within-task gain estimate (monotone: it keeps the order).
+
+How it is fitted (`router/gain_regression.py`): the target is the gain, strong_correct
+- weak_correct; features and gain are centred within each training dataset, so the
+weights learn which prompts of a task gain most from the strong model rather than which
+task a prompt comes from (the two are confounded across these datasets). The feature set
+(all, or only those whose within-dataset correlation with the gain has one sign in all
+training datasets but one), the ridge strength and whether it shrinks towards zero or
+towards the prompt-length router are chosen by cross-validation inside the training
+rows only (`dataset.selection_folds`: each non-MMLU dataset left out in turn, MMLU
+subjects in 3 groups). Chosen for the shipped model: {recipe}.
 
 ## Data and label
 `../shared/data/routing/` (MMLU, GSM8K, RouterBench ARC-Challenge, Winogrande, MBPP;
 weak = Mixtral-8x7B, strong = GPT-4). Label 1 when only the strong model answered
-correctly, 0 when the weak one did. Rows both models got wrong are left out of
-training: routing them either way gives the same quality, so they say nothing about
-when escalating pays, and calling them 1 would teach the model to spend on prompts
-nobody answers. They stay in the evaluation. Training rows: {rows} ({positives}
+correctly, 0 when the weak one did. The regression uses every row through the gain
+(both wrong = 0: routing them either way gives the same quality); the logistic map uses
+the labelled rows only. All rows stay in the evaluation. Training rows: {rows} ({positives}
 positive): {datasets}.
 
 ## Split
@@ -324,6 +431,8 @@ positive): {datasets}.
 - GSM8K, ARC-Challenge, Winogrande, MBPP: leave-one-dataset-out. The row for each is a
   model of the same recipe trained on the pool without that dataset (the shipped model
   trains on all four, so those rows estimate how it does on an unseen kind of task).
+- Every row's model chose its own recipe by cross-validation on its own training rows,
+  so no held-out row took part in choosing (the choice can differ between rows).
 - Metrics as RouteLLM's evaluate.py: 11 decile thresholds, trapezoid AUC over the
   strong-call share, CPT by linear interpolation along the curve. Random = mean of 10
   seeds; length = longer prompt first.
@@ -335,4 +444,10 @@ positive): {datasets}.
 System prompt, tools, `response_format` and `max_tokens` features are constant in this
 data (single user prompts), so their weights are 0 until traffic data exists. Prompt
 length largely identifies the dataset here; the per-dataset curves are what to trust.
+The within-task signal in these prompts is weak (every feature's within-dataset
+correlation with the gain is at most about 0.16 in absolute value) and the labels are single
+samples, so APGR differences of a few hundredths between routers are within noise,
+especially on MBPP (299 rows). The held-out MMLU subjects include
+high_school_mathematics, where GPT-4 scores 3% (one-token answer extraction): any
+router that sends short maths questions to the weak model gains there.
 """

@@ -4,15 +4,17 @@ Each row of `../shared/data/routing/*.jsonl` is a prompt with whether the weak m
 (Mixtral-8x7B) and the strong model (GPT-4) answered it correctly. The label is 1 when
 only the strong model was right: that is the only case where paying for the strong
 model changes the answer. "Weak right, strong wrong" is 0 (the weak model suffices).
-"Both wrong" rows are left out of training: either choice gives the same quality, so
-they carry no signal about when the strong model pays, and labelling them 1 would teach
-"hard" rather than "worth escalating" (spending on prompts nobody answers). Every row
-stays in the evaluation, which measures quality, not labels.
+"Both wrong" rows have no label: either choice gives the same quality, and labelling
+them 1 would teach "hard" rather than "worth escalating" (spending on prompts nobody
+answers); the classifier's gain regression counts them as a gain of 0. Every row stays
+in the evaluation, which measures quality, not labels.
 
 The split never lets a model see a prompt it is judged on:
 - MMLU: ~30% of the subjects (by a fixed hash of the subject name) are held out;
 - every other dataset (GSM8K and the RouterBench tasks) is evaluated leave-one-out:
-  the model judged on it was trained on everything else in the training pool.
+  the model judged on it was trained on everything else in the training pool;
+- choices made while training (`selection_folds`) split a training set further, so
+  they never see the rows the model is judged on.
 
     examples = load_examples()
     for fold in evaluation_folds(examples): ...
@@ -39,6 +41,7 @@ DATASETS = {
     "routerbench_mbpp": "mbpp",
 }
 MMLU_HELD_OUT_BUCKETS = 3  # of 10: subjects whose hash bucket is below this are held out
+MMLU_SELECTION_GROUPS = 3  # model selection: MMLU training subjects in this many groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,31 @@ def evaluation_folds(examples: Sequence[Example]) -> list[Fold]:
             test = tuple(e for e in pool if e.dataset == name)
             folds.append(Fold(name, train, test))
     return folds
+
+
+def selection_folds(train: Sequence[Example]) -> list[Fold]:
+    """Folds inside a training set, for choosing a recipe without touching held-out rows:
+    each non-MMLU dataset left out in turn, and MMLU's subjects in `MMLU_SELECTION_GROUPS`
+    groups (by a second byte of the subject hash) left out in turn."""
+    folds = []
+    for name in DATASETS.values():
+        if name == "mmlu":
+            continue
+        test = tuple(e for e in train if e.dataset == name)
+        if test:
+            folds.append(Fold(name, tuple(e for e in train if e.dataset != name), test))
+    for group in range(MMLU_SELECTION_GROUPS):
+        test = tuple(e for e in train if e.dataset == "mmlu" and _subject_group(e) == group)
+        if test:
+            rest = tuple(
+                e for e in train if not (e.dataset == "mmlu" and _subject_group(e) == group)
+            )
+            folds.append(Fold(f"mmlu-subjects-{group}", rest, test))
+    return folds
+
+
+def _subject_group(example: Example) -> int:
+    return hashlib.sha256(example.subject.encode()).digest()[1] % MMLU_SELECTION_GROUPS
 
 
 def _read(path: Path, dataset: str) -> list[Example]:

@@ -3,9 +3,13 @@
 Two parts, both stateless (nothing fitted, so the same request always gives the same
 vector in any process):
 
-- dense: ~35 structural signals (length, turns, code, maths, reasoning, multiple-choice
-  shape, language, requested output length, tools, JSON output), each bounded by a log
-  or a share so no single request can dominate a linear model;
+- dense: ~35 structural signals over the whole conversation (length, turns, code, maths,
+  reasoning, multiple-choice shape, language, requested output length, tools, JSON
+  output) and ~20 over the question being asked: the last blank-line-separated block of
+  the last user message, so that a few-shot prompt's examples do not drown it (its
+  length, stem and answer-option lengths, numbers, sentences, negations, "I and II"
+  combinations); each bounded by a log or a share so no single request can dominate a
+  linear model;
 - hashed: word unigrams and bigrams hashed into `HASH_FEATURES` buckets with CRC-32
   (stable across processes, unlike `hash()`), L2-normalised counts.
 
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 HASH_FEATURES = 2**12
 
 Message = Mapping[str, Any]
@@ -158,6 +162,45 @@ PATTERN_MARKERS: Mapping[str, re.Pattern[str]] = {
     "question_marks": re.compile(r"\?"),
 }
 
+# Shape of the question block (the last blank-line-separated block of the last user turn).
+QUESTION_PATTERNS: Mapping[str, re.Pattern[str]] = {
+    "block": re.compile(r"\n\s*\n"),
+    "option": re.compile(r"^\s*\(?[A-Ea-e][.)][ \t]*(.*)$", re.MULTILINE),
+    "number": re.compile(r"\d+(?:[.,]\d+)?"),
+    "word": re.compile(r"[A-Za-z]+"),
+    "operator": re.compile(r"[-+*/^=<>%$]"),
+    "negation": re.compile(r"\b(?:NOT|EXCEPT|LEAST|not|except|least|false|incorrect|never)\b"),
+    "combination": re.compile(r"\b(?:I{1,3}|IV)\s*(?:only|and|,)"),
+    "all_of": re.compile(r"(?:all|none|both) of the (?:above|following)|both [a-z]+ and", re.I),
+    "sentence_end": re.compile(r"[.!?](?:\s|$)"),
+    "blank": re.compile(r"\b_\b|_{2,}"),
+    "capitalised": re.compile(r"\b[A-Z][a-z]+"),
+}
+QUESTION_NAMES = (
+    "q_log_chars",
+    "q_log_words",
+    "q_log_context_chars",
+    "q_log_blocks",
+    "q_log_options",
+    "q_log_mean_option",
+    "q_log_max_option",
+    "q_log_stem",
+    "q_log_numbers",
+    "q_digit_share",
+    "q_mean_word_length",
+    "q_long_word_share",
+    "q_capitalised_share",
+    "q_log_operators",
+    "q_log_negations",
+    "q_log_combinations",
+    "q_log_all_of",
+    "q_log_sentences",
+    "q_asks_question",
+    "q_has_blank",
+    "q_option_spread",
+    "q_distinct_word_share",
+)
+
 STRUCTURE_NAMES = (
     "log_chars",
     "log_words",
@@ -181,6 +224,7 @@ DENSE_NAMES: tuple[str, ...] = (
     STRUCTURE_NAMES
     + tuple(f"log_{name}" for name in WORD_MARKERS)
     + tuple(f"log_{name}" for name in PATTERN_MARKERS)
+    + QUESTION_NAMES
 )
 
 TOKEN = re.compile(r"\w\w+")
@@ -232,6 +276,7 @@ def extract(
     dense = _structure(messages, texts, text, tools, response_format, max_tokens)
     dense += _word_markers(tokens)
     dense += [math.log1p(len(pattern.findall(text))) for pattern in PATTERN_MARKERS.values()]
+    dense += _question(_last_user(messages, texts))
     index, value = _hashed(tokens)
     return RequestFeatures(np.array(dense), index, value)
 
@@ -261,7 +306,7 @@ def _structure(
     roles = [m.get("role") for m in messages]
     pairs = list(zip(texts, roles, strict=True))
     system = "\n".join(t for t, r in pairs if r in ("system", "developer"))
-    last_user = next((t for t, r in reversed(pairs) if r == "user"), "")
+    last_user = _last_user(messages, texts)
     chars = max(len(text), 1)
     words = text.split()
     format_type = (response_format or {}).get("type")
@@ -283,6 +328,50 @@ def _structure(
         float(bool(tools)),
         math.log1p(len(tools or ())),
         float(format_type in ("json_object", "json_schema")),
+    ]
+
+
+def _last_user(messages: Sequence[Message], texts: list[str]) -> str:
+    pairs = zip(texts, (m.get("role") for m in messages), strict=True)
+    return next((t for t, r in reversed(list(pairs)) if r == "user"), "")
+
+
+def _question(text: str) -> list[float]:
+    """Shape of the question asked: the last block of the last user turn, the blocks
+    before it being few-shot examples or context (a one-block prompt is all question)."""
+    p = QUESTION_PATTERNS
+    blocks = [b for b in p["block"].split(text.strip()) if b.strip()]
+    question = blocks[-1] if blocks else ""
+    context = sum(map(len, blocks[:-1])) + 2 * max(len(blocks) - 1, 0)
+    options = [len(o) for o in p["option"].findall(question)]
+    first_option = p["option"].search(question)
+    stem = question[: first_option.start()] if first_option else question
+    words = p["word"].findall(question)
+    n_words, n_chars = max(len(words), 1), max(len(question), 1)
+    log_options = [math.log1p(n) for n in options] or [0.0]
+    return [
+        math.log1p(len(question)),
+        math.log1p(len(question.split())),
+        math.log1p(context),
+        math.log1p(len(blocks)),
+        math.log1p(len(options)),
+        math.log1p(sum(options) / len(options)) if options else 0.0,
+        max(log_options),
+        math.log1p(len(stem)),
+        math.log1p(len(p["number"].findall(question))),
+        len(DIGIT.findall(question)) / n_chars,
+        min(sum(map(len, words)) / n_words, 20.0) / 10.0,
+        sum(len(w) >= 10 for w in words) / n_words,
+        len(p["capitalised"].findall(question)) / n_words,
+        math.log1p(len(p["operator"].findall(question))),
+        math.log1p(len(p["negation"].findall(question))),
+        math.log1p(len(p["combination"].findall(question))),
+        math.log1p(len(p["all_of"].findall(question))),
+        math.log1p(len(p["sentence_end"].findall(stem))),
+        float("?" in stem),
+        float(p["blank"].search(question) is not None),
+        max(log_options) - min(log_options),
+        len({w.lower() for w in words}) / n_words,
     ]
 
 

@@ -12,6 +12,7 @@ from router.dataset import (
     evaluation_folds,
     is_held_out_subject,
     load_examples,
+    selection_folds,
 )
 
 
@@ -43,3 +44,16 @@ def test_about_thirty_percent_of_mmlu_subjects_are_held_out(examples: list[Examp
 def test_labels(examples: list[Example]) -> None:
     labels = {(e.weak_correct, e.strong_correct): e.label for e in examples}
     assert labels == {(False, True): 1, (True, True): 0, (True, False): 0, (False, False): None}
+
+
+def test_selection_folds_stay_inside_the_training_rows(examples: list[Example]) -> None:
+    mmlu_fold = evaluation_folds(examples)[0]
+    held_out = {e.id for e in mmlu_fold.test}
+    folds = selection_folds(mmlu_fold.train)
+    assert [f.name for f in folds][:4] == ["gsm8k", "arc_challenge", "winogrande", "mbpp"]
+    for fold in folds:
+        assert not ({e.id for e in fold.train} | {e.id for e in fold.test}) & held_out
+        assert not {e.id for e in fold.test} & {e.id for e in fold.train}
+        if fold.name.startswith("mmlu"):
+            test_subjects = {e.subject for e in fold.test}
+            assert not test_subjects & {e.subject for e in fold.train}

@@ -73,3 +73,28 @@ def test_values_are_bounded_and_stable() -> None:
 def test_empty_request() -> None:
     vector = request_features([])
     assert np.all(vector == 0.0)
+
+
+def test_question_block_is_the_last_one_of_a_few_shot_prompt() -> None:
+    shot = "Q: 2 + 2?\nA) 3\nB) 4\nAnswer: B"
+    question = "Which of the following is NOT a prime?\nA) 2\nB) 3\nC) 9\nD) 11 or 13\nAnswer:"
+    f = dense(user("\n\n".join([shot, shot, question])))
+    assert f["q_log_chars"] == math.log1p(len(question))
+    assert f["q_log_blocks"] == math.log1p(3)
+    assert f["q_log_context_chars"] == math.log1p(2 * len(shot) + 4)
+    assert f["q_log_options"] == math.log1p(4)
+    assert f["q_log_max_option"] == math.log1p(len("11 or 13"))
+    assert f["q_log_stem"] == math.log1p(len("Which of the following is NOT a prime?\n"))
+    assert f["q_log_negations"] == math.log1p(1)
+    assert f["q_asks_question"] == 1.0
+
+
+def test_question_block_is_read_from_the_last_user_turn() -> None:
+    messages: list[dict[str, object]] = [
+        {"role": "user", "content": "first question, long " * 20},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "Why?"},
+    ]
+    f = dense(messages)
+    assert f["q_log_chars"] == math.log1p(4)
+    assert f["q_log_context_chars"] == 0.0
