@@ -217,7 +217,12 @@ class Executor:
                     chains.pop(task)
                 if winner is not None:
                     losers = [Loser(*t.result()) for t in done if t is not winner and _ok(t)]
-                    losers += await _cancel(chains, run)
+                    cancelled = await _cancel(chains, run)
+                    for loser in cancelled:
+                        self._count(loser.deployment, "cancelled")
+                        if self._guard is not None:
+                            self._guard.lost_race(loser.deployment.name)
+                    losers += cancelled
                     return (*winner.result(), run, losers)
                 if any(isinstance(e, GatewayError) and _client_fault(e) for e in errors):
                     break

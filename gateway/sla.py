@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from contextlib import suppress
 
@@ -108,6 +109,12 @@ class SlaGuard:
         if failure.status in (429, 503):  # busy: go elsewhere for a while, don't eject
             wait = failure.retry_after_s if failure.retry_after_s is not None else BUSY_DEFAULT_S
             self.latency.mark_busy(deployment, min(wait, BUSY_MAX_S))
+
+    def lost_race(self, deployment: str) -> None:
+        """A hedged attempt another deployment beat: its TTFT is unknown but late, so it
+        counts as a miss (a censored sample at the top of the range). Otherwise a
+        deployment whose slow answers are always hedged away would look fast forever."""
+        self.latency.observe(deployment, ok=True, ttft_s=math.inf)
 
     def stream_ended(self, deployment: str, itl_s: float | None, duration_s: float) -> None:
         if itl_s is not None:
