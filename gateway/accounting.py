@@ -18,7 +18,7 @@ from typing import Any
 from gateway.ledger import CostLedger, SpendRecord
 from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
-from gateway.runtime import DeploymentRuntime, RouteRuntime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
 from gateway.tokens import count_prompt, count_text
 from gateway.upstreams.base import EndpointType
 
@@ -67,6 +67,18 @@ def counted_usage(
     return Usage(count_prompt(model, endpoint, request), completion, "counted")
 
 
+def sla_met(sla: RouteSla | None, ttft_ms: float | None, latency_ms: float) -> bool | None:
+    """Whether an answer kept its route's SLA, judged as `SlaGuard.count_outcome` judges
+    requests: first token within `ttft_s` (a whole answer's first token is the answer)
+    and everything within `timeout_s`, from the request's arrival. None without an SLA."""
+    if sla is None or (sla.ttft_s is None and sla.timeout_s is None):
+        return None
+    first = latency_ms if ttft_ms is None else ttft_ms
+    return (sla.ttft_s is None or first <= sla.ttft_s * 1000) and (
+        sla.timeout_s is None or latency_ms <= sla.timeout_s * 1000
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """Who asked what of whom; the fixed part of every record of one request."""
@@ -97,7 +109,8 @@ class Accountant:
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger."""
         route = call.route
-        elapsed = time.perf_counter() - call.started
+        latency_ms = round((time.perf_counter() - call.started) * 1000, 3)
+        ttft_ms = None if ttft_s is None else round(ttft_s * 1000, 3)
         record = SpendRecord(
             # Escalations of a cascade are priced too, each under its own id.
             record_id=call.request_id if attempt == 0 else f"{call.request_id}:{attempt}",
@@ -119,10 +132,11 @@ class Accountant:
             status=status,
             usage_source=usage.source,
             stream=call.stream,
-            latency_ms=round(elapsed * 1000, 3),
-            ttft_ms=None if ttft_s is None else round(ttft_s * 1000, 3),
+            latency_ms=latency_ms,
+            ttft_ms=ttft_ms,
             escalations=attempt,
             score=call.score,
+            sla_met=sla_met(route.sla, ttft_ms, latency_ms),
         )
         self._observe(record, deployment)
         self._ledger.submit(record)

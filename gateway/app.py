@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway import admin, endpoints, tokens
 from gateway.accounting import Accountant
+from gateway.dashboard import dashboard_routes
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
 from gateway.executor import Executor
 from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
@@ -28,6 +29,7 @@ from gateway.proxy import Proxy, new_request_id
 from gateway.runtime import build_runtime
 from gateway.services import Services
 from gateway.settings import Settings
+from gateway.spend import api as spend_api
 from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
@@ -54,6 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="cascade-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.router.routes.extend(endpoints.ROUTES)
+    app.router.routes.extend(spend_api.ROUTES)
+    app.router.routes.extend(dashboard_routes())
     app.include_router(admin.router)
     app.add_exception_handler(GatewayError, gateway_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error_handler)  # type: ignore[arg-type]

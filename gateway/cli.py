@@ -154,6 +154,36 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spend_budgets(args: argparse.Namespace) -> int:
+    import asyncio
+    from datetime import UTC, datetime
+
+    from gateway.ledger import LedgerUnavailable, RedisStore
+    from gateway.settings import Settings
+    from gateway.spend import budget_statuses, render_budgets
+
+    settings = Settings(**({"policy": args.policy} if args.policy else {}))
+    if not settings.redis_url:
+        print("set REDIS_URL: budget status reads the Redis ledger", file=sys.stderr)
+        return 1
+
+    async def budgets() -> str:
+        policy = load_policy(settings.policy).policy
+        store = RedisStore(settings.redis_url or "", prefix=settings.redis_prefix)
+        try:
+            statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
+        finally:
+            await store.close()
+        return render_budgets(statuses, args.format)
+
+    try:
+        print(asyncio.run(budgets()), end="")
+    except (PolicyError, LedgerUnavailable) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--group-by", default="team", help="comma-separated: day,team,key,...")
     report.add_argument("--format", choices=["csv", "json"], default="csv")
     report.set_defaults(func=cmd_spend_report)
+    budgets = spend.add_parser("budgets", help="the policy's budgets: spent, burn rate, forecast")
+    budgets.add_argument("--policy", help="policy file or directory (default: CASCADE_POLICY)")
+    budgets.add_argument("--format", choices=["csv", "json"], default="csv")
+    budgets.set_defaults(func=cmd_spend_budgets)
     return parser
 
 

@@ -315,6 +315,8 @@ class Policy(_Section):
     teams: dict[str, Team] = {}
     keys: dict[str, Key] = {}
     admin_keys: list[str | None] = []
+    # Keys for the spend API and the finance dashboard (read-only); admin keys work too.
+    finance_keys: list[str | None] = []
     budgets: list[Budget] = []
     auth: Auth = Auth()
     gateway: GatewaySection = GatewaySection()

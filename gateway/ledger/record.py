@@ -62,6 +62,10 @@ class SpendRecord:
     ttft_ms: float | None = None
     escalations: int = 0
     score: float | None = None  # the router's complexity score, on scored routes
+    # Whether the answer met its route's latency SLA (`Route.sla`: TTFT for streams, the
+    # whole answer within `timeout_ms`); None when the route has no SLA. Records written
+    # before this field existed read back as None.
+    sla_met: bool | None = None
 
     @property
     def day(self) -> str:
@@ -96,8 +100,14 @@ def _coerce(name: str, value: Any) -> Any:
     if name in ("ttft_ms", "score"):
         return None if value in (None, "", "None") else float(value)
     if name == "stream":
-        return value in (True, "1", "true", "True", 1)
+        return _truthy(value)
+    if name == "sla_met":
+        return None if value in (None, "", "None") else _truthy(value)
     return value
+
+
+def _truthy(value: Any) -> bool:
+    return value in (True, "1", "true", "True", 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +121,8 @@ class AggregateRow:
     completion_tokens: int
     cost_nanos: int
     reference_cost_nanos: int
+    sla_met: int = 0  # records on routes with an SLA that met it
+    sla_missed: int = 0  # ... and that missed it
 
     @property
     def savings_nanos(self) -> int:

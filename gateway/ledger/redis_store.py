@@ -14,7 +14,9 @@ Redis Cluster keeps them in one slot and the script may touch them all):
     P{ledger}:events                 stream  `id`, `json` per record, MAXLEN ~ stream_maxlen
 
 Metric names contain no `|`, so a field splits unambiguously at its first `|` whatever
-the values hold; the full tuple is JSON so its parts cannot run into each other.
+the values hold; the full tuple is JSON so its parts cannot run into each other. Zero
+amounts are not written, so a metric added later (`sla_met`, `sla_missed`) simply reads
+as 0 for days written before it, and older readers skip metrics they do not know.
 Expiries on aggregate keys are refreshed on every write.
 """
 
@@ -48,7 +50,7 @@ _UNREACHABLE = (
 
 # KEYS: 1 rec, 2 day hash, 3..8 per-dimension hashes (DIMENSIONS order), 9 days, 10 events.
 # ARGV: 1 record JSON, 2 dedupe ttl, 3 aggregate ttl, 4 stream maxlen, 5 day score,
-#       6 day, 7 record_id, 8 dimension-tuple JSON, 9..14 metric amounts (METRICS order).
+#       6 day, 7 record_id, 8 dimension-tuple JSON, 9.. metric amounts (METRICS order).
 # The dimension values are decoded from ARGV[8] in Lua (they are strings); the amounts
 # stay separate arguments because cjson would round large integers.
 _RECORD_LUA = """

@@ -20,6 +20,8 @@ METRICS: tuple[str, ...] = (
     "completion_tokens",
     "cost_nanos",
     "reference_cost_nanos",
+    "sla_met",
+    "sla_missed",
 )
 GROUPABLE: tuple[str, ...] = ("day", *DIMENSIONS)
 
@@ -42,13 +44,15 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
         rec.completion_tokens,
         rec.cost_nanos,
         rec.reference_cost_nanos,
+        int(rec.sla_met is True),
+        int(rec.sla_met is False),
     )
 
 
 class Rollup:
     """Totals per group for one `aggregate` query.
 
-    >>> rollup = Rollup(("team",)); rollup.add(("research",), (1, 0, 10, 5, 300, 900))
+    >>> rollup = Rollup(("team",)); rollup.add(("research",), (1, 0, 10, 5, 300, 900, 1, 0))
     """
 
     def __init__(self, group_by: tuple[str, ...]) -> None:

@@ -1,7 +1,10 @@
 """Spend reports from the ledger's aggregates: rows finance can read and export.
 
 Each row: the group's values, requests, errors, tokens, cost, the counterfactual cost
-on the routes' reference models, and the savings (absolute and percent).
+on the routes' reference models, the savings (absolute and percent) and the cost per
+1,000 requests. JSON rows also carry the money as integer nano-dollars; CSV writes
+dollars as exact decimals (nine places), never as floats, so both reconcile with the
+ledger to the nano-dollar.
 """
 
 from __future__ import annotations
@@ -9,12 +12,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import date
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from gateway.ledger import AggregateRow, LedgerStore
-from gateway.ledger.record import usd
+from gateway.ledger import AggregateRow
+from gateway.ledger.record import NANOS_PER_USD, usd
+from gateway.ledger.rollup import METRICS, Rollup, check_group_by
 
 FormatType = Literal["csv", "json"]
 COLUMNS = (
@@ -26,11 +30,39 @@ COLUMNS = (
     "reference_cost_usd",
     "savings_usd",
     "savings_pct",
+    "cost_per_1k_requests_usd",
 )
+# Dollar columns and the integer nano-dollar fields (JSON only) they are written from.
+USD_NANOS = {
+    "cost_usd": "cost_nanos",
+    "reference_cost_usd": "reference_cost_nanos",
+    "savings_usd": "savings_nanos",
+    "cost_per_1k_requests_usd": "cost_per_1k_requests_nanos",
+}
+
+
+class Aggregates(Protocol):
+    """What a report reads: a `LedgerStore` or the gateway's `CostLedger`."""
+
+    async def aggregate(
+        self, day_from: date, day_to: date, group_by: Sequence[str]
+    ) -> list[AggregateRow]: ...
+
+
+def usd_text(nanos: int) -> str:
+    """Exact dollars with nine decimals: `usd_text(1_500) == "0.000001500"`."""
+    sign = "-" if nanos < 0 else ""
+    whole, frac = divmod(abs(nanos), NANOS_PER_USD)
+    return f"{sign}{whole}.{frac:09d}"
+
+
+def percent(part: int, whole: int) -> float:
+    return round(100 * part / whole, 2) if whole else 0.0
 
 
 def report_row(row: AggregateRow) -> dict[str, Any]:
     reference = row.reference_cost_nanos
+    per_1k = (row.cost_nanos * 1000 + row.requests // 2) // row.requests if row.requests else 0
     return {
         **row.group,
         "requests": row.requests,
@@ -40,21 +72,82 @@ def report_row(row: AggregateRow) -> dict[str, Any]:
         "cost_usd": round(usd(row.cost_nanos), 9),
         "reference_cost_usd": round(usd(reference), 9),
         "savings_usd": round(usd(row.savings_nanos), 9),
-        "savings_pct": round(100 * row.savings_nanos / reference, 2) if reference else 0.0,
+        "savings_pct": percent(row.savings_nanos, reference),
+        "cost_per_1k_requests_usd": round(usd(per_1k), 9),
+        "cost_nanos": row.cost_nanos,
+        "reference_cost_nanos": reference,
+        "savings_nanos": row.savings_nanos,
+        "cost_per_1k_requests_nanos": per_1k,
     }
 
 
+async def aggregate(
+    store: Aggregates,
+    day_from: date,
+    day_to: date,
+    group_by: Sequence[str],
+    teams: Collection[str] | None = None,
+) -> list[AggregateRow]:
+    """The store's rows, limited to `teams` when given (then grouped by team as well,
+    filtered, and summed back up to `group_by`)."""
+    names = check_group_by(group_by)
+    if teams is None:
+        return await store.aggregate(day_from, day_to, names)
+    wide = names if "team" in names else (*names, "team")
+    rollup = Rollup(names)
+    for row in await store.aggregate(day_from, day_to, wide):
+        if row.group["team"] in teams:
+            group = tuple(row.group[name] for name in names)
+            rollup.add(group, [getattr(row, metric) for metric in METRICS])
+    return rollup.rows()
+
+
+def total(rows: Sequence[AggregateRow]) -> AggregateRow:
+    """All rows summed into one (zeros for none)."""
+    rollup = Rollup(())
+    rollup.add((), [0] * len(METRICS))
+    for row in rows:
+        rollup.add((), [getattr(row, metric) for metric in METRICS])
+    return rollup.rows()[0]
+
+
 async def spend_report(
-    store: LedgerStore, day_from: date, day_to: date, group_by: Sequence[str]
+    store: Aggregates,
+    day_from: date,
+    day_to: date,
+    group_by: Sequence[str],
+    teams: Collection[str] | None = None,
 ) -> list[dict[str, Any]]:
-    return [report_row(row) for row in await store.aggregate(day_from, day_to, group_by)]
+    rows = await aggregate(store, day_from, day_to, group_by, teams)
+    return [report_row(row) for row in rows]
+
+
+def csv_text(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    usd_nanos: Mapping[str, str] = USD_NANOS,
+) -> str:
+    """`rows` as CSV with a header. Dollar columns named in `usd_nanos` are written
+    exactly from their nano-dollar fields; None is an empty cell; booleans are words."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([csv_value(row, column, usd_nanos) for column in columns])
+    return out.getvalue()
+
+
+def csv_value(row: Mapping[str, Any], column: str, usd_nanos: Mapping[str, str]) -> Any:
+    nanos = usd_nanos.get(column)
+    if nanos is not None and nanos in row:
+        return usd_text(row[nanos])
+    value = row[column]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else value
 
 
 def render(rows: list[dict[str, Any]], group_by: Sequence[str], fmt: FormatType) -> str:
     if fmt == "json":
         return json.dumps(rows, indent=2)
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[*group_by, *COLUMNS], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
+    return csv_text(rows, [*check_group_by(group_by), *COLUMNS])

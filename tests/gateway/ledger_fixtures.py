@@ -47,6 +47,7 @@ def make_record(i: int, *, day: int = 0, **overrides: object) -> SpendRecord:
         "reference_model": "gpt-4o",
         "reference_cost_nanos": 5_000 * i + 11,
         "status": "error" if i % 7 == 0 else "ok",
+        "sla_met": (None, True, False, True)[i % 4],
     }
     fields.update(overrides)
     return SpendRecord(**fields)  # type: ignore[arg-type]
@@ -63,13 +64,15 @@ def expected_rows(
     for rec in records:
         if not day_from.isoformat() <= rec.day <= day_to.isoformat():
             continue
-        row = totals.setdefault(tuple(rec.dimension(name) for name in group_by), [0] * 6)
+        row = totals.setdefault(tuple(rec.dimension(name) for name in group_by), [0] * 8)
         row[0] += 1
         row[1] += rec.status == "error"
         row[2] += rec.prompt_tokens
         row[3] += rec.completion_tokens
         row[4] += rec.cost_nanos
         row[5] += rec.reference_cost_nanos
+        row[6] += rec.sla_met is True
+        row[7] += rec.sla_met is False
     return [
         AggregateRow(dict(zip(group_by, group, strict=True)), *row)
         for group, row in sorted(totals.items())

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from gateway.ledger import LedgerStore
+from gateway.ledger import LedgerStore, SpendRecord
 from gateway.ledger.record import DIMENSIONS
 from tests.gateway.ledger_fixtures import (
     CONTRACT_DB,
@@ -113,6 +113,26 @@ async def test_errors_are_counted_as_requests_too(store: LedgerStore) -> None:
     await store.record(make_record(4, status="error", prompt_tokens=0, cost_nanos=0))
     [row] = await store.aggregate(*WIDE, [])
     assert (row.requests, row.errors) == (4, 2)
+
+
+async def test_sla_outcomes_are_counted_and_records_without_one_are_not(
+    store: LedgerStore,
+) -> None:
+    for i, met in enumerate((True, True, False, None)):
+        await store.record(make_record(i, sla_met=met, route="auto"))
+    [row] = await store.aggregate(*WIDE, ["route"])
+    assert (row.requests, row.sla_met, row.sla_missed) == (4, 2, 1)
+    assert (await store.get("req-2")) == make_record(2, sla_met=False, route="auto")
+
+
+def test_records_from_before_the_sla_field_read_back_as_unknown() -> None:
+    old = make_record(5).to_dict()
+    del old["sla_met"]
+    assert SpendRecord.from_dict(old).sla_met is None
+    as_strings = {
+        name: str(value) for name, value in make_record(6, sla_met=False).to_dict().items()
+    }
+    assert SpendRecord.from_dict(as_strings).sla_met is False
 
 
 async def test_awkward_values_round_trip(store: LedgerStore) -> None:
