@@ -30,6 +30,7 @@ from local_engine.cpu.sequence import Output
 from local_engine.cpu.sequence import Request as EngineRequest
 from local_engine.cpu.tokenizer import Tokenizer
 
+TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 # Builds one streamed chunk's `choices[0]` from (text, finish_reason, first chunk?).
 ChoiceBuilder = Callable[[str, str | None, bool], dict[str, Any]]
 
@@ -263,9 +264,5 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _is_type_tag(part: Any) -> bool:
-    """Pydantic adds union member names (`str`, `list[...]`) to error locations."""
-    return isinstance(part, str) and (
-        part in {"str", "int"}
-        or "[" in part
-        or part == "function-after[_one_prompt(), union[str,list[str],list[int]]]"
-    )
+    """Pydantic puts union members' type names (`str`, `list[int]`) in error locations."""
+    return isinstance(part, str) and (part in TYPE_TAGS or not part.isidentifier())

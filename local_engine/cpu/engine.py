@@ -99,15 +99,14 @@ class Engine:
         wanted = request.params.max_tokens
         if length >= limit:
             raise InvalidRequest(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"request has {length} input tokens. Please reduce the length of the input.",
+                f"{param} is {length} tokens; this model's maximum context length is {limit} "
+                "tokens (input and completion). Please reduce the length of the input.",
                 param,
             )
         if wanted is not None and length + wanted > limit:
             raise InvalidRequest(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{length + wanted} tokens ({length} in the input, {wanted} in the completion). "
-                "Please reduce the length of the input or the completion.",
+                f"max_tokens is {wanted}; with {length} tokens of input, this model's maximum "
+                f"context length of {limit} tokens leaves room for at most {limit - length}.",
                 "max_tokens",
             )
 

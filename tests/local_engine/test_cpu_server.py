@@ -1,0 +1,189 @@
+"""`serve-cpu`'s HTTP surface over a real loopback socket, driven by the official SDK."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from local_engine.cpu.app import EngineService, create_app
+from local_engine.cpu.engine import Engine, EngineOptions
+from local_engine.cpu.metrics import EngineMetrics
+from local_engine.cpu.runner import EngineRunner
+from local_engine.cpu.server import DEFAULT_MODEL, ServeOptions, build_service
+from tests.local_engine.test_cpu_engine import TOKENIZER, draft, target
+
+MODEL = "tiny-test"
+VLLM_METRICS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_drafts_total",
+)
+
+
+class Server:
+    """uvicorn in a thread on an ephemeral loopback port."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    options = EngineOptions(max_num_seqs=4, max_model_len=128, num_speculative_tokens=3)
+    metrics = EngineMetrics(MODEL)
+    engine = Engine(target(), TOKENIZER, draft=draft(), options=options, metrics=metrics)
+    service = EngineService(EngineRunner(engine), TOKENIZER, metrics, MODEL)
+    with Server(create_app(service)) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as sdk:
+        yield sdk
+
+
+def test_chat_completion_with_usage(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=7, temperature=0
+    )
+    assert reply.object == "chat.completion" and reply.model == MODEL
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason in {"stop", "length"}
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(
+        TOKENIZER.encode(TOKENIZER.render_chat([{"role": "user", "content": "Hello"}]))
+    )
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert 1 <= reply.usage.completion_tokens <= 7
+
+
+def test_streamed_chat_equals_unstreamed_with_usage_last(client: openai.OpenAI) -> None:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 9}
+    whole = client.chat.completions.create(**request, temperature=0)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(  # type: ignore[call-overload]
+            **request, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[
+        0
+    ].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_plain_and_streamed(client: openai.OpenAI) -> None:
+    whole = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=6, temperature=0)
+    assert whole.object == "text_completion" and whole.usage is not None
+    assert whole.usage.completion_tokens == 6 and whole.choices[0].finish_reason == "length"
+    stream = client.completions.create(
+        model=MODEL, prompt="Once upon", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in stream) == whole.choices[0].text
+
+
+def test_sse_wire_format_ends_with_done(server: Server) -> None:
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 3, "stream": True}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in response.text.split("\n\n") if line]
+    assert all(event.startswith("data: ") for event in events)
+    assert events[-1] == "data: [DONE]"
+
+
+def test_models_health_and_vllm_metrics(client: openai.OpenAI, server: Server) -> None:
+    assert [model.id for model in client.models.list()] == [MODEL]
+    assert httpx.get(server.url + "/health").status_code == 200
+    client.completions.create(model=MODEL, prompt="warm", max_tokens=5, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    lines = text.splitlines()
+    for name in VLLM_METRICS:
+        labelled = [line for line in lines if line.startswith(name + "{")]
+        assert labelled and all(f'model_name="{MODEL}"' in line for line in labelled), name
+    drafted = [
+        line for line in text.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")
+    ]
+    assert float(drafted[0].split()[-1]) > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 2}, "n"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"max_tokens": 500}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x" * 200}]}, "messages"),
+    ],
+)
+def test_bad_input_is_an_openai_400_naming_the_field(
+    client: openai.OpenAI, body: dict[str, object], param: str
+) -> None:
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]} | body
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(**request)  # type: ignore[call-overload]
+    error = raised.value.body
+    assert isinstance(error, dict) and error["param"] == param, error
+    assert error["type"] == "invalid_request_error" and param.split("[")[0] in error["message"]
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=1)
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(), reason="no shipped model")
+def test_shipped_model_answers_with_text() -> None:
+    service = build_service(ServeOptions(max_num_seqs=2))
+    assert service.runner.engine.draft is not None and service.model_name == "local-tiny"
+    with (
+        Server(create_app(service)) as running,
+        openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0) as sdk,
+    ):
+        reply = sdk.chat.completions.create(
+            model="local-tiny",
+            messages=[{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many?"}],
+            max_tokens=40,
+            temperature=0,
+        )
+    text = reply.choices[0].message.content or ""
+    assert sum(ch.isalpha() for ch in text) > 10, text
