@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from local_engine.config import DEFAULT_RUN_DIR, EngineConfig, state_path, stop_path
-from local_engine.errors import EngineError, EngineStateError
+from local_engine.errors import EngineError, EngineStartError, EngineStateError
 from local_engine.health import probe_health
 from local_engine.metrics import EngineMetrics, parse_vllm_metrics
 from local_engine.process import stop_group
@@ -42,6 +42,13 @@ STATUS_TIMEOUT_S = 1.0
 DOWN_GRACE_S = 10.0  # beyond the engine's stop_timeout_s, for the supervisor to notice
 DETACH_GRACE_S = 10.0
 POLL_S = 0.1
+SPAWN_SCRIPT = """
+import subprocess, sys
+with open(sys.argv[1], "ab") as log:
+    child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+print(child.pid)
+"""
 SETTLED_STATES = frozenset({"ready", *FINAL_STATES})
 COLUMNS = ("ENGINE", "PID", "STATE", "HEALTH", "RUN", "WAIT", "KV%", "TOK/S", "ACCEPT", "RESTARTS")
 
@@ -264,32 +271,34 @@ def _scrape(url: str, client: httpx.Client) -> EngineMetrics | None:
 
 def _up_detached(args: argparse.Namespace, specs: dict[str, EngineSpec]) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = args.run_dir / "supervisor.log"
     argv = [sys.executable, "-m", "local_engine.cli", "up", "--policy", str(args.policy.resolve())]
     argv += ["--run-dir", str(args.run_dir.resolve())]
     for name in args.engines or []:
         argv += ["--engine", name]
-    with (args.run_dir / "supervisor.log").open("ab") as log_file:
-        child = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    pid = _spawn_detached(argv, log_path)
     limit = max(spec.startup_timeout_s for spec in specs.values()) + DETACH_GRACE_S
-    settled = _wait_settled(child, specs, args.run_dir, time.monotonic() + limit)
-    print(f"supervisor pid {child.pid} (log {args.run_dir / 'supervisor.log'})")
+    settled = _wait_settled(pid, specs, args.run_dir, time.monotonic() + limit)
+    print(f"supervisor pid {pid} (log {log_path})")
     run_status(argparse.Namespace(**{**vars(args), "json": False}))
     return 0 if settled else 1
 
 
-def _wait_settled(
-    child: subprocess.Popen[bytes], specs: dict[str, EngineSpec], run_dir: Path, deadline: float
-) -> bool:
-    """Wait until the child's engines are all ready (True) or one failed, the child
-    exited or the deadline passed (False)."""
-    while time.monotonic() < deadline and child.poll() is None:
-        states = [_state_under(child.pid, state_path(run_dir, name)) for name in specs]
+def _spawn_detached(argv: list[str], log_path: Path) -> int:
+    """Start `argv` through a short-lived intermediate process, so it is nobody's child
+    here (no zombie to reap, no Popen left running); returns its pid."""
+    spawn = [sys.executable, "-c", SPAWN_SCRIPT, str(log_path), *argv]
+    done = subprocess.run(spawn, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise EngineStartError(f"cannot start the supervisor: {done.stderr.decode().strip()}")
+    return int(done.stdout)
+
+
+def _wait_settled(pid: int, specs: dict[str, EngineSpec], run_dir: Path, deadline: float) -> bool:
+    """Wait until the supervisor's engines are all ready (True) or one failed, the
+    supervisor exited or the deadline passed (False)."""
+    while time.monotonic() < deadline and pid_alive(pid):
+        states = [_state_under(pid, state_path(run_dir, name)) for name in specs]
         if all(state in SETTLED_STATES for state in states):
             return all(state == "ready" for state in states)
         time.sleep(POLL_S)

@@ -21,6 +21,7 @@ import time
 
 from local_engine.config import EngineConfig
 from local_engine.errors import EngineStartError
+from local_engine.state import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class EngineProcess:
             signal_group(self._popen.pid, signum)
 
 
-def signal_group(pgid: int, signum: signal.Signals) -> bool:
+def signal_group(pgid: int, signum: int) -> bool:
     """Send `signum` to a process group; False when the group no longer exists."""
     try:
         os.killpg(pgid, signum)
@@ -111,14 +112,13 @@ def signal_group(pgid: int, signum: signal.Signals) -> bool:
 
 def stop_group(pgid: int, timeout_s: float) -> bool:
     """Stop a group this process did not start (another supervisor's, now dead):
-    SIGTERM, wait for the group to empty, SIGKILL after `timeout_s`. True if it was running.
+    SIGTERM, wait for its leader to exit, at most `timeout_s`, then SIGKILL the group.
+    True if the group was running.
     """
     if not signal_group(pgid, signal.SIGTERM):
         return False
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not signal_group(pgid, signal.Signals(0)):
-            return True
+    while pid_alive(pgid) and time.monotonic() < deadline:  # the leader is the engine
         time.sleep(POLL_S)
-    signal_group(pgid, signal.SIGKILL)
+    signal_group(pgid, signal.SIGKILL)  # whatever the leader left behind, or the leader
     return True

@@ -64,7 +64,8 @@ def read_record(path: Path) -> EngineRecord:
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this pid exists (zombies included)."""
+    """Whether a process with this pid runs. A zombie (exited, not yet reaped by its
+    parent, which in a container may be a PID 1 that never reaps) counts as gone."""
     if pid is None or pid <= 0:
         return False
     try:
@@ -73,4 +74,12 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # no procfs (macOS): trust kill(0)
+    return stat[stat.rfind(")") + 2 :].startswith("Z")

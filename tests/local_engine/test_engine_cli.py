@@ -1,0 +1,186 @@
+"""`engine up|status|down` end to end: the real argv builder runs the vLLM stand-in
+through a wrapper script named as the engine's `executable`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from local_engine.cli import main
+from local_engine.state import EngineRecord, pid_alive, read_record
+from tests.local_engine.conftest import ROOT, free_port, wait_for
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    wrapper = tmp_path / "fake-vllm"
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m tests.fakes.vllm_process "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        engines:
+          small:
+            model: fake/small
+            port: {free_port()}
+            executable: {wrapper}
+            speculative: {{method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3}}
+            extra_args: [--load-seconds, "0.2", --tokens-per-second, "100",
+                         --kv-cache-usage, "0.25"]
+            health_interval_s: 0.05
+            restart_backoff_s: 0.1
+            stop_timeout_s: 2
+        deployments:
+          local: {{model: fake/small, engine: small}}
+        routes:
+          auto: {{deployments: [local]}}
+        """)
+    )
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "run"
+    yield path
+    for state in path.glob("*.json"):  # leave no process behind, whatever the test did
+        record = read_record(state)
+        for pid in (record.supervisor_pid, record.pid):
+            if pid and pid != os.getpid() and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def cli(*args: str) -> int:
+    return main(list(args))
+
+
+def record(run_dir: Path, state: str | None = None) -> EngineRecord:
+    def check() -> EngineRecord | None:
+        try:
+            found = read_record(run_dir / "small.json")
+        except Exception:
+            return None
+        return found if state is None or found.state == state else None
+
+    found: EngineRecord = wait_for(check, 15, f"engine small to be {state}")
+    return found
+
+
+def test_up_in_the_foreground_until_sigint(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    up = subprocess.Popen(
+        [sys.executable, "-m", "local_engine.cli", "up", "--policy", str(policy), "--run-dir",
+         str(run_dir)],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    ready = record(run_dir, "ready")
+    wait_for(lambda: read_record(run_dir / "small.json").tokens_per_second, 5, "a rate")
+
+    assert cli("status", "--policy", str(policy), "--run-dir", str(run_dir)) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == [
+        "ENGINE", "PID", "STATE", "HEALTH", "RUN", "WAIT", "KV%", "TOK/S", "ACCEPT", "RESTARTS",
+    ]  # fmt: skip
+    cells = table[1].split()
+    assert cells[:7] == ["small", str(ready.pid), "ready", "ok", "0", "0", "25.0"]
+    assert cells[8:] == ["0.67", "0"]
+
+    up.send_signal(signal.SIGINT)
+    _, errors = up.communicate(timeout=10)
+    assert up.returncode == 0
+    assert "engine small ready" in errors.decode()
+    assert record(run_dir).state == "stopped" and not pid_alive(ready.pid)
+    assert "--speculative-config" in (run_dir / "small.log").read_text()
+
+
+def test_detach_then_down_from_another_invocation(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("up", "--policy", str(policy), "--run-dir", str(run_dir), "--detach") == 0
+    out = capsys.readouterr().out
+    ready = record(run_dir, "ready")
+    assert f"supervisor pid {ready.supervisor_pid}" in out and "ready" in out
+
+    assert cli("status", "--policy", str(policy), "--run-dir", str(run_dir), "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["state"], status["health"], status["kv_cache_percent"]) == ("ready", "ok", 25.0)
+
+    assert cli("down", "--policy", str(policy), "--run-dir", str(run_dir)) == 0
+
+    assert capsys.readouterr().out == "small: stopped\n"
+    assert not pid_alive(ready.pid)
+    wait_for(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to exit")
+
+
+def test_down_stops_the_engine_itself_when_the_supervisor_is_gone(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("up", "--policy", str(policy), "--run-dir", str(run_dir), "--detach") == 0
+    ready = record(run_dir, "ready")
+    os.kill(ready.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to die")
+    capsys.readouterr()
+
+    assert cli("status", "--policy", str(policy), "--run-dir", str(run_dir), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "ready (supervisor gone)"
+    assert cli("down", "--policy", str(policy), "--run-dir", str(run_dir)) == 0
+
+    assert capsys.readouterr().out == "small: stopped (no live supervisor)\n"
+    assert not pid_alive(ready.pid)
+    assert record(run_dir).state == "stopped"
+
+
+def test_status_of_an_engine_never_started(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("status", "--policy", str(policy), "--run-dir", str(run_dir), "--json") == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["state"], status["health"], status["pid"]) == ("not started", "down", None)
+    assert cli("down", "--policy", str(policy), "--run-dir", str(run_dir)) == 0
+    assert "small: not running" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine", "big"], "no engine named big; declared: small"),
+    ],
+)
+def test_selection_errors(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    for command in ("up", "status", "down"):
+        assert cli(command, "--policy", str(policy), "--run-dir", str(run_dir), *args) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_policy_without_engines_or_with_unset_key(
+    tmp_path: Path,
+    policy: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("deployments: {a: {model: m, api_base: 'http://x/v1'}}\n"
+                    "routes: {auto: {deployments: [a]}}\n")  # fmt: skip
+    assert cli("up", "--policy", str(bare)) == 2
+    assert "the policy declares no engines" in capsys.readouterr().err
+
+    monkeypatch.delenv("FAKE_ENGINE_KEY", raising=False)
+    key_line = "    api_key: ${FAKE_ENGINE_KEY}\n"
+    policy.write_text(
+        policy.read_text().replace("    stop_timeout_s: 2\n", f"    stop_timeout_s: 2\n{key_line}")
+    )
+    assert cli("up", "--policy", str(policy)) == 2
+    assert "api_key references ${FAKE_ENGINE_KEY}, which is unset" in capsys.readouterr().err
