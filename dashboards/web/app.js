@@ -20,6 +20,17 @@
   const PCT_COLUMNS = new Set(["savings_pct", "used_pct", "attainment_pct"]);
   const SPEND_COLUMNS = ["requests", "cost_usd", "reference_cost_usd", "savings_usd", "savings_pct",
     "cost_per_1k_requests_usd"];
+  // Narrow panels show fewer columns; their CSV export has them all.
+  const SHORT_COLUMNS = ["requests", "cost_usd", "savings_usd", "savings_pct"];
+  const LABELS = {
+    cost_usd: "Cost", reference_cost_usd: "Reference cost", savings_usd: "Savings",
+    savings_pct: "Savings %", cost_per_1k_requests_usd: "Per 1k requests", limit_usd: "Limit",
+    soft_limit_usd: "Soft limit", spent_usd: "Spent", remaining_usd: "Remaining", used_pct: "Used %",
+    burn_rate_usd_per_day: "Burn / day", forecast_usd: "Forecast", soft_crossed: "Soft crossed",
+    hard_crossed: "Hard crossed", exhausted_on: "Limit reached", ttft_ms: "TTFT target (ms)",
+    timeout_ms: "Timeout target (ms)", sla_requests: "Judged", sla_met: "Met", sla_missed: "Missed",
+    attainment_pct: "Attainment %",
+  };
 
   const $ = (id) => document.getElementById(id);
   const charts = {};
@@ -53,8 +64,10 @@
   const usdFormat = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD" });
   function usd(value) {
     if (value === null || value === undefined) return "–";
-    if (value !== 0 && Math.abs(value) < 1) return `$${value.toPrecision(4)}`;
-    return usdFormat.format(value);
+    if (value === 0 || Math.abs(value) >= 1) return usdFormat.format(value);
+    // Sub-dollar amounts: four significant digits, no exponent, no trailing zeros.
+    const places = Math.min(9, 3 - Math.floor(Math.log10(Math.abs(value))));
+    return `${value < 0 ? "-" : ""}$${Math.abs(value).toFixed(places).replace(/0+$/, "")}`;
   }
   const count = (value) => (value === null || value === undefined ? "–" : value.toLocaleString("en-US"));
   const pct = (value) => (value === null || value === undefined ? "–" : `${value.toFixed(2)}%`);
@@ -73,7 +86,7 @@
     const head = table.createTHead().insertRow();
     for (const column of columns) {
       const th = document.createElement("th");
-      th.textContent = column.replaceAll("_", " ");
+      th.textContent = LABELS[column] || column.replaceAll("_", " ");
       th.dataset.column = column;
       head.appendChild(th);
     }
@@ -246,11 +259,11 @@
         show("spend-stack", "/v1/spend", { ...params, group_by: `day,${by}` },
           ["day", by, ...SPEND_COLUMNS]),
         show("daily", "/v1/spend", { ...params, group_by: "day" }, ["day", ...SPEND_COLUMNS]),
-        show("tiers", "/v1/spend", { ...params, group_by: "tier" }, ["tier", ...SPEND_COLUMNS]),
+        show("tiers", "/v1/spend", { ...params, group_by: "tier" }, ["tier", ...SHORT_COLUMNS]),
         show("teams", "/v1/spend", { ...params, group_by: "team", sort: "-cost_usd", limit: "10" },
-          ["team", ...SPEND_COLUMNS]),
+          ["team", ...SHORT_COLUMNS]),
         show("keys", "/v1/spend", { ...params, group_by: "key", sort: "-cost_usd", limit: "10" },
-          ["key", ...SPEND_COLUMNS]),
+          ["key", ...SHORT_COLUMNS]),
         show("budgets", "/v1/spend/budgets", params.team ? { team: params.team } : {},
           ["scope", "name", "period", "limit_usd", "soft_limit_usd", "spent_usd", "remaining_usd",
             "used_pct", "burn_rate_usd_per_day", "forecast_usd", "soft_crossed", "hard_crossed",
