@@ -18,7 +18,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SpeculativeMethodType = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
+SpeculativeMethodType = Literal["ngram", "ngram_gpu", "draft_model", "eagle", "eagle3", "mtp"]
 SchedulingPolicyType = Literal["fcfs", "priority"]
 DtypeType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
@@ -26,6 +26,7 @@ DtypeType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 # `method` and `num_speculative_tokens`. Anything else set is an error.
 SPECULATIVE_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "ngram": (frozenset(), frozenset({"prompt_lookup_min", "prompt_lookup_max"})),
+    "ngram_gpu": (frozenset(), frozenset({"prompt_lookup_min", "prompt_lookup_max"})),
     "draft_model": (frozenset({"model"}), frozenset({"draft_tensor_parallel_size"})),
     "eagle": (frozenset({"model"}), frozenset({"draft_tensor_parallel_size"})),
     "eagle3": (frozenset({"model"}), frozenset({"draft_tensor_parallel_size"})),
@@ -50,6 +51,8 @@ FLAG_FIELDS = (
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "max_num_queued_reqs",
+    "max_num_queued_tokens",
     "quantization",
     "kv_cache_dtype",
     "scheduling_policy",
@@ -72,10 +75,11 @@ class _Section(BaseModel):
 class Speculation(_Section):
     """Speculative decoding, passed to vLLM as `--speculative-config '<json>'`.
 
-    `ngram` drafts from the prompt (`prompt_lookup_min`/`_max`, n-gram sizes; vLLM picks
-    defaults when both are left out); `draft_model` runs a smaller `model` of the same
-    tokenizer, on `draft_tensor_parallel_size` GPUs (1 or the target's size); `eagle` and
-    `eagle3` run a trained draft head `model`; `mtp` uses the target's own MTP layers.
+    `ngram` (or `ngram_gpu`) drafts from the prompt (`prompt_lookup_min`/`_max`, n-gram
+    sizes; vLLM uses 5 for both when both are left out, and one for the other when one
+    is); `draft_model` runs a smaller `model` of the same tokenizer, on
+    `draft_tensor_parallel_size` GPUs (1 or the target's size); `eagle` and `eagle3` run
+    a trained draft head `model`; `mtp` uses the target's own MTP layers.
     `extra` carries other vLLM speculative-config fields verbatim.
     """
 
@@ -120,10 +124,11 @@ class EngineSpec(_Section):
     """One `vllm serve` process: the model, where it listens, how it uses the GPUs, what
     it costs, and how the supervisor treats it.
 
-    Flags left unset are not passed, so vLLM's defaults apply. Queue limits: vLLM bounds
-    the running batch (`max_num_seqs`, `max_num_batched_tokens`) but has no flag we can
-    rely on to bound the waiting queue; the gateway sheds load by route SLA instead, and
-    a build with such a flag can take it through `extra_args`.
+    Flags left unset are not passed, so vLLM's defaults apply. Queue limits: the running
+    batch is bounded by `max_num_seqs` and `max_num_batched_tokens`; vLLM 0.33's
+    `max_num_queued_reqs` (requests in flight, waiting or running) and
+    `max_num_queued_tokens` (prompt tokens waiting for prefill) bound the queue, and past
+    them vLLM answers new requests with HTTP 503 while `/health` stays 200.
     """
 
     model: str
@@ -139,6 +144,8 @@ class EngineSpec(_Section):
     max_model_len: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     max_num_batched_tokens: PositiveInt | None = None
+    max_num_queued_reqs: Annotated[int, Field(ge=0)] | None = None
+    max_num_queued_tokens: Annotated[int, Field(ge=0)] | None = None
     dtype: DtypeType | None = None
     quantization: str | None = Field(None, examples=["awq", "gptq", "fp8"])
     kv_cache_dtype: str | None = Field(None, examples=["auto", "fp8", "fp8_e4m3"])

@@ -89,7 +89,7 @@ def test_api_base_reaches_wildcard_hosts_on_loopback(host: str, base: str) -> No
             {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0},
             "greater than 0",
         ),
-        ({"method": "medusa", "num_speculative_tokens": 2}, "'ngram', 'draft_model'"),
+        ({"method": "medusa", "num_speculative_tokens": 2}, "'ngram', 'ngram_gpu', 'draft_model'"),
         (
             {"method": "ngram", "num_speculative_tokens": 2, "extra": {"prompt_lookup_max": 3}},
             "extra repeats prompt_lookup_max",
