@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.ledger import CostLedger, SpendRecord
@@ -90,6 +90,8 @@ class Call:
     stream: bool
     started: float  # time.perf_counter() at arrival
     score: float | None = None  # the router's complexity score, on scored routes
+    # Every attempt priced so far (escalations and hedges too): what budgets settle.
+    records: list[SpendRecord] = field(default_factory=list)
 
 
 class Accountant:
@@ -140,6 +142,7 @@ class Accountant:
         )
         self._observe(record, deployment)
         self._ledger.submit(record)
+        call.records.append(record)
         return record
 
     def _observe(self, record: SpendRecord, deployment: DeploymentRuntime) -> None:

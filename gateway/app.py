@@ -24,6 +24,7 @@ from gateway.dashboard import dashboard_routes
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
 from gateway.executor import Executor
 from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
+from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy, new_request_id
 from gateway.runtime import build_runtime
@@ -93,6 +94,8 @@ async def start_services(settings: Settings) -> Services:
     }
     accountant = Accountant(ledger, metrics)
     executor = Executor(clients, metrics, settings.max_retry_wait_s)
+    redis_url, prefix = settings.redis_url, settings.redis_prefix
+    limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)
     services = Services(
         settings=settings,
         runtime=build_runtime(loaded),
@@ -100,8 +103,9 @@ async def start_services(settings: Settings) -> Services:
         store=store,
         ledger=ledger,
         accountant=accountant,
-        proxy=Proxy(executor, accountant, metrics),
+        proxy=Proxy(executor, accountant, metrics, limits=limits),
         clients=clients,
+        limits=limits,
     )
     services.reloader = PolicyReloader(
         settings.policy,
@@ -117,6 +121,7 @@ async def start_services(settings: Settings) -> Services:
 async def stop_services(services: Services) -> None:
     if services.reloader is not None:
         await services.reloader.stop()
+    await services.limits.stop(services.settings.shutdown_grace_s)
     await services.ledger.stop(services.settings.shutdown_grace_s)
     for client in services.clients.values():
         await client.close()

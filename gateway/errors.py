@@ -7,6 +7,8 @@
     ├── PermissionDenied              403
     ├── NotFound                      404 (unknown model / route)
     ├── RateLimited                   429 with Retry-After
+    │   └── BudgetExceeded            429 insufficient_quota, until the budget's period ends
+    ├── LimitsUnavailable             503 (limits cannot be checked and policy says closed)
     └── UpstreamError                 502 bad gateway
         ├── UpstreamUnavailable       503 (no deployment can take the request)
         └── UpstreamTimeout           504
@@ -86,6 +88,23 @@ class RateLimited(GatewayError):
         super().__init__(
             message, code=code, headers={"retry-after": str(max(1, round(retry_after_s)))}
         )
+
+
+class BudgetExceeded(RateLimited):
+    """A hard budget limit. `x-should-retry: false` stops the OpenAI SDKs' automatic
+    retries, which cannot succeed before the period ends."""
+
+    type = "insufficient_quota"
+    default_code = "budget_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.headers["x-should-retry"] = "false"
+
+
+class LimitsUnavailable(GatewayError):
+    status = 503
+    default_code = "limits_unavailable"
 
 
 class UpstreamError(GatewayError):

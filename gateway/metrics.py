@@ -108,6 +108,56 @@ class Metrics:
             ["deployment", "tier"],
             registry=r,
         )
+        self._add_limit_metrics(r)
+
+    def _add_limit_metrics(self, r: CollectorRegistry) -> None:
+        budget = ["scope", "name", "period"]
+        self.budget_remaining = Gauge(
+            "cascade_budget_remaining_usd",
+            "Budget left in the current period (limit minus settled spend), as of the last "
+            "settlement this worker made",
+            budget,
+            registry=r,
+        )
+        self.budget_soft_crossings = Counter(
+            "cascade_budget_soft_limit_crossings",
+            "Settlements that took a budget's spend past its soft limit",
+            budget,
+            registry=r,
+        )
+        self.budget_rejections = Counter(
+            "cascade_budget_rejections",
+            "Requests refused (429) by a hard budget",
+            budget,
+            registry=r,
+        )
+        self.budget_downgrades = Counter(
+            "cascade_budget_downgrades",
+            "Requests sent to a budget's downgrade tier because it is past its soft limit",
+            budget,
+            registry=r,
+        )
+        self.rate_limit_rejections = Counter(
+            "cascade_rate_limit_rejections",
+            "Requests refused (429) by a rate limit, by scope (key or team), name and kind",
+            ["scope", "name", "kind"],
+            registry=r,
+        )
+        self.limits_unavailable = Counter(
+            "cascade_limits_unavailable",
+            "Requests whose limits could not be checked (store down), by action: "
+            "served_unchecked (fail open) or refused (fail closed)",
+            ["action"],
+            registry=r,
+        )
+        self.limits_degraded = Gauge(
+            "cascade_limits_degraded", "1 while the limits store is unreachable", registry=r
+        )
+        self.limits_pending = Gauge(
+            "cascade_limits_pending_settlements",
+            "Budget settlements waiting to be written to the limits store",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -26,6 +26,7 @@ from gateway.cascade import Cascade
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.executor import Executor, Hedge, Loser, Opened
 from gateway.ledger.record import StatusType, usd
+from gateway.limits import UNLIMITED, Admission, Limiter
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.scoring import AnswerVerifier, RequestScorer
@@ -64,9 +65,11 @@ class Proxy:
         scorer: RequestScorer | None = None,
         verifier: AnswerVerifier | None = None,
         guard: SlaGuard | None = None,
+        limits: Limiter | None = None,
     ) -> None:
         self._executor = executor
         self._guard = guard
+        self._limits = limits or Limiter(None, metrics)
         self._accountant = accountant
         self._metrics = metrics
         self._scorer = scorer or RequestScorer()
@@ -103,12 +106,26 @@ class Proxy:
         deadline_s = runtime.request_timeout_s
         if route.sla is not None and route.sla.timeout_s is not None:
             deadline_s = min(deadline_s, route.sla.timeout_s)
+        admission = await self._limits.admit(
+            runtime, principal, route, endpoint, body, candidates, strategy, request_id
+        )
+        candidates = admission.candidates or candidates  # a soft budget limit may downgrade
         call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
-        if strategy == "cascade":
-            return await self._run_cascade(call, candidates, endpoint, body, deadline_s)
-        if call.stream:
-            return await self._stream(call, candidates, endpoint, body, deadline_s)
-        return await self._complete(call, candidates, endpoint, body, deadline_s)
+        response: Response | None = None
+        try:
+            if strategy == "cascade":
+                response = await self._run_cascade(call, candidates, endpoint, body, deadline_s)
+            elif call.stream:
+                response = await self._stream(
+                    call, candidates, endpoint, body, deadline_s, admission
+                )
+            else:
+                response = await self._complete(call, candidates, endpoint, body, deadline_s)
+        finally:
+            if not isinstance(response, RelayedStream):  # a relayed stream settles as it ends
+                admission.settle(call.records)
+        response.headers.update(admission.headers)
+        return response
 
     def _candidates(
         self, runtime: Runtime, route: RouteRuntime, score: float | None, strategy: str
@@ -182,6 +199,7 @@ class Proxy:
         endpoint: EndpointType,
         body: dict[str, Any],
         deadline_s: float,
+        admission: Admission = UNLIMITED,
     ) -> Response:
         options = body.get("stream_options") or {}
         wants_usage = bool(options.get("include_usage"))
@@ -201,6 +219,7 @@ class Proxy:
             self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft
         )
         settlement.guard = self._guard
+        settlement.admission = admission
         headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}
         return RelayedStream(
             settlement.relay(), settlement.finish, media_type="text/event-stream", headers=headers
@@ -260,6 +279,7 @@ class StreamSettlement:
         self.status: StatusType = "partial"
         self.finished = False
         self.guard: SlaGuard | None = None
+        self.admission = UNLIMITED
         self.frames = 0
 
     async def relay(self) -> AsyncIterator[bytes]:
@@ -293,6 +313,7 @@ class StreamSettlement:
             usage = Usage(0, 0, "none")
         # Settled before any await: a cancelled task may not get past the next one.
         self.accountant.settle(self.call, deployment, usage, status=self.status, ttft_s=self.ttft)
+        self.admission.settle(self.call.records)
         self.observe(self.call, deployment, "200")
         if self.guard is not None:
             now = time.perf_counter()

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from gateway.accounting import Accountant
 from gateway.ledger import CostLedger, LedgerStore
+from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy
 from gateway.runtime import Runtime, build_runtime
@@ -31,6 +32,7 @@ class Services:
     proxy: Proxy
     clients: dict[str, UpstreamClient]
     guard: SlaGuard
+    limits: Limiter
     reloader: PolicyReloader | None = None
 
     def apply(self, loaded: LoadedPolicy) -> None:

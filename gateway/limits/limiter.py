@@ -1,0 +1,352 @@
+"""Admission and settlement of budgets and rate limits, around each upstream call.
+
+    admission = await limiter.admit(runtime, principal, route, endpoint, body,
+                                    candidates, strategy, request_id)
+    ... call admission.candidates or the planned candidates ...
+    admission.settle(records)        # exactly once, however the request ended
+
+A request with no limits (no budget on its key, team or route, no rate limit on its key
+or team) gets `UNLIMITED` without a Redis round trip or a token count. Otherwise one
+script call admits it (rate limits, then budgets: a soft limit may switch the plan to
+the budget's downgrade tier, a hard limit refuses with 429), and one settles it later:
+`settle` only queues, a writer task sends queued settlements in pipelined batches.
+
+Redis unreachable: the policy's `gateway.limits_when_redis_down` decides: `open`
+serves without checks (counted, logged once per outage) and still queues the
+request's settlement so its spend reaches the budget counters when Redis is back;
+`closed` refuses with 503. An outage is probed at most once a second, so it costs
+no per-request timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gateway.auth import Principal
+from gateway.errors import LimitsUnavailable
+from gateway.ledger.record import SpendRecord, usd
+from gateway.limits.budgets import (
+    budget_exceeded,
+    downgrade_plans,
+    output_tokens,
+    worst_case_nanos,
+)
+from gateway.limits.rate_limits import rate_limited, ratelimit_headers
+from gateway.limits.rules import Calendar, RuleBook, Rules
+from gateway.limits.store import (
+    Admitted,
+    Ask,
+    Balance,
+    BudgetRefusal,
+    Charge,
+    LimitsStoreUnavailable,
+    LimitStore,
+    RateRefusal,
+)
+from gateway.metrics import Metrics
+from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.tokens import count_prompt
+from gateway.upstreams.base import EndpointType
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 1.0  # during an outage, how often one admission tries Redis again
+HOLD_GRACE_S = 600.0  # a hold outlives the request timeout by this (streams run longer)
+BATCH_MAX = 64
+MAX_PENDING = 100_000  # settlements kept while Redis is down; older ones are dropped
+
+
+class Admission:
+    """One admitted request: the plan to use and the headers to send, and its
+    settlement, which happens once (later calls do nothing)."""
+
+    __slots__ = ("_charge", "_limiter", "_tokens", "candidates", "headers")
+
+    def __init__(
+        self,
+        limiter: Limiter | None = None,
+        charge: Charge | None = None,
+        tokens: int = 0,
+        candidates: list[DeploymentRuntime] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._limiter, self._charge, self._tokens = limiter, charge, tokens
+        self.candidates = candidates  # None: as planned; else the downgrade tier's
+        self.headers: Mapping[str, str] = headers or {}
+
+    def settle(self, records: Sequence[SpendRecord]) -> None:
+        """Charge what `records` (the request's priced attempts) cost and release the
+        reservation. Synchronous: safe in `finally` blocks of cancelled tasks."""
+        limiter, charge = self._limiter, self._charge
+        if limiter is None or charge is None:
+            return
+        self._limiter = None
+        used = sum(r.prompt_tokens + r.completion_tokens for r in records)
+        cost = sum(r.cost_nanos for r in records)
+        delta = used - self._tokens if charge.window >= 0 else 0
+        limiter.enqueue(
+            Charge(
+                charge.request_id,
+                charge.rates,
+                charge.budgets,
+                charge.periods,
+                charge.window,
+                delta,
+                cost,
+            )
+        )
+
+
+UNLIMITED = Admission()
+
+
+class Limiter:
+    """Budgets and rate limits for the gateway, on a `LimitStore` (None: no store, as
+    when REDIS_URL is unset; limits then follow the outage policy)."""
+
+    def __init__(
+        self,
+        store: LimitStore | None,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self.clock = clock  # wall clock for budget periods (tests move it)
+        self._calendar = Calendar()
+        self._runtime: Runtime | None = None
+        self._book = RuleBook({}, {}, {})
+        self._probe_at = 0.0  # monotonic; > now while the store is considered down
+        self._down = False
+        self._queue: deque[Charge] = deque()
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._writing = False  # a batch is off the queue and not yet written
+        self._stopped = False
+        self._dropped = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def admit(
+        self,
+        runtime: Runtime,
+        principal: Principal,
+        route: RouteRuntime,
+        endpoint: EndpointType,
+        body: Mapping[str, Any],
+        candidates: list[DeploymentRuntime],
+        strategy: str,
+        request_id: str,
+    ) -> Admission:
+        """Admit the request or raise `RateLimited`, `BudgetExceeded` or (store down,
+        policy closed) `LimitsUnavailable`."""
+        if runtime is not self._runtime:
+            self._book = RuleBook.build(runtime.policy)
+            self._runtime = runtime
+        rules = self._book.rules_for(principal.key_id, principal.team, route.name)
+        if rules is None:
+            return UNLIMITED
+        ask, plans = self._ask(runtime, route, endpoint, body, candidates, strategy, rules)
+        ask = dataclasses.replace(ask, request_id=request_id)
+        if self._store is None or (self._down and time.monotonic() < self._probe_at):
+            return self._unchecked(runtime, ask, None)
+        self._probe_at = time.monotonic() + PROBE_INTERVAL_S  # others skip while we probe
+        try:
+            verdict = await self._store.admit(ask)
+        except LimitsStoreUnavailable as exc:
+            return self._unchecked(runtime, ask, exc)
+        self._recovered()
+        if isinstance(verdict, RateRefusal):
+            self._refuse_rate(ask, verdict)
+        if isinstance(verdict, BudgetRefusal):
+            self._refuse_budget(ask, verdict)
+        assert isinstance(verdict, Admitted)
+        return self._admitted(ask, verdict, plans)
+
+    def _ask(
+        self,
+        runtime: Runtime,
+        route: RouteRuntime,
+        endpoint: EndpointType,
+        body: Mapping[str, Any],
+        candidates: list[DeploymentRuntime],
+        strategy: str,
+        rules: Rules,
+    ) -> tuple[Ask, list[list[DeploymentRuntime]]]:
+        prompt = count_prompt(candidates[0].target.model, endpoint, body)
+        output = output_tokens(endpoint, body, rules.max_output_tokens)
+        downgrades = downgrade_plans(runtime, route, rules) if rules.budgets else {}
+        tiers = list(downgrades)
+        plans = [candidates, *downgrades.values()]
+        options = tuple(
+            worst_case_nanos(plan, strategy, route, prompt, output, rules.copies) for plan in plans
+        )
+        now = self.clock()
+        periods = tuple(self._calendar.period(b.period, now) for b in rules.budgets)
+        down = tuple(
+            tiers.index(b.downgrade_tier) + 1 if b.downgrade_tier in downgrades else 0
+            for b in rules.budgets
+        )
+        hold_ms = int((runtime.request_timeout_s + HOLD_GRACE_S) * 1000)
+        ask = Ask("", rules.rates, rules.budgets, periods, options, down, prompt + output, hold_ms)
+        return ask, plans
+
+    def _admitted(
+        self, ask: Ask, verdict: Admitted, plans: list[list[DeploymentRuntime]]
+    ) -> Admission:
+        m = self._metrics
+        candidates = None
+        if verdict.option > 0:
+            candidates = plans[verdict.option]
+            for budget, period, past in zip(
+                ask.budgets, ask.periods, verdict.past_soft, strict=True
+            ):
+                if past and budget.downgrade_tier == candidates[0].tier:
+                    m.child(m.budget_downgrades, budget.scope, budget.name, budget.period).inc()
+                    log.info(
+                        "%s is past its soft limit (period %s): request %s goes to tier '%s'",
+                        budget.label,
+                        period.id,
+                        ask.request_id,
+                        budget.downgrade_tier,
+                    )
+                    break
+        charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, verdict.window, 0, 0)
+        headers = ratelimit_headers(ask.rates, verdict.remaining) if ask.rates else None
+        return Admission(self, charge, ask.tokens, candidates, headers)
+
+    def _refuse_rate(self, ask: Ask, refusal: RateRefusal) -> None:
+        rule = ask.rates[refusal.rule]
+        m = self._metrics
+        m.child(m.rate_limit_rejections, rule.scope, rule.name, refusal.kind).inc()
+        raise rate_limited(rule, refusal, ask.tokens)
+
+    def _refuse_budget(self, ask: Ask, refusal: BudgetRefusal) -> None:
+        budget, period = ask.budgets[refusal.rule], ask.periods[refusal.rule]
+        m = self._metrics
+        m.child(m.budget_rejections, budget.scope, budget.name, budget.period).inc()
+        raise budget_exceeded(budget, period, refusal.used_nanos, refusal.cost_nanos, self.clock())
+
+    def _unchecked(
+        self, runtime: Runtime, ask: Ask, exc: LimitsStoreUnavailable | None
+    ) -> Admission:
+        """The store is down (or absent): fail open or closed, as the policy says."""
+        if exc is not None or not self._down:
+            self._enter_outage(exc)
+        m = self._metrics
+        if runtime.policy.gateway.limits_when_redis_down == "closed":
+            m.child(m.limits_unavailable, "refused").inc()
+            raise LimitsUnavailable(
+                "budgets and rate limits cannot be checked (their store is unreachable) "
+                "and the policy's gateway.limits_when_redis_down is 'closed'",
+                headers={"retry-after": "1"},
+            )
+        m.child(m.limits_unavailable, "served_unchecked").inc()
+        charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, -1, 0, 0)
+        return Admission(self, charge, ask.tokens)
+
+    def _enter_outage(self, exc: LimitsStoreUnavailable | None) -> None:
+        self._probe_at = time.monotonic() + PROBE_INTERVAL_S
+        if not self._down:
+            self._down = True
+            self._metrics.limits_degraded.set(1)
+            why = "REDIS_URL is not set" if exc is None else str(exc)
+            log.warning("limits store unavailable (%s): applying limits_when_redis_down", why)
+
+    def _recovered(self) -> None:
+        if self._down:
+            self._down = False
+            self._metrics.limits_degraded.set(0)
+            log.warning("limits store is reachable again; limits are checked")
+
+    def enqueue(self, charge: Charge) -> None:
+        """Queue a settlement for the writer task (needs a running loop)."""
+        if self._store is None:
+            return
+        if self._stopped:
+            log.warning("settlement of %s after shutdown is dropped", charge.request_id)
+            return
+        if len(self._queue) >= MAX_PENDING:
+            self._queue.popleft()
+            self._dropped += 1
+            if self._dropped % 1000 == 1:
+                log.error("%d budget settlement(s) dropped: the queue is full", self._dropped)
+        self._queue.append(charge)
+        self._wakeup.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        assert self._store is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                batch = [self._queue.popleft() for _ in range(min(BATCH_MAX, len(self._queue)))]
+                self._writing = True
+                try:
+                    results = await self._store.settle_many(batch)
+                except LimitsStoreUnavailable as exc:
+                    self._queue.extendleft(reversed(batch))  # idempotent: resend them later
+                    self._enter_outage(exc)
+                    self._metrics.limits_pending.set(len(self._queue))
+                    await asyncio.sleep(PROBE_INTERVAL_S)
+                    continue
+                except Exception:  # a bug must not end the writer and strand the queue
+                    log.exception("settling %d budget charge(s) failed", len(batch))
+                    continue
+                finally:
+                    self._writing = False
+                self._recovered()
+                for charge, balances in zip(batch, results, strict=True):
+                    if balances is not None:
+                        self._observe(charge, balances)
+            self._metrics.limits_pending.set(0)
+
+    def _observe(self, charge: Charge, balances: tuple[Balance, ...]) -> None:
+        m = self._metrics
+        for budget, period, balance in zip(charge.budgets, charge.periods, balances, strict=True):
+            labels = (budget.scope, budget.name, budget.period)
+            left = usd(budget.limit_nanos - balance.spent_nanos)
+            m.child(m.budget_remaining, *labels).set(left)
+            soft = budget.soft_nanos
+            before = balance.spent_nanos - charge.cost_nanos
+            if soft is not None and before < soft <= balance.spent_nanos:
+                m.child(m.budget_soft_crossings, *labels).inc()
+                log.warning(
+                    "%s passed its soft limit of $%.2f for %s: $%.4f spent of $%.2f",
+                    budget.label,
+                    usd(soft),
+                    period.id,
+                    usd(balance.spent_nanos),
+                    usd(budget.limit_nanos),
+                )
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Write the queued settlements (up to `timeout_s`), then stop the writer."""
+        deadline = time.monotonic() + timeout_s
+        while (self._queue or self._writing) and not self._down and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._stopped = True
+        if self._queue:
+            log.error(
+                "%d budget settlement(s) not written at shutdown; their holds expire and "
+                "their spend is in the ledger only",
+                len(self._queue),
+            )
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        if self._store is not None:
+            await self._store.close()

@@ -1,0 +1,175 @@
+"""Limits on Redis (standalone or Cluster): one script call to admit, one to settle.
+
+Keys (`P` is the prefix, default `cg:`; every key carries the `{limits}` hash tag so a
+Redis Cluster keeps them in one slot and one script may touch them all):
+
+    P{limits}:budget:<scope>:<name>:<period>       hash  `spent`, `reserved` (nano-USD) and
+                                                         `h:<request_id>` -> its held worst
+                                                         case; <period> is YYYY-MM-DD or
+                                                         YYYY-MM (UTC); expires a week
+                                                         after the period ends
+    P{limits}:budget:<scope>:<name>:<period>:held  zset  request ids holding a reservation,
+                                                         score = expiry (ms, Redis clock)
+    P{limits}:rate:<scope>:<name>                  hash  `w` minute, `r`/`t` requests and
+                                                         tokens in it, `pr`/`pt` in the one
+                                                         before; expires after 2 idle minutes
+    P{limits}:settled:<request_id>                 string  the exactly-once marker of a
+                                                         settlement (2 days)
+
+<scope> is `key`, `team` or `route` (`key` or `team` for rates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+from redis import exceptions as redis_errors
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from gateway.limits.scripts import ADMIT_LUA, SETTLE_LUA
+from gateway.limits.store import (
+    Admitted,
+    Ask,
+    Balance,
+    BudgetRefusal,
+    Charge,
+    LimitsStoreUnavailable,
+    RateRefusal,
+    Verdict,
+)
+
+_UNREACHABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,
+    redis_errors.InvalidResponse,
+    OSError,
+)
+KEEP_AFTER_PERIOD_S = 7 * 86400  # budget counters stay readable a week past their period
+SETTLED_MARKER_TTL_S = 2 * 86400
+
+
+class RedisLimitStore:
+    """A `LimitStore` on Redis via `redis.asyncio`, with short timeouts: an admission
+    must fail fast when Redis is gone so the gateway can apply its outage policy.
+
+    >>> store = RedisLimitStore("redis://localhost:6379/0"); verdict = await store.admit(ask)
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "cg:",
+        *,
+        max_connections: int = 64,
+        socket_connect_timeout: float = 0.25,
+        socket_timeout: float = 0.5,
+    ) -> None:
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            socket_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 1),
+            decode_responses=True,
+        )
+        self._client: Redis = Redis.from_pool(pool)
+        self._admit = self._client.register_script(ADMIT_LUA)
+        self._settle = self._client.register_script(SETTLE_LUA)
+        self._base = f"{prefix}{{limits}}:"
+
+    def budget_key(self, scope: str, name: str, period: str) -> str:
+        return f"{self._base}budget:{scope}:{name}:{period}"
+
+    def rate_key(self, scope: str, name: str) -> str:
+        return f"{self._base}rate:{scope}:{name}"
+
+    async def admit(self, ask: Ask) -> Verdict:
+        keys = [self.rate_key(r.scope, r.name) for r in ask.rates]
+        args: list[Any] = [ask.request_id, ask.hold_ms, len(ask.rates), len(ask.budgets)]
+        args += [len(ask.options), ask.tokens, *ask.options]
+        for rate in ask.rates:
+            args += [rate.requests_per_minute or 0, rate.tokens_per_minute or 0]
+        for budget, period, down in zip(ask.budgets, ask.periods, ask.downgrades, strict=True):
+            key = self.budget_key(budget.scope, budget.name, period.id)
+            keys += [key, key + ":held"]
+            soft = -1 if budget.soft_nanos is None else budget.soft_nanos
+            args += [budget.limit_nanos, soft, down, _expire_at(period.ends_at)]
+        with self._translate():
+            reply = await self._admit(keys, args)
+        return _verdict(cast(list[int], reply), len(ask.rates), len(ask.budgets))
+
+    async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
+        """Each charge's script call, pipelined in one round trip (each stays atomic)."""
+        with self._translate():
+            try:
+                replies = await self._settle_batch(charges)
+            except redis_errors.NoScriptError:  # Redis restarted: load it, resend (idempotent)
+                await self._client.script_load(SETTLE_LUA)
+                replies = await self._settle_batch(charges)
+        return [_balances(reply) for reply in replies]
+
+    async def _settle_batch(self, charges: Sequence[Charge]) -> list[list[int]]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for charge in charges:
+                keys, args = self._settle_call(charge)
+                pipe.evalsha(self._settle.sha, len(keys), *keys, *args)
+            return cast(list[list[int]], await pipe.execute())
+
+    def _settle_call(self, charge: Charge) -> tuple[list[str], list[Any]]:
+        keys = [self._base + "settled:" + charge.request_id]
+        keys += [self.rate_key(r.scope, r.name) for r in charge.rates]
+        args: list[Any] = [charge.request_id, SETTLED_MARKER_TTL_S, len(charge.rates)]
+        args += [len(charge.budgets), charge.window, charge.token_delta, charge.cost_nanos]
+        for budget, period in zip(charge.budgets, charge.periods, strict=True):
+            key = self.budget_key(budget.scope, budget.name, period.id)
+            keys += [key, key + ":held"]
+            args.append(_expire_at(period.ends_at))
+        return keys, args
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    @contextlib.contextmanager
+    def _translate(self) -> Iterator[None]:
+        try:
+            yield
+        except _UNREACHABLE as exc:
+            raise LimitsStoreUnavailable(f"redis is unreachable for limits: {exc}") from exc
+
+
+def _expire_at(period_ends_at: float) -> int:
+    return int(period_ends_at) + KEEP_AFTER_PERIOD_S
+
+
+def _verdict(reply: list[int], n_rate: int, n_budget: int) -> Verdict:
+    if reply[0] == 1:
+        _, option, window, *rest = reply
+        remaining = tuple(
+            (_limit_left(rest[2 * i]), _limit_left(rest[2 * i + 1])) for i in range(n_rate)
+        )
+        past_soft = tuple(bool(flag) for flag in rest[2 * n_rate : 2 * n_rate + n_budget])
+        return Admitted(option, window, remaining, past_soft)
+    if reply[1] == 1:
+        _, _, rule, kind, previous, current, elapsed = reply
+        return RateRefusal(
+            rule - 1, "requests" if kind == 1 else "tokens", previous, current, elapsed
+        )
+    _, _, rule, used, cost, option = reply
+    return BudgetRefusal(rule - 1, used, cost, option)
+
+
+def _limit_left(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+def _balances(reply: list[int]) -> tuple[Balance, ...] | None:
+    if reply[0] == 0:
+        return None
+    pairs = reply[1:]
+    return tuple(Balance(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))

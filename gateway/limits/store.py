@@ -1,0 +1,99 @@
+"""What the limiter asks of its store, and the answers (Redis is the one store today).
+
+Contract:
+- `admit` checks every rate limit and budget of one request and, only if all pass,
+  counts the request in its rate windows and holds its worst-case cost on each budget,
+  all atomically: concurrent admissions (any worker, any replica) see each other.
+  Holds older than `hold_ms` are released by later admissions on the same budget.
+- `settle_many` settles each charge once (idempotent on the request id): releases the
+  request's holds, adds its real cost to each budget and corrects its token count.
+- Connection failures raise `LimitsStoreUnavailable`, never a foreign exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from gateway.limits.rules import BudgetRule, Period, RateRule
+
+RateKindType = Literal["requests", "tokens"]
+
+
+class LimitsStoreUnavailable(Exception):
+    """The store cannot be reached; nothing was checked or changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request's admission question."""
+
+    request_id: str
+    rates: tuple[RateRule, ...]
+    budgets: tuple[BudgetRule, ...]
+    periods: tuple[Period, ...]  # the period of each budget, at admission
+    options: tuple[int, ...]  # worst-case cost (nanos) per plan: 0 as planned, i downgraded
+    downgrades: tuple[int, ...]  # per budget: the option used past its soft limit, 0 none
+    tokens: int  # prompt + max output tokens, counted against tokens per minute
+    hold_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    option: int  # the plan chosen: 0 as planned, else a downgrade
+    window: int  # the rate-limit minute the request was counted in
+    remaining: tuple[tuple[int | None, int | None], ...]  # per rate rule: requests, tokens
+    past_soft: tuple[bool, ...]  # per budget
+
+
+@dataclass(frozen=True, slots=True)
+class RateRefusal:
+    rule: int  # index into `Ask.rates`
+    kind: RateKindType
+    previous: int  # the previous minute's count
+    current: int  # this minute's count
+    elapsed_ms: int  # into this minute
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRefusal:
+    rule: int  # index into `Ask.budgets`
+    used_nanos: int  # spent + reserved before this request
+    cost_nanos: int  # this request's worst case
+    option: int
+
+
+Verdict = Admitted | RateRefusal | BudgetRefusal
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One request's settlement: its real cost replaces its holds."""
+
+    request_id: str
+    rates: tuple[RateRule, ...]
+    budgets: tuple[BudgetRule, ...]
+    periods: tuple[Period, ...]
+    window: int  # the minute its tokens were counted in; -1 when they were not
+    token_delta: int  # real tokens minus the tokens counted at admission
+    cost_nanos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """A budget's state right after a settlement."""
+
+    spent_nanos: int
+    reserved_nanos: int
+
+
+class LimitStore(Protocol):
+    async def admit(self, ask: Ask) -> Verdict: ...
+
+    async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
+        """Per charge: the balance of each of its budgets, or None if it was settled
+        before."""
+        ...
+
+    async def close(self) -> None: ...
