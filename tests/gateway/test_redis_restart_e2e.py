@@ -1,0 +1,81 @@
+"""Redis killed and restarted while the gateway is under load: every request keeps
+being answered, and every answered request lands in the ledger exactly once (spooled
+during the outage, replayed after). The gateway runs on a private `redis-server`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, openai_compatible_policy
+from tests.gateway.ledger_fixtures import RedisServer
+
+REQUESTS = 240
+WORKERS = 8
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_redis_restart_during_load_keeps_spend_exactly_once(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    redis_server: RedisServer,
+    redis_prefix: str,
+) -> None:
+    fake_openai.delay_s = 0.005
+    server = start_gateway(
+        openai_compatible_policy(), redis=redis_server.url, UPSTREAM_BASE_URL=fake_openai.url
+    )
+    sent = 0
+    lock = threading.Lock()
+
+    def one(i: int) -> tuple[int, str]:
+        nonlocal sent
+        with lock:
+            sent += 1
+        response = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={"model": "auto", "messages": [{"role": "user", "content": f"hello {i}"}]},
+            headers={"authorization": f"Bearer {CLIENT_KEY}"},
+            timeout=30,
+        )
+        return response.status_code, response.headers.get("x-request-id", "")
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        futures = [pool.submit(one, i) for i in range(REQUESTS)]
+        while sent < REQUESTS // 3:
+            time.sleep(0.005)
+        redis_server.kill()  # mid-load
+        while sent < 2 * REQUESTS // 3:
+            time.sleep(0.005)
+        redis_server.start()
+        results = [future.result() for future in futures]
+
+    assert [status for status, _ in results] == [200] * REQUESTS
+    answered = {request_id for _, request_id in results}
+    store = RedisStore(redis_server.url, prefix=redis_prefix)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            events = await store.events(limit=10 * REQUESTS)
+            ids = [event.request_id for event in events]
+            if set(ids) >= answered or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert sorted(ids) == sorted(answered)  # all of them, each once
+    finally:
+        await store.close()
