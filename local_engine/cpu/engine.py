@@ -111,7 +111,10 @@ class Engine:
             )
 
     def add(self, request: Request, sink: Sink) -> None:
-        """Queue a request (any thread); outputs go to `sink` on the engine's thread."""
+        """Queue a request (any thread); outputs go to `sink` on the engine's thread.
+
+        Raises InvalidRequest (param "prompt") if it cannot fit the context."""
+        self.check(request, "prompt")
         with self._lock:
             self._inbox.append((request, sink))
         self._wakeup.set()

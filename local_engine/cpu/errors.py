@@ -1,14 +1,17 @@
 """Embedded CPU engine exceptions.
 
-CpuEngineError          base of everything the CPU engine raises
-├── CheckpointError     a model directory is missing files or holds an unsupported model
-└── InvalidRequest      a request the engine cannot run; names the offending field (`param`)
+EngineError (local_engine.errors)
+└── CpuEngineError      base of everything the CPU engine raises
+    ├── CheckpointError     a model directory lacks files or holds an unsupported model
+    └── InvalidRequest      a request the engine cannot run; names the bad field (`param`)
 """
 
 from __future__ import annotations
 
+from local_engine.errors import EngineError
 
-class CpuEngineError(Exception):
+
+class CpuEngineError(EngineError):
     pass
 
 

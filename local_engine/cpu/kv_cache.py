@@ -59,7 +59,8 @@ class KVCache:
         start = torch.tensor(starts, dtype=torch.long)
         count = torch.tensor(counts, dtype=torch.long)
         times = torch.arange(width, dtype=torch.long)
-        positions = start[:, None] + times[None, :]
+        # Padding repeats the row's last real position, so it never runs past the table.
+        positions = start[:, None] + torch.minimum(times[None, :], count[:, None] - 1)
         real = times[None, :] < count[:, None]
         rows, cols = real.nonzero(as_tuple=True)
         key_len = int((start + count).max())
