@@ -79,6 +79,14 @@ def sla_met(sla: RouteSla | None, ttft_ms: float | None, latency_ms: float) -> b
     )
 
 
+def _record_id(request_id: str, attempt: int, label: str | None) -> str:
+    """`<request id>`, `<request id>:<n>` for the n-th escalation, `<request id>:<label>`
+    for other extra attempts (`h1`: a hedge that lost the race)."""
+    if label is not None:
+        return f"{request_id}:{label}"
+    return request_id if attempt == 0 else f"{request_id}:{attempt}"
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     """Who asked what of whom; the fixed part of every record of one request."""
@@ -108,6 +116,7 @@ class Accountant:
         attempt: int = 0,
         status: StatusType = "ok",
         ttft_s: float | None = None,
+        label: str | None = None,
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger."""
         route = call.route
@@ -115,7 +124,7 @@ class Accountant:
         ttft_ms = None if ttft_s is None else round(ttft_s * 1000, 3)
         record = SpendRecord(
             # Escalations of a cascade are priced too, each under its own id.
-            record_id=call.request_id if attempt == 0 else f"{call.request_id}:{attempt}",
+            record_id=_record_id(call.request_id, attempt, label),
             request_id=call.request_id,
             ts=time.time(),
             team=call.team,

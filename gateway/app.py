@@ -30,6 +30,7 @@ from gateway.proxy import Proxy, new_request_id
 from gateway.runtime import build_runtime
 from gateway.services import Services
 from gateway.settings import Settings
+from gateway.sla import build_guard
 from gateway.spend import api as spend_api
 from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
@@ -86,14 +87,17 @@ async def start_services(settings: Settings) -> Services:
     store = make_store(settings)
     ledger = CostLedger(store, Spool(settings.spool_path))
     ledger.start()
+    guard = build_guard(metrics, loaded.policy, settings.redis_url, settings.redis_prefix)
     clients: dict[str, UpstreamClient] = {
         "openai": OpenAICompatibleClient(
-            settings.upstream_max_connections, settings.upstream_transport
+            settings.upstream_max_connections,
+            settings.upstream_transport,
+            on_load_report=guard.load.observe_header,
         ),
         "litellm": LiteLLMClient(),
     }
     accountant = Accountant(ledger, metrics)
-    executor = Executor(clients, metrics, settings.max_retry_wait_s)
+    executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
     redis_url, prefix = settings.redis_url, settings.redis_prefix
     limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)
     services = Services(
@@ -103,9 +107,10 @@ async def start_services(settings: Settings) -> Services:
         store=store,
         ledger=ledger,
         accountant=accountant,
-        proxy=Proxy(executor, accountant, metrics, limits=limits),
-        clients=clients,
+        proxy=Proxy(executor, accountant, metrics, guard=guard, limits=limits),
+        guard=guard,
         limits=limits,
+        clients=clients,
     )
     services.reloader = PolicyReloader(
         settings.policy,
@@ -115,12 +120,14 @@ async def start_services(settings: Settings) -> Services:
         on_reject=services.reject,
     )
     services.reloader.start()
+    guard.start(lambda: services.runtime)
     return services
 
 
 async def stop_services(services: Services) -> None:
     if services.reloader is not None:
         await services.reloader.stop()
+    await services.guard.stop()
     await services.limits.stop(services.settings.shutdown_grace_s)
     await services.ledger.stop(services.settings.shutdown_grace_s)
     for client in services.clients.values():

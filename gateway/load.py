@@ -22,6 +22,7 @@ import httpx
 
 from gateway.latency import EngineLoad, LatencyModel
 from gateway.pricing import TokenPrice
+from gateway.runtime import wants_load_view
 from local_engine.errors import MetricsError
 from local_engine.metrics import (
     EngineMetrics,
@@ -35,6 +36,8 @@ from policies.schema import Policy
 log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 1.0
+# KV-cache usage in a load report, by the names vLLM versions have used.
+KV_FIELDS = ("kv_cache_usage_perc", "kv_cache_utilization", "gpu_cache_usage_perc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +51,7 @@ class ScrapeTarget:
 def scrape_targets(policy: Policy) -> list[ScrapeTarget]:
     targets = []
     for name, spec in policy.deployments.items():
-        wanted = spec.scrape_metrics
-        if wanted is None:
-            wanted = spec.metrics_url is not None or spec.self_hosted is not None
+        wanted = wants_load_view(spec)
         url = spec.metrics_url or (metrics_url(spec.api_base) if spec.api_base else None)
         if not wanted or url is None:
             continue
@@ -108,7 +109,7 @@ class LoadView:
         waiting = fields.get("num_requests_waiting")
         if running is None and waiting is None:
             return
-        kv = fields.get("kv_cache_usage_perc", fields.get("gpu_cache_usage_perc"))
+        kv = next((fields[name] for name in KV_FIELDS if name in fields), None)
         meter = self._meters.get(deployment)
         mean_ttft = meter.stats().ttft_mean_s if meter else None
         load = EngineLoad(running or 0.0, waiting or 0.0, kv, mean_ttft, time.monotonic())

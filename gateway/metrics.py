@@ -17,6 +17,8 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -81,7 +83,7 @@ class Metrics:
         )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
-            "Upstream calls by deployment and outcome (ok, retry, fallback, error)",
+            "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge)",
             ["deployment", "outcome"],
             registry=r,
         )
@@ -108,7 +110,74 @@ class Metrics:
             ["deployment", "tier"],
             registry=r,
         )
+
+        self._add_sla_metrics(r)
         self._add_limit_metrics(r)
+
+    def _add_sla_metrics(self, r: CollectorRegistry) -> None:
+        self.sla_requests = Counter(
+            "cascade_sla_requests",
+            "Requests on routes with an SLA, by whether they met it (met, missed)",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.sla_shed = Counter(
+            "cascade_sla_shed",
+            "Requests refused (429) because no deployment was predicted to meet the SLA",
+            ["route"],
+            registry=r,
+        )
+        self.hedges = Counter(
+            "cascade_hedges",
+            "Hedged requests: fired (a second deployment asked) and won (it answered first)",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            "cascade_breaker_state",
+            "Circuit breaker per deployment: 0 closed, 1 half-open, 2 open (ejected)",
+            ["deployment"],
+            registry=r,
+        )
+        self.upstream_ttft = Histogram(
+            "cascade_upstream_ttft_seconds",
+            "Upstream time to first token per deployment (non-streaming: to the answer)",
+            ["deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_itl = Histogram(
+            "cascade_upstream_itl_seconds",
+            "Mean inter-token (inter-event) time of each upstream stream, per deployment",
+            ["deployment"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "cascade_upstream_duration_seconds",
+            "Upstream end-to-end time of successful attempts, per deployment",
+            ["deployment"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predicted_ttft = Gauge(
+            "cascade_deployment_predicted_ttft_seconds",
+            "The latency model's predicted TTFT per deployment (p90 scaled by queue)",
+            ["deployment"],
+            registry=r,
+        )
+        self.engine_requests = Gauge(
+            "cascade_engine_requests",
+            "Requests in a self-hosted engine as it reports them (running, waiting)",
+            ["deployment", "state"],
+            registry=r,
+        )
+        self.engine_kv_cache = Gauge(
+            "cascade_engine_kv_cache_usage",
+            "KV-cache usage (0..1) a self-hosted engine reports",
+            ["deployment"],
+            registry=r,
+        )
 
     def _add_limit_metrics(self, r: CollectorRegistry) -> None:
         budget = ["scope", "name", "period"]

@@ -184,6 +184,7 @@ def _deployment(name: str, spec: Deployment) -> DeploymentRuntime:
         timeout_s=spec.timeout_s,
         connect_timeout_s=spec.connect_timeout_s,
         headers=dict(spec.headers),
+        load_report=wants_load_view(spec),
     )
     return DeploymentRuntime(
         name=name,
@@ -196,6 +197,14 @@ def _deployment(name: str, spec: Deployment) -> DeploymentRuntime:
         unavailable_reason=spec.unavailable_reason(),
         priority_scheduling=spec.priority_scheduling,
     )
+
+
+def wants_load_view(spec: Deployment) -> bool:
+    """Is this deployment an engine whose load the gateway watches (`/metrics` scraped,
+    load asked for on every response)? Self-hosted ones are, unless told otherwise."""
+    if spec.scrape_metrics is not None:
+        return spec.scrape_metrics
+    return spec.metrics_url is not None or spec.self_hosted is not None
 
 
 def _deployment_price(name: str, spec: Deployment) -> TokenPrice:

@@ -37,6 +37,7 @@ class UpstreamTarget:
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    load_report: bool = False  # ask for vLLM's `endpoint-load-metrics` response header
 
 
 class UpstreamFailure(Exception):

@@ -41,6 +41,10 @@ TRANSPORTS: dict[str, Callable[[int], httpx.AsyncBaseTransport]] = {
     ),
 }
 
+# vLLM reports its load on a response when the request asks for it (ORCA format).
+LOAD_REQUEST_HEADER = "endpoint-load-metrics-format"
+LOAD_RESPONSE_HEADER = "endpoint-load-metrics"
+
 PATHS: dict[str, str] = {
     "chat": "/chat/completions",
     "completions": "/completions",
@@ -51,9 +55,16 @@ PATHS: dict[str, str] = {
 class OpenAICompatibleClient:
     """UpstreamClient for servers that speak OpenAI's HTTP API."""
 
-    def __init__(self, max_connections: int = 1000, transport: TransportType = "aiohttp") -> None:
+    def __init__(
+        self,
+        max_connections: int = 1000,
+        transport: TransportType = "aiohttp",
+        on_load_report: Callable[[str, str], None] | None = None,
+    ) -> None:
         self._transport = TRANSPORTS[transport](max_connections)
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        # (deployment, header value) for vLLM's per-response `endpoint-load-metrics`
+        self._on_load_report = on_load_report
 
     async def close(self) -> None:
         await self._transport.aclose()
@@ -64,6 +75,7 @@ class OpenAICompatibleClient:
         request = self._request(target, endpoint, body)
         with translate_errors(target):
             response = await self._transport.handle_async_request(request)
+            self._load_report(target, response)
             try:
                 content = await response.aread()
             finally:
@@ -89,6 +101,7 @@ class OpenAICompatibleClient:
         request = self._request(target, endpoint, body)
         with translate_errors(target):
             response = await self._transport.handle_async_request(request)
+        self._load_report(target, response)
         try:
             if response.status_code != 200:
                 with translate_errors(target):
@@ -111,6 +124,8 @@ class OpenAICompatibleClient:
         if target.api_base is None:
             raise UpstreamConnectFailed(f"deployment '{target.deployment}' has no api_base")
         headers = {"content-type": "application/json", **target.headers}
+        if target.load_report:
+            headers[LOAD_REQUEST_HEADER] = "text"
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
         timeout = {
@@ -126,6 +141,12 @@ class OpenAICompatibleClient:
             headers=headers,
             extensions={"timeout": timeout},
         )
+
+    def _load_report(self, target: UpstreamTarget, response: httpx.Response) -> None:
+        if target.load_report and self._on_load_report is not None:
+            value = response.headers.get(LOAD_RESPONSE_HEADER)
+            if value:
+                self._on_load_report(target.deployment, value)
 
     def _url(self, api_base: str, endpoint: EndpointType) -> httpx.URL:
         url = self._urls.get((api_base, endpoint))

@@ -362,13 +362,28 @@ class FakeOpenAI(FakeServer):
             return openai_error(behaviour.fail_status, retry_after=behaviour.retry_after)
         if not isinstance(body, dict) or required not in body:
             return openai_error(400, f"'{required}' is a required property", param=required)
+        headers = self._load_report(entry["headers"])
         if body.get("stream") and stream is not None:
             return StreamingResponse(
-                stream(body, behaviour), media_type="text/event-stream", headers=SSE_HEADERS
+                stream(body, behaviour),
+                media_type="text/event-stream",
+                headers={**SSE_HEADERS, **headers},
             )
         if behaviour.malformed_json:
             return Response(b'{"id": "broken", "choices": [', media_type="application/json")
-        return JSONResponse(build(body, behaviour))
+        return JSONResponse(build(body, behaviour), headers=headers)
+
+    def _load_report(self, request_headers: dict[str, str]) -> dict[str, str]:
+        """vLLM's per-response load report, when the request asks for one."""
+        if "endpoint-load-metrics-format" not in request_headers:
+            return {}
+        running, waiting, kv = self.engine_load
+        value = (
+            f"TEXT named_metrics.num_requests_running={running}, "
+            f"named_metrics.num_requests_waiting={waiting}, "
+            f"named_metrics.kv_cache_usage_perc={kv}"
+        )
+        return {"endpoint-load-metrics": value}
 
     async def _models(self, request: Request) -> Response:
         await self.record(request)

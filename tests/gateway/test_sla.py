@@ -55,7 +55,7 @@ keys:
   k: {secret: "${GATEWAY_TEST_KEY}"}
 admin_keys: ["${GATEWAY_ADMIN_KEY}"]
 gateway:
-  load_scrape_interval_s: 0.1
+  load_scrape_interval_s: ${SCRAPE_S:-0.1}
   circuit_breaker:
     failure_threshold: 2
     cooldown_s: ${COOLDOWN_S:-30}
@@ -159,6 +159,20 @@ def test_an_engine_with_a_long_queue_is_skipped(
         assert chat(base).headers["x-cascade-deployment"] == "b"
     assert chat_requests(engine_a) == []
     assert metric(base, 'cascade_engine_requests{deployment="a",state="waiting"}') == 200
+
+
+def test_the_per_response_load_report_is_read(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    """vLLM's `endpoint-load-metrics` header, asked for on every request to an engine,
+    updates its load before the next scrape."""
+    base = start(HEDGE_MS="5000", SCRAPE_S="60")
+    time.sleep(0.2)  # the first scrape saw idle engines; the next one is a minute away
+    engine_a.engine_load = (8, 200, 0.99)
+    assert chat(base).headers["x-cascade-deployment"] == "a"  # its reply reports the queue
+    assert chat_requests(engine_a)[0]["headers"]["endpoint-load-metrics-format"] == "text"
+    time.sleep(0.3)  # past the latency model's cache
+    assert chat(base).headers["x-cascade-deployment"] == "b"
 
 
 def test_when_no_engine_can_meet_the_sla_shed_answers_429(
