@@ -73,6 +73,7 @@ async def policy_status(request: Request, services: ServicesDep) -> Response:
             "price_source": d.price.source,
             "available": d.unavailable_reason is None,
             "unavailable_reason": d.unavailable_reason,
+            "health": services.guard.health_report(d.name),
         }
         for d in runtime.deployments.values()
     }

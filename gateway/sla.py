@@ -93,6 +93,27 @@ class SlaGuard:
         prediction = self.latency.predict(deployment)
         return Health(ejected, prediction.ttft_s, prediction.reason)
 
+    def health_report(self, deployment: str) -> dict[str, object]:
+        """What the guard knows of a deployment, for `/admin/policy`."""
+        prediction = self.latency.predict(deployment)
+        reading = self.load.readings.get(deployment)
+        return {
+            "breaker": self.breakers.state(deployment),
+            "predicted_ttft_ms": _ms(prediction.ttft_s),
+            "prediction": prediction.reason,
+            "ttft_samples": prediction.samples,
+            "error_rate": round(prediction.error_rate, 4),
+            "engine": None
+            if reading is None
+            else {
+                "running": reading.running,
+                "waiting": reading.waiting,
+                "kv_cache_usage": reading.kv_cache_usage,
+                **self.load.throughput(deployment),
+            },
+            "scrape_error": self.load.errors.get(deployment),
+        }
+
     # Per attempt, from the executor.
 
     def allows(self, deployment: str) -> bool:
@@ -209,3 +230,9 @@ def build_guard(metrics: Metrics, policy: Policy, redis_url: str | None, prefix:
 def breaker_settings(policy: Policy) -> BreakerSettings:
     spec = policy.gateway.circuit_breaker
     return BreakerSettings(spec.failure_threshold, spec.cooldown_s, spec.half_open_probes)
+
+
+def _ms(seconds: float | None) -> float | str | None:
+    if seconds is None:
+        return None
+    return "inf" if math.isinf(seconds) else round(seconds * 1000, 1)

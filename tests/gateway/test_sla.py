@@ -13,7 +13,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway, wait_for_record
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 
@@ -159,6 +159,10 @@ def test_an_engine_with_a_long_queue_is_skipped(
         assert chat(base).headers["x-cascade-deployment"] == "b"
     assert chat_requests(engine_a) == []
     assert metric(base, 'cascade_engine_requests{deployment="a",state="waiting"}') == 200
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    health = httpx.get(f"{base}/admin/policy", headers=admin).json()["deployments"]["a"]["health"]
+    assert health["breaker"] == "closed" and health["engine"]["waiting"] == 200
+    assert health["predicted_ttft_ms"] > 400 and "200 waiting" in health["prediction"]
 
 
 def test_the_per_response_load_report_is_read(
