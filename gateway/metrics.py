@@ -115,6 +115,12 @@ class Metrics:
         self._add_limit_metrics(r)
 
     def _add_sla_metrics(self, r: CollectorRegistry) -> None:
+        self.tier_requests = Counter(
+            "cascade_tier_requests",
+            "Answered requests by route and the tier that answered (the router's tier mix)",
+            ["route", "tier"],
+            registry=r,
+        )
         self.sla_requests = Counter(
             "cascade_sla_requests",
             "Requests on routes with an SLA, by whether they met it (met, missed)",

@@ -251,6 +251,7 @@ class Proxy:
     def _observe(self, call: Call, deployment: DeploymentRuntime, status: str) -> None:
         m = self._metrics
         m.child(m.requests, call.route.name, deployment.name, call.team, status).inc()
+        m.child(m.tier_requests, call.route.name, deployment.tier).inc()
         m.child(m.latency, call.route.name, deployment.name).observe(
             time.perf_counter() - call.started
         )

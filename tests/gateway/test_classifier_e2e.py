@@ -69,6 +69,8 @@ async def test_easy_stays_cheap_and_hard_goes_premium(
     assert tiers == {EASY: ("cheap", "local-small"), HARD: ("premium", "premium")}
     metrics = httpx.get(f"{base}/metrics").text
     assert 'cascade_router_score_count{route="auto"} 2.0' in metrics
+    assert 'cascade_tier_requests_total{route="auto",tier="local-small"} 1.0' in metrics
+    assert 'cascade_tier_requests_total{route="auto",tier="premium"} 1.0' in metrics
 
 
 def test_a_failing_cheap_tier_escalates_not_the_other_way(
