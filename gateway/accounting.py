@@ -147,7 +147,8 @@ class Accountant:
             ttft_ms=ttft_ms,
             escalations=attempt,
             score=call.score,
-            sla_met=sla_met(route.sla, ttft_ms, latency_ms),
+            # A hedge that lost the race answered nobody: it is priced, not judged.
+            sla_met=None if label else sla_met(route.sla, ttft_ms, latency_ms),
         )
         self._observe(record, deployment)
         self._ledger.submit(record)
