@@ -57,7 +57,7 @@ for b = 1, n_budget do
   for _, rid in ipairs(expired) do
     local amount = redis.call('HGET', hash, 'h:' .. rid)
     if amount then
-      redis.call('HINCRBY', hash, 'reserved', '-' .. amount)
+      if amount ~= '0' then redis.call('HINCRBY', hash, 'reserved', '-' .. amount) end
       redis.call('HDEL', hash, 'h:' .. rid)
     end
     redis.call('ZREM', held, rid)
@@ -121,7 +121,7 @@ for b = 1, n_budget do
   local hash, held = KEYS[1 + n_rate + 2 * b - 1], KEYS[1 + n_rate + 2 * b]
   local amount = redis.call('HGET', hash, 'h:' .. id)
   if amount then
-    redis.call('HINCRBY', hash, 'reserved', '-' .. amount)
+    if amount ~= '0' then redis.call('HINCRBY', hash, 'reserved', '-' .. amount) end  -- not '-0'
     redis.call('HDEL', hash, 'h:' .. id)
     redis.call('ZREM', held, id)
   end

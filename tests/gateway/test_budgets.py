@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,7 @@ from gateway.ledger import RedisStore
 from gateway.tokens import count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
-from tests.gateway.ledger_fixtures import free_port
+from tests.gateway.ledger_fixtures import RedisServer, free_port
 from tests.gateway.server import GatewayServer
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
@@ -326,3 +327,32 @@ def test_no_limits_means_no_limit_keys(start: Any, counters: Counters) -> None:
     assert response.status_code == 200
     assert not [h for h in response.headers if h.startswith("x-ratelimit")]
     assert list(counters.client.scan_iter(match=f"{counters.prefix}{{limits}}*")) == []
+
+
+def test_settlements_made_during_an_outage_reach_the_counters_after_it(
+    start: Any, tmp_path: Path, redis_prefix: str
+) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        counters = Counters(client, redis_prefix)
+        base = start(
+            policy("{scope: key, name: k, period: day, limit_usd: 1}"), redis=server.url
+        ).url
+        assert ask(base).status_code == 200
+        counters.settled("key", "k", ACTUAL)
+        server.kill()
+        assert [ask(base).status_code for _ in range(2)] == [200, 200]  # served unchecked
+        assert metric(base, 'cascade_limits_unavailable_total{action="served_unchecked"}') == 2
+        server.start()  # the same data (AOF): the queued settlements are written now
+        counters.settled("key", "k", 3 * ACTUAL)
+        deadline = time.monotonic() + 5
+        while metric(base, "cascade_limits_degraded") != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert ask(base).status_code == 200
+        counters.settled("key", "k", 4 * ACTUAL)
+    finally:
+        client.close()
+        server.stop()

@@ -1,0 +1,138 @@
+"""The limits store's scripts on real Redis, and the arithmetic around them: expired
+holds, exactly-once settlement, token corrections across a window change, amounts
+past Lua's number formatting, worst cases and rate-limit waits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.limits.budgets import output_tokens
+from gateway.limits.rate_limits import wait_s
+from gateway.limits.redis_store import RedisLimitStore
+from gateway.limits.rules import BudgetRule, Period, RateRule, periods_at
+from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge, RateRefusal
+
+BUDGET = BudgetRule("team", "research", "day", 1_000_000, None, None)
+PERIOD = Period("2031-01-31", time.time() + 86400)
+RATE = RateRule("key", "k", 100, 10_000)
+
+
+@pytest.fixture
+async def store(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisLimitStore]:
+    limits = RedisLimitStore(redis_url, redis_prefix)
+    yield limits
+    await limits.close()
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    connection = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield connection
+    await connection.aclose()
+
+
+def ask(request_id: str, worst: int, budget: BudgetRule = BUDGET, **kw: Any) -> Ask:
+    fields: dict[str, Any] = {
+        "rates": (),
+        "budgets": (budget,),
+        "periods": (PERIOD,),
+        "options": (worst,),
+        "downgrades": (0,),
+        "tokens": 0,
+        "hold_ms": 60_000,
+    }
+    fields.update(kw)
+    return Ask(request_id, **fields)
+
+
+def charge(request_id: str, cost: int, budget: BudgetRule = BUDGET, **kw: Any) -> Charge:
+    fields: dict[str, Any] = {"rates": (), "window": -1, "token_delta": 0}
+    fields.update(kw)
+    return Charge(request_id, budgets=(budget,), periods=(PERIOD,), cost_nanos=cost, **fields)
+
+
+async def test_holds_of_dead_workers_expire(store: RedisLimitStore, client: aioredis.Redis) -> None:
+    key = store.budget_key("team", "research", PERIOD.id)
+    assert isinstance(await store.admit(ask("dead", 600_000, hold_ms=1)), Admitted)
+    time.sleep(0.01)  # the worker holding "dead" never settles
+    assert isinstance(await store.admit(ask("alive", 600_000)), Admitted)
+    assert await client.hget(key, "reserved") == "600000"
+    assert await client.zrange(key + ":held", 0, -1) == ["alive"]
+    refused = await store.admit(ask("third", 600_000))
+    assert refused == BudgetRefusal(0, 600_000, 600_000, 0)
+
+
+async def test_a_settlement_counts_once(store: RedisLimitStore, client: aioredis.Redis) -> None:
+    await store.admit(ask("r1", 500_000))
+    first, again = await store.settle_many([charge("r1", 123_456), charge("r1", 123_456)])
+    assert first is not None and (first[0].spent_nanos, first[0].reserved_nanos) == (123_456, 0)
+    assert again is None
+    key = store.budget_key("team", "research", PERIOD.id)
+    assert await client.hmget(key, "spent", "reserved", "h:r1") == ["123456", "0", None]
+
+
+async def test_amounts_beyond_fourteen_digits_stay_exact(
+    store: RedisLimitStore, client: aioredis.Redis
+) -> None:
+    big = BudgetRule("team", "research", "day", 900_000_000_000_000, None, None)  # $900k
+    worst, cost = 123_456_789_012_345, 98_765_432_109_876
+    assert isinstance(await store.admit(ask("big", worst, budget=big)), Admitted)
+    key = store.budget_key("team", "research", PERIOD.id)
+    assert await client.hget(key, "reserved") == str(worst)
+    await store.settle_many([charge("big", cost, budget=big)])
+    assert await client.hmget(key, "spent", "reserved") == [str(cost), "0"]
+
+
+async def test_a_token_correction_follows_its_window(
+    store: RedisLimitStore, client: aioredis.Redis
+) -> None:
+    verdict = await store.admit(ask("t1", 0, rates=(RATE,), tokens=500))
+    assert isinstance(verdict, Admitted)
+    assert verdict.remaining == ((99, 9_500),)
+    rate_key = store.rate_key("key", "k")
+    await client.hset(rate_key, mapping={"w": verdict.window + 1, "pt": 500, "t": 0})
+    await store.settle_many(
+        [charge("t1", 0, rates=(RATE,), window=verdict.window, token_delta=-480)]
+    )
+    assert await client.hmget(rate_key, "pt", "t") == ["20", "0"]  # the minute it was counted in
+
+
+async def test_the_first_refusal_is_the_rate_limit(store: RedisLimitStore) -> None:
+    tight = RateRule("key", "k", 1, None)
+    assert isinstance(await store.admit(ask("a", 0, rates=(tight,))), Admitted)
+    refused = await store.admit(ask("b", 2_000_000, rates=(tight,)))  # over budget too
+    assert isinstance(refused, RateRefusal) and (refused.kind, refused.current) == ("requests", 1)
+
+
+@pytest.mark.parametrize(
+    ("previous", "current", "elapsed_ms", "cost", "limit", "expected"),
+    [
+        (0, 10, 30_000, 1, 10, 30 + 6),  # full now; next minute 10 weighs 0.9 at 6 s
+        (10, 0, 0, 1, 10, 6),  # the previous minute fades: 10 * (1 - f) <= 9 at 6 s
+        (0, 0, 0, 11, 10, 60),  # never fits: one window, and the message says why
+    ],
+)
+def test_rate_limit_waits(
+    previous: int, current: int, elapsed_ms: int, cost: int, limit: int, expected: float
+) -> None:
+    refusal = RateRefusal(0, "requests", previous, current, elapsed_ms)
+    assert wait_s(refusal, cost, limit) == pytest.approx(expected)
+
+
+def test_output_tokens_cover_every_choice() -> None:
+    assert output_tokens("chat", {"max_tokens": 7}, 4096) == 7
+    assert output_tokens("chat", {"max_completion_tokens": 9, "max_tokens": 7}, 4096) == 9
+    assert output_tokens("chat", {"n": 3}, 100) == 300
+    assert output_tokens("embeddings", {"max_tokens": 7}, 4096) == 0
+
+
+def test_periods_are_utc_days_and_months() -> None:
+    periods = periods_at(datetime(2030, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())
+    assert (periods["day"].id, periods["day"].ends_iso) == ("2030-12-31", "2031-01-01T00:00:00Z")
+    assert (periods["month"].id, periods["month"].ends_iso) == ("2030-12", "2031-01-01T00:00:00Z")
