@@ -71,6 +71,7 @@ class CircuitBreakers:
     ) -> None:
         self.settings = settings or BreakerSettings()
         self._breakers: dict[str, _Breaker] = {}
+        self.tripped: set[str] = set()  # deployments whose breaker is not closed
         self._redis = redis
         self._base = f"{prefix}{{breaker}}:"
         self._on_change = on_change
@@ -146,6 +147,10 @@ class CircuitBreakers:
         if breaker.state == state:
             return
         breaker.state = state
+        if state == "closed":
+            self.tripped.discard(deployment)
+        else:
+            self.tripped.add(deployment)
         log.warning("circuit breaker for deployment '%s' is now %s", deployment, state)
         if self._on_change is not None:
             self._on_change(deployment, state)

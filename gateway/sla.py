@@ -62,6 +62,8 @@ class SlaGuard:
         """The candidates to try, in order; raises when none may be tried. Without
         `use_sla` only ejected deployments are dropped."""
         sla = route.sla if use_sla else None
+        if sla is None and not self.breakers.tripped:
+            return candidates  # the common case: nothing to judge
         health = {d.name: self._health(d.name, sla) for d in candidates}
         ttft_s = sla.ttft_s if sla is not None and sla.load_aware else None
         on_miss: SlaMissType = "shed" if sla is not None and sla.on_miss == "shed" else "degrade"
