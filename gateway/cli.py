@@ -69,7 +69,11 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         if reason:
             print(f"  note: deployment '{name}' is unavailable until configured: {reason}")
     if policy.budgets:
-        print(f"  note: {len(policy.budgets)} budget(s) validated; enforcement is not built yet")
+        print(
+            f"  note: {len(policy.budgets)} budget(s) enforced on Redis (REDIS_URL); when it is "
+            f"unreachable limits fail {policy.gateway.limits_when_redis_down} "
+            "(gateway.limits_when_redis_down)"
+        )
     return 0
 
 

@@ -124,7 +124,8 @@ class Proxy:
         finally:
             if not isinstance(response, RelayedStream):  # a relayed stream settles as it ends
                 admission.settle(call.records)
-        response.headers.update(admission.headers)
+        if admission.headers:
+            response.headers.update(admission.headers)
         return response
 
     def _candidates(

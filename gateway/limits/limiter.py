@@ -153,7 +153,7 @@ class Limiter:
             self._book = RuleBook.build(runtime.policy)
             self._runtime = runtime
         rules = self._book.rules_for(principal.key_id, principal.team, route.name)
-        if rules is None:
+        if rules is None or not candidates:  # no candidates: nothing will be called
             return UNLIMITED
         ask, plans = self._ask(runtime, route, endpoint, body, candidates, strategy, rules)
         ask = dataclasses.replace(ask, request_id=request_id)
