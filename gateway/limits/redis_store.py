@@ -14,7 +14,7 @@ Redis Cluster keeps them in one slot and one script may touch them all):
                                                          tokens in it, `pr`/`pt` in the one
                                                          before; expires after 2 idle minutes
     P{limits}:settled:<request_id>                 string  the exactly-once marker of a
-                                                         settlement (2 days)
+                                                         settlement (1 day)
 
 <scope> is `key`, `team` or `route` (`key` or `team` for rates).
 """
@@ -42,15 +42,11 @@ from gateway.limits.store import (
     Verdict,
 )
 
-_UNREACHABLE = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ReadOnlyError,
-    redis_errors.InvalidResponse,
-    OSError,
-)
+# Any Redis failure (unreachable, failing over, out of memory, a script error) makes
+# limits unavailable: the outage policy answers, never a 500.
+_UNAVAILABLE = (redis_errors.RedisError, OSError)
 KEEP_AFTER_PERIOD_S = 7 * 86400  # budget counters stay readable a week past their period
-SETTLED_MARKER_TTL_S = 2 * 86400
+SETTLED_MARKER_TTL_S = 86400  # long enough for a retry after any outage a queue survives
 
 
 class RedisLimitStore:
@@ -139,8 +135,8 @@ class RedisLimitStore:
     def _translate(self) -> Iterator[None]:
         try:
             yield
-        except _UNREACHABLE as exc:
-            raise LimitsStoreUnavailable(f"redis is unreachable for limits: {exc}") from exc
+        except _UNAVAILABLE as exc:
+            raise LimitsStoreUnavailable(f"redis failed for limits: {exc!r}") from exc
 
 
 def _expire_at(period_ends_at: float) -> int:
