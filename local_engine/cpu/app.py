@@ -30,6 +30,9 @@ from local_engine.cpu.sequence import Output
 from local_engine.cpu.sequence import Request as EngineRequest
 from local_engine.cpu.tokenizer import Tokenizer
 
+DROPPED = "the engine dropped the request (see the engine's log)"
+# The chat template knows system, user and assistant turns.
+ROLE_ALIASES = {"developer": "system", "tool": "user"}
 TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 # Builds one streamed chunk's `choices[0]` from (text, finish_reason, first chunk?).
 ChoiceBuilder = Callable[[str, str | None, bool], dict[str, Any]]
@@ -45,6 +48,10 @@ class EngineService:
 
 
 class ModelNotFound(Exception):
+    pass
+
+
+class EngineUnavailable(Exception):
     pass
 
 
@@ -84,7 +91,9 @@ def create_app(service: EngineService) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionBody) -> Response:
         _check_model(service, body)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [
+            {"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()} for m in body.messages
+        ]
         ids = service.tokenizer.encode(service.tokenizer.render_chat(messages))
         request = _request("chatcmpl", ids, body.sampling_params(), service, "messages")
         if body.stream:
@@ -147,7 +156,8 @@ async def _collect(service: EngineService, request: EngineRequest) -> tuple[str,
     async for output in service.runner.generate(request):
         parts.append(output.text)
         last = output
-    assert last is not None
+    if last is None or last.finish_reason == "abort":
+        raise EngineUnavailable(DROPPED)
     return "".join(parts), last
 
 
@@ -218,6 +228,9 @@ async def _chunks(
     first, last = kind == "chat.completion.chunk", None
     async for output in service.runner.generate(request):
         last = output
+        if output.finish_reason == "abort":
+            yield _event(_error_body(DROPPED, "server_error", None, None))
+            return
         if not output.text and output.finish_reason is None and not first:
             continue
         chunk = base | {"choices": [choice(output.text, output.finish_reason, first)]}
@@ -232,9 +245,12 @@ def _event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+def _error_body(message: str, kind: str, param: str | None, code: Any) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def _error(status: int, message: str, kind: str, param: str | None, code: Any) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(_error_body(message, kind, param, code), status_code=status)
 
 
 def _param(loc: Sequence[Any]) -> str | None:
@@ -257,6 +273,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequest)
     async def invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
         return _error(400, str(exc), "invalid_request_error", exc.param, None)
+
+    @app.exception_handler(EngineUnavailable)
+    async def unavailable(request: Request, exc: EngineUnavailable) -> JSONResponse:
+        return _error(503, str(exc), "server_error", None, None)
 
     @app.exception_handler(ModelNotFound)
     async def no_model(request: Request, exc: ModelNotFound) -> JSONResponse:

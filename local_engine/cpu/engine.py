@@ -131,11 +131,25 @@ class Engine:
         """Step until `stop` is set, sleeping while there is nothing to do."""
         with torch.inference_mode():
             while not stop.is_set():
-                if self.has_work():
-                    self.step()
-                else:
+                if not self.has_work():
                     self._wakeup.wait(timeout=0.05)
                     self._wakeup.clear()
+                    continue
+                try:
+                    self.step()
+                except Exception:
+                    # A failed step leaves caches and sequences in an unknown state: end
+                    # every request (their streams close with "abort") and keep serving.
+                    log.exception("engine step failed; aborting %d requests", len(self.running))
+                    self._abort_all()
+
+    def _abort_all(self) -> None:
+        self._take_inbox()
+        for seq in [*self.running, *self.waiting]:
+            seq.finish_reason = "abort"
+        self.running.extend(self.waiting)
+        self.waiting.clear()
+        self._retire()
 
     def step(self) -> None:
         with torch.inference_mode():
@@ -344,7 +358,8 @@ class Engine:
     def _retire(self) -> None:
         for seq in [s for s in self.running if s.finish_reason is not None]:
             self.running.remove(seq)
-            self.free_slots.append(seq.slot)
+            if seq.slot >= 0:
+                self.free_slots.append(seq.slot)
             if seq.finish_reason == "abort":
                 seq.sink(Output("", [], seq.prompt_len, seq.generated, "abort"))
             if self.metrics is not None:

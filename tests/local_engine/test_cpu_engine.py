@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+
+import pytest
+
 from local_engine.cpu.engine import Engine, EngineOptions
 from local_engine.cpu.model import LlamaForCausalLM
 from local_engine.cpu.sampling import SamplingParams
-from local_engine.cpu.sequence import Output, Request
+from local_engine.cpu.sequence import Output, Request, Sequence
 from local_engine.cpu.tokenizer import Tokenizer
 from tests.local_engine.test_cpu_model import random_model, tiny_config
 
@@ -141,3 +146,35 @@ def test_abort_frees_the_slot() -> None:
     engine.step()
     assert seen[-1].finish_reason == "abort" and not engine.running
     assert engine.free_slots == [0]
+
+
+def test_failed_step_aborts_its_requests_and_the_engine_keeps_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = Engine(target(), TOKENIZER, options=EngineOptions(max_num_seqs=2, max_model_len=128))
+    decode = engine._decode
+    failures = iter([True])
+
+    def flaky(seqs: list[Sequence]) -> None:
+        if next(failures, False):
+            raise RuntimeError("boom")
+        decode(seqs)
+
+    monkeypatch.setattr(engine, "_decode", flaky)
+    stop = threading.Event()
+    thread = threading.Thread(target=engine.run, args=(stop,))
+    thread.start()
+    try:
+        finishes = []
+        for name in ("first", "second"):
+            outputs: queue.Queue[Output] = queue.Queue()
+            engine.add(Request(name, [1, 2, 3], GREEDY), outputs.put)
+            output = outputs.get(timeout=10)
+            while output.finish_reason is None:
+                output = outputs.get(timeout=10)
+            finishes.append(output.finish_reason)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert finishes == ["abort", "length"]
+    assert sorted(engine.free_slots) == [0, 1]
