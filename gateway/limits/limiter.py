@@ -27,7 +27,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from gateway.auth import Principal
 from gateway.errors import LimitsUnavailable
@@ -91,17 +91,7 @@ class Admission:
         used = sum(r.prompt_tokens + r.completion_tokens for r in records)
         cost = sum(r.cost_nanos for r in records)
         delta = used - self._tokens if charge.window >= 0 else 0
-        limiter.enqueue(
-            Charge(
-                charge.request_id,
-                charge.rates,
-                charge.budgets,
-                charge.periods,
-                charge.window,
-                delta,
-                cost,
-            )
-        )
+        limiter.enqueue(dataclasses.replace(charge, token_delta=delta, cost_nanos=cost))
 
 
 UNLIMITED = Admission()
@@ -155,8 +145,8 @@ class Limiter:
         rules = self._book.rules_for(principal.key_id, principal.team, route.name)
         if rules is None or not candidates:  # no candidates: nothing will be called
             return UNLIMITED
-        ask, plans = self._ask(runtime, route, endpoint, body, candidates, strategy, rules)
-        ask = dataclasses.replace(ask, request_id=request_id)
+        plans = self._plans(runtime, route, candidates, rules)
+        ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id)
         if self._store is None or (self._down and time.monotonic() < self._probe_at):
             return self._unchecked(runtime, ask, None)
         self._probe_at = time.monotonic() + PROBE_INTERVAL_S  # others skip while we probe
@@ -169,8 +159,14 @@ class Limiter:
             self._refuse_rate(ask, verdict)
         if isinstance(verdict, BudgetRefusal):
             self._refuse_budget(ask, verdict)
-        assert isinstance(verdict, Admitted)
         return self._admitted(ask, verdict, plans)
+
+    @staticmethod
+    def _plans(
+        runtime: Runtime, route: RouteRuntime, candidates: list[DeploymentRuntime], rules: Rules
+    ) -> list[list[DeploymentRuntime]]:
+        """The planned candidates, then one plan per downgrade tier the route serves."""
+        return [candidates, *downgrade_plans(runtime, route, rules).values()]
 
     def _ask(
         self,
@@ -178,27 +174,26 @@ class Limiter:
         route: RouteRuntime,
         endpoint: EndpointType,
         body: Mapping[str, Any],
-        candidates: list[DeploymentRuntime],
+        plans: list[list[DeploymentRuntime]],
         strategy: str,
         rules: Rules,
-    ) -> tuple[Ask, list[list[DeploymentRuntime]]]:
-        prompt = count_prompt(candidates[0].target.model, endpoint, body)
+        request_id: str,
+    ) -> Ask:
+        prompt = count_prompt(plans[0][0].target.model, endpoint, body)
         output = output_tokens(endpoint, body, rules.max_output_tokens)
-        downgrades = downgrade_plans(runtime, route, rules) if rules.budgets else {}
-        tiers = list(downgrades)
-        plans = [candidates, *downgrades.values()]
         options = tuple(
             worst_case_nanos(plan, strategy, route, prompt, output, rules.copies) for plan in plans
         )
+        tiers = [plan[0].tier for plan in plans]
         now = self.clock()
         periods = tuple(self._calendar.period(b.period, now) for b in rules.budgets)
-        down = tuple(
-            tiers.index(b.downgrade_tier) + 1 if b.downgrade_tier in downgrades else 0
+        down = tuple(  # the option a budget past its soft limit switches to; 0: none
+            tiers.index(b.downgrade_tier, 1) if b.downgrade_tier in tiers[1:] else 0
             for b in rules.budgets
         )
         hold_ms = int((runtime.request_timeout_s + HOLD_GRACE_S) * 1000)
-        ask = Ask("", rules.rates, rules.budgets, periods, options, down, prompt + output, hold_ms)
-        return ask, plans
+        tokens = prompt + output
+        return Ask(request_id, rules.rates, rules.budgets, periods, options, down, tokens, hold_ms)
 
     def _admitted(
         self, ask: Ask, verdict: Admitted, plans: list[list[DeploymentRuntime]]
@@ -224,13 +219,13 @@ class Limiter:
         headers = ratelimit_headers(ask.rates, verdict.remaining) if ask.rates else None
         return Admission(self, charge, ask.tokens, candidates, headers)
 
-    def _refuse_rate(self, ask: Ask, refusal: RateRefusal) -> None:
+    def _refuse_rate(self, ask: Ask, refusal: RateRefusal) -> NoReturn:
         rule = ask.rates[refusal.rule]
         m = self._metrics
         m.child(m.rate_limit_rejections, rule.scope, rule.name, refusal.kind).inc()
         raise rate_limited(rule, refusal, ask.tokens)
 
-    def _refuse_budget(self, ask: Ask, refusal: BudgetRefusal) -> None:
+    def _refuse_budget(self, ask: Ask, refusal: BudgetRefusal) -> NoReturn:
         budget, period = ask.budgets[refusal.rule], ask.periods[refusal.rule]
         m = self._metrics
         m.child(m.budget_rejections, budget.scope, budget.name, budget.period).inc()
