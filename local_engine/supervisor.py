@@ -31,8 +31,15 @@ from local_engine.config import EngineConfig
 from local_engine.errors import EngineError, EngineStateError
 from local_engine.health import HealthType, probe_health
 from local_engine.metrics import parse_vllm_metrics
-from local_engine.process import EngineProcess
-from local_engine.state import EngineRecord, EngineStateType, pid_alive, read_record, write_record
+from local_engine.process import EngineProcess, stop_group
+from local_engine.state import (
+    RUNNING_STATES,
+    EngineRecord,
+    EngineStateType,
+    pid_alive,
+    read_record,
+    write_record,
+)
 from local_engine.throughput import ThroughputMeter
 
 log = logging.getLogger(__name__)
@@ -53,7 +60,7 @@ class EngineRun:
     process: EngineProcess | None = None
     state: EngineStateType = "stopped"
     restarts: int = 0
-    failures_in_a_row: int = 0  # failed starts since the last ready; sets the backoff
+    failures_in_a_row: int = 0  # restarts since the engine was last ready; sets the backoff
     bad_probes: int = 0
     started_at: float = 0.0  # monotonic
     next_start_at: float = 0.0
@@ -151,13 +158,20 @@ class Supervisor:
         return restore
 
     def _claim(self, config: EngineConfig) -> None:
-        """Refuse an engine another live supervisor runs; clear a stale stop request."""
+        """Refuse an engine another live supervisor runs; stop one a dead supervisor left
+        running (it holds the port and the GPUs); clear a stale stop request."""
         owner = _live_owner(config)
         if owner is not None:
             raise EngineStateError(
                 f"engine '{config.name}' is supervised by pid {owner} "
                 f"(see {config.state_path}); run `engine down` first"
             )
+        orphan = _orphan_pid(config)
+        if orphan is not None:
+            log.warning(
+                "engine %s: stopping pid %d, left by a dead supervisor", config.name, orphan
+            )
+            stop_group(orphan, config.spec.stop_timeout_s)
         config.stop_path.unlink(missing_ok=True)
 
     def _start(self, run: EngineRun) -> None:
@@ -166,7 +180,7 @@ class Supervisor:
             run.process.start()
         except EngineError as exc:
             log.error("%s", exc)
-            self._failed_start(run, str(exc))
+            self._schedule_restart(run, str(exc))
             return
         now = time.monotonic()
         run.started_at, run.next_probe_at, run.bad_probes = now, now, 0
@@ -177,7 +191,7 @@ class Supervisor:
         assert run.process is not None
         if not run.process.is_alive():
             code = run.process.returncode
-            self._failed_start(run, f"exited with code {code}", exit_code=code)
+            self._schedule_restart(run, f"exited with code {code}", exit_code=code)
             return
         if now < run.next_probe_at:
             return
@@ -226,9 +240,9 @@ class Supervisor:
     def _restart(self, run: EngineRun, reason: str) -> None:
         assert run.process is not None
         run.process.stop(run.config.spec.stop_timeout_s)
-        self._failed_start(run, reason, exit_code=run.process.returncode)
+        self._schedule_restart(run, reason, exit_code=run.process.returncode)
 
-    def _failed_start(self, run: EngineRun, reason: str, exit_code: int | None = None) -> None:
+    def _schedule_restart(self, run: EngineRun, reason: str, exit_code: int | None = None) -> None:
         """The engine is gone (or was stopped): back off and restart, or give up."""
         spec = run.config.spec
         if run.process is not None:
@@ -292,6 +306,16 @@ def _live_owner(config: EngineConfig) -> int | None:
     if mine or record.state in FINAL_STATES or not pid_alive(record.supervisor_pid):
         return None
     return record.supervisor_pid
+
+
+def _orphan_pid(config: EngineConfig) -> int | None:
+    """The engine pid a dead supervisor's record says is running, if it still is."""
+    try:
+        record = read_record(config.state_path)
+    except EngineStateError:
+        return None
+    running = record.state in RUNNING_STATES and not pid_alive(record.supervisor_pid)
+    return record.pid if running and pid_alive(record.pid) else None
 
 
 def _exit_code(run: EngineRun) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -217,3 +218,28 @@ def test_measured_throughput_lands_in_the_state_file(
 
     assert record.tokens_per_second is not None and 1000 < record.tokens_per_second < 3000
     assert record.acceptance_rate == pytest.approx(2 / 3)
+
+
+def test_engine_left_by_a_dead_supervisor_is_stopped_first(
+    run_dir: Path, supervise: list[Running]
+) -> None:
+    config = fake_config("orphaned", run_dir)
+    config.load()
+    orphan = subprocess.Popen([*config.argv], env=config.env, start_new_session=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    write_record(
+        config.state_path,
+        EngineRecord("orphaned", "ready", supervisor_pid=dead.pid, pid=orphan.pid),
+    )
+
+    start(supervise, config)
+
+    assert orphan.wait(5) is not None  # stopped, so the new engine can have its port
+
+    def restarted() -> bool:
+        record = state_of(config)
+        return record is not None and record.pid not in (None, orphan.pid)
+
+    wait_for(restarted, 5, "a new engine")
+    assert reaches(config, "ready").pid != orphan.pid
