@@ -16,7 +16,7 @@ import pytest
 
 from local_engine.cli import main
 from local_engine.state import EngineRecord, pid_alive, read_record
-from tests.local_engine.conftest import ROOT, free_port, wait_for
+from tests.local_engine.stand_in import ROOT, free_port, wait_for
 
 
 @pytest.fixture

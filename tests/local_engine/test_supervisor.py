@@ -17,7 +17,7 @@ from local_engine.config import EngineConfig
 from local_engine.errors import EngineStateError
 from local_engine.state import EngineRecord, pid_alive, read_record, write_record
 from local_engine.supervisor import Supervisor
-from tests.local_engine.conftest import fake_config, wait_for
+from tests.local_engine.stand_in import fake_config, wait_for
 
 
 class Running:
@@ -37,6 +37,11 @@ class Running:
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "supervisor did not stop"
         return self.exit_code
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "engines"
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Engines under test are the stand-in `tests.fakes.vllm_process`, on free loopback ports."""
+"""Helpers for supervisor tests: engines that run the stand-in `tests.fakes.vllm_process`
+on free loopback ports, with quick supervision knobs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from local_engine.config import EngineConfig
 from policies.engines import EngineSpec
@@ -56,8 +55,3 @@ def fake_config(name: str, run_dir: Path, *knobs: str, **fields: Any) -> EngineC
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return EngineConfig(name, fake_spec(**fields), run_dir, argv_builder=argv, base_env=env)
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return tmp_path / "engines"
