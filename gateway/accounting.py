@@ -18,6 +18,7 @@ from typing import Any
 from gateway.ledger import CostLedger, SpendRecord
 from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
+from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
 from gateway.tokens import count_prompt, count_text
 from gateway.upstreams.base import EndpointType
@@ -103,9 +104,17 @@ class Call:
 
 
 class Accountant:
-    def __init__(self, ledger: CostLedger, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        ledger: CostLedger,
+        metrics: Metrics,
+        measured_prices: Mapping[str, TokenPrice] | None = None,
+    ) -> None:
         self._ledger = ledger
         self._metrics = metrics
+        # Self-hosted deployments priced from measured throughput (kept by the load view);
+        # a deployment missing here is priced from the policy.
+        self._measured = measured_prices if measured_prices is not None else {}
 
     def settle(
         self,
@@ -135,7 +144,9 @@ class Accountant:
             model=deployment.target.model,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
-            cost_nanos=deployment.price.cost_nanos(usage.prompt_tokens, usage.completion_tokens),
+            cost_nanos=self.price_of(deployment).cost_nanos(
+                usage.prompt_tokens, usage.completion_tokens
+            ),
             reference_model=route.reference_model,
             reference_cost_nanos=route.reference_price.cost_nanos(
                 usage.prompt_tokens, usage.completion_tokens
@@ -154,6 +165,9 @@ class Accountant:
         self._ledger.submit(record)
         call.records.append(record)
         return record
+
+    def price_of(self, deployment: DeploymentRuntime) -> TokenPrice:
+        return self._measured.get(deployment.name) or deployment.price
 
     def _observe(self, record: SpendRecord, deployment: DeploymentRuntime) -> None:
         m = self._metrics

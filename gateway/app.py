@@ -96,7 +96,7 @@ async def start_services(settings: Settings) -> Services:
         ),
         "litellm": LiteLLMClient(),
     }
-    accountant = Accountant(ledger, metrics)
+    accountant = Accountant(ledger, metrics, guard.load.prices)
     executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
     redis_url, prefix = settings.redis_url, settings.redis_prefix
     limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)

@@ -76,6 +76,8 @@ class LoadView:
         self._meters: dict[str, ThroughputMeter] = {}
         self.readings: dict[str, EngineMetrics] = {}
         self.errors: dict[str, str] = {}
+        # Self-hosted prices from measured throughput, once there is enough of it.
+        self.prices: dict[str, TokenPrice] = {}
 
     async def scrape_once(self, targets: list[ScrapeTarget]) -> None:
         await asyncio.gather(*(self._scrape(target) for target in targets))
@@ -101,6 +103,9 @@ class LoadView:
             at=now,
         )
         self._latency.observe_load(target.deployment, load)
+        price = self.measured_price(target)
+        if price is not None:
+            self.prices[target.deployment] = price
 
     def observe_header(self, deployment: str, value: str) -> None:
         """A response's `endpoint-load-metrics` header: fresher than the last scrape."""

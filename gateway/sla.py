@@ -114,6 +114,9 @@ class SlaGuard:
                 **self.load.throughput(deployment),
             },
             "scrape_error": self.load.errors.get(deployment),
+            "measured_price_per_mtok": None
+            if (price := self.load.prices.get(deployment)) is None
+            else round(price.output_usd * 1e6, 6),
         }
 
     # Per attempt, from the executor.

@@ -319,6 +319,7 @@ class FakeOpenAI(FakeServer):
         self.healthy = True
         self.engine_load: tuple[float, float, float] = (0.0, 0.0, 0.0)
         self.slow_share = 0.0
+        self.generated_tokens = 0  # non-streamed completion tokens, on /metrics
         self.slow_delay_s = 0.0
         self._slow_rng = random.Random(7)
 
@@ -371,7 +372,9 @@ class FakeOpenAI(FakeServer):
             )
         if behaviour.malformed_json:
             return Response(b'{"id": "broken", "choices": [', media_type="application/json")
-        return JSONResponse(build(body, behaviour), headers=headers)
+        reply = build(body, behaviour)
+        self.generated_tokens += (reply.get("usage") or {}).get("completion_tokens", 0)
+        return JSONResponse(reply, headers=headers)
 
     def _load_report(self, request_headers: dict[str, str]) -> dict[str, str]:
         """vLLM's per-response load report, when the request asks for one."""
@@ -403,6 +406,8 @@ class FakeOpenAI(FakeServer):
             f"vllm:num_requests_waiting{label} {waiting}",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{label} {kv}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{label} {self.generated_tokens}",
         ]
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 

@@ -269,3 +269,42 @@ def test_timeout_ms_bounds_the_request(
     response = chat(base)
     assert response.status_code == 504
     assert time.monotonic() - began < 1.5
+
+
+MEASURED = """
+deployments:
+  gpu:
+    api_base: ${A_URL}
+    model: a-model
+    tier: local
+    self_hosted: {gpu_hour_usd: 3.6, tokens_per_second: 100}
+routes:
+  local: {strategy: fixed, deployments: [gpu]}
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+gateway: {load_scrape_interval_s: 0.1}
+"""
+
+
+async def test_self_hosted_tokens_are_priced_from_measured_throughput(
+    start_gateway: StartGateway, engine_a: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    """Static: $3.6/h at 100 tok/s = $10 per million tokens. The engine's /metrics shows
+    it generating far faster, so once enough tokens were seen they cost less."""
+    engine_a.tokens = 600
+    base = start_gateway(MEASURED, A_URL=engine_a.url).url
+    first = chat(base, "local")
+    static = await wait_for_record(ledger_store, first.headers["x-request-id"])
+    per_token_static = 3.6 / (3600 * 100)
+    tokens = static.prompt_tokens + static.completion_tokens
+    assert static.cost_nanos == round(tokens * per_token_static * 1e9)
+    for _ in range(3):
+        chat(base, "local")
+    time.sleep(0.5)  # scrapes see 2400 tokens generated in well under a minute
+    later = chat(base, "local")
+    measured = await wait_for_record(ledger_store, later.headers["x-request-id"])
+    assert measured.cost_nanos < static.cost_nanos
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    health = httpx.get(f"{base}/admin/policy", headers=admin).json()["deployments"]["gpu"]
+    assert 0 < health["health"]["measured_price_per_mtok"] < 10
