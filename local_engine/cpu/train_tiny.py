@@ -13,6 +13,7 @@ tokenizer.json, training.json with the held-out figures) under local_engine/mode
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import logging
@@ -71,7 +72,7 @@ class Recipe:
         )
 
 
-TARGET = Recipe(256, 640, 4, 4, 2, steps=500)
+TARGET = Recipe(256, 640, 4, 4, 2, steps=700)
 DRAFT = Recipe(128, 320, 1, 2, 1, steps=1000)
 
 
@@ -100,13 +101,16 @@ def _chat(prompt: str, answer: str) -> list[dict[str, str]]:
 
 
 def _response(raw: Any) -> str:
-    """RouterBench stores a response as a JSON list of strings, as text."""
+    """RouterBench stores a response as a list of strings written as text, JSON or Python."""
     if not isinstance(raw, str):
         return ""
     try:
         parsed = json.loads(raw)
     except json.JSONDecodeError:
-        return raw.strip()
+        try:
+            parsed = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            return raw.strip()
     return str(parsed[0]).strip() if isinstance(parsed, list) and parsed else ""
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -17,7 +20,7 @@ from local_engine.cpu.app import EngineService, create_app
 from local_engine.cpu.engine import Engine, EngineOptions
 from local_engine.cpu.metrics import EngineMetrics
 from local_engine.cpu.runner import EngineRunner
-from local_engine.cpu.server import DEFAULT_MODEL, ServeOptions, build_service
+from local_engine.cpu.server import DEFAULT_MODEL
 from tests.local_engine.test_cpu_engine import TOKENIZER, draft, target
 
 MODEL = "tiny-test"
@@ -171,19 +174,50 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         client.completions.create(model="nope", prompt="x", max_tokens=1)
 
 
+def test_gateway_cli_registers_serve_cpu_without_importing_torch() -> None:
+    code = (
+        "import sys; from gateway.cli import build_parser; "
+        "args = build_parser().parse_args(['engine', 'serve-cpu', '--port', '9']); "
+        "print(args.func.__name__, args.port, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["run_serve_cpu", "9", "False"]
+
+
 @pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(), reason="no shipped model")
-def test_shipped_model_answers_with_text() -> None:
-    service = build_service(ServeOptions(max_num_seqs=2))
-    assert service.runner.engine.draft is not None and service.model_name == "local-tiny"
-    with (
-        Server(create_app(service)) as running,
-        openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0) as sdk,
-    ):
-        reply = sdk.chat.completions.create(
-            model="local-tiny",
-            messages=[{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many?"}],
-            max_tokens=40,
-            temperature=0,
-        )
-    text = reply.choices[0].message.content or ""
-    assert sum(ch.isalpha() for ch in text) > 10, text
+def test_serve_cpu_command_answers_with_the_shipped_model(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "local_engine.cli", "serve-cpu", "--port", str(port)]
+    log = tmp_path / "engine.log"
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as sink, subprocess.Popen(command, stdout=sink, stderr=sink) as process:
+        try:
+            _wait_healthy(url, process, log)
+            with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as sdk:
+                reply = sdk.chat.completions.create(
+                    model="local-tiny",
+                    messages=[{"role": "user", "content": "Tom has 3 apples and buys 4 more."}],
+                    max_tokens=40,
+                    temperature=0,
+                )
+            text = reply.choices[0].message.content or ""
+            assert sum(ch.isalpha() for ch in text) > 10, text
+            assert "vllm:spec_decode_num_drafts_total" in httpx.get(url + "/metrics").text
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not become healthy: {log.read_text()}")
