@@ -86,7 +86,8 @@
     const head = table.createTHead().insertRow();
     for (const column of columns) {
       const th = document.createElement("th");
-      th.textContent = LABELS[column] || column.replaceAll("_", " ");
+      const words = column.replaceAll("_", " ");
+      th.textContent = LABELS[column] || words[0].toUpperCase() + words.slice(1);
       th.dataset.column = column;
       head.appendChild(th);
     }

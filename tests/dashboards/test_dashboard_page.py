@@ -26,6 +26,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-crash-reporter",
 ]
 
 
@@ -108,7 +109,7 @@ async def test_dashboard_renders_filters_and_exports_what_the_api_serves(
     filled: FilledGateway, tab: Tab, capsys: pytest.CaptureFixture[str]
 ) -> None:
     page = tab.page
-    await page.goto(f"{filled.url}/dashboard")
+    await page.goto(f"{filled.url}/dashboard/")
     assert await page.is_visible("#login-form")
     await sign_in(page, "sk-wrong-key")
     await page.wait_for_function("document.getElementById('login-error').textContent !== ''")
