@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +204,9 @@ def main() -> None:
         started = time.perf_counter()
         model = train(scaled, train_ids)
         seconds = time.perf_counter() - started
+        model.config = replace(
+            model.config, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id
+        )
         save_model(model, out, dtype=torch.bfloat16)
         tokenizer.save(out / TOKENIZER_FILE)
         shipped = load_model(out)  # the figures are for the bf16 weights actually shipped
