@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from local_engine.cpu.engine import Engine
 from local_engine.cpu.errors import CpuEngineError
@@ -41,7 +41,7 @@ class EngineRunner:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    async def generate(self, request: Request) -> AsyncIterator[Output]:
+    async def generate(self, request: Request) -> AsyncGenerator[Output, None]:
         """Outputs of `request` as the engine produces them, the last with finish_reason."""
         if not self.is_alive():
             raise CpuEngineError("the engine thread is not running")

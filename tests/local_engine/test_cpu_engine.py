@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
+import time
 
 import pytest
 
 from local_engine.cpu.engine import Engine, EngineOptions
 from local_engine.cpu.model import LlamaForCausalLM
+from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.sampling import SamplingParams
 from local_engine.cpu.sequence import Output, Request, Sequence
 from local_engine.cpu.tokenizer import Tokenizer
@@ -178,3 +181,28 @@ def test_failed_step_aborts_its_requests_and_the_engine_keeps_serving(
         thread.join(timeout=10)
     assert finishes == ["abort", "length"]
     assert sorted(engine.free_slots) == [0, 1]
+
+
+async def test_closing_a_stream_aborts_its_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(target(), TOKENIZER, options=EngineOptions(max_num_seqs=1, max_model_len=128))
+    decode = engine._decode
+
+    def slow(seqs: list[Sequence]) -> None:
+        time.sleep(0.01)
+        decode(seqs)
+
+    monkeypatch.setattr(engine, "_decode", slow)
+    runner = EngineRunner(engine)
+    runner.start()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=100)
+        stream = runner.generate(Request("gone", [1, 2, 3], params))
+        first = await anext(stream)
+        await stream.aclose()  # what the server does when the client disconnects
+        deadline = time.monotonic() + 10
+        while engine.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    finally:
+        runner.stop()
+    assert first.finish_reason is None
+    assert not engine.running and engine.free_slots == [0]
