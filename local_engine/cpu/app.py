@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from local_engine.cpu.errors import InvalidRequest
+from local_engine.cpu.errors import CpuEngineError, InvalidRequest, ModelNotFound
 from local_engine.cpu.metrics import EngineMetrics
 from local_engine.cpu.protocol import ChatCompletionBody, CompletionBody, GenerationBody
 from local_engine.cpu.runner import EngineRunner
@@ -45,14 +45,6 @@ class EngineService:
     metrics: EngineMetrics
     model_name: str
     model_root: str = ""
-
-
-class ModelNotFound(Exception):
-    pass
-
-
-class EngineUnavailable(Exception):
-    pass
 
 
 def create_app(service: EngineService) -> FastAPI:
@@ -101,23 +93,18 @@ def create_app(service: EngineService) -> FastAPI:
         text, last = await _collect(service, request)
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "logprobs": None}
-        return JSONResponse(_reply(service, request, "chat.completion", choice, text, last))
+        return JSONResponse(_reply(service, request, "chat.completion", choice, last))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody) -> Response:
         _check_model(service, body)
-        prompt = (
-            body.prompt[0]
-            if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str)
-            else body.prompt
-        )
-        ids = _completion_ids(service.tokenizer, prompt)
+        ids = _completion_ids(service.tokenizer, body.prompt)
         request = _request("cmpl", ids, body.sampling_params(), service, "prompt")
         if body.stream:
             return _sse(_completion_chunks(service, request, body))
         text, last = await _collect(service, request)
         choice = {"index": 0, "text": text, "logprobs": None}
-        return JSONResponse(_reply(service, request, "text_completion", choice, text, last))
+        return JSONResponse(_reply(service, request, "text_completion", choice, last))
 
     return app
 
@@ -157,7 +144,7 @@ async def _collect(service: EngineService, request: EngineRequest) -> tuple[str,
         parts.append(output.text)
         last = output
     if last is None or last.finish_reason == "abort":
-        raise EngineUnavailable(DROPPED)
+        raise CpuEngineError(DROPPED)
     return "".join(parts), last
 
 
@@ -174,7 +161,6 @@ def _reply(
     request: EngineRequest,
     kind: str,
     choice: dict[str, Any],
-    text: str,
     last: Output,
 ) -> dict[str, Any]:
     return {
@@ -274,8 +260,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
         return _error(400, str(exc), "invalid_request_error", exc.param, None)
 
-    @app.exception_handler(EngineUnavailable)
-    async def unavailable(request: Request, exc: EngineUnavailable) -> JSONResponse:
+    @app.exception_handler(CpuEngineError)
+    async def unavailable(request: Request, exc: CpuEngineError) -> JSONResponse:
         return _error(503, str(exc), "server_error", None, None)
 
     @app.exception_handler(ModelNotFound)
