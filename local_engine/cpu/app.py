@@ -251,6 +251,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error')}"
+            return _error(400, message, "invalid_request_error", None, None)
         loc = [part for part in first.get("loc", ()) if not _is_type_tag(part)]
         param = _param(loc)
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))

@@ -172,6 +172,16 @@ def test_bad_input_is_an_openai_400_naming_the_field(
     assert error["type"] == "invalid_request_error" and param.split("[")[0] in error["message"]
 
 
+def test_malformed_json_is_a_400(server: Server) -> None:
+    response = httpx.post(
+        server.url + "/v1/completions",
+        content=b'{"model": "tiny-test", "prompt": ',
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("the request body is not valid JSON")
+
+
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="x", max_tokens=1)
