@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError
 from local_engine.cli import add_engine_commands
@@ -18,19 +20,21 @@ from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
 from policies.keys import hash_key
 from router.cli import add_router_commands
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
 log = logging.getLogger("gateway")
 
 Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from gateway.settings import Settings
+    from local_engine.autostart import start_engines, stop_engines
 
     given = {"policy": args.policy, "host": args.host, "port": args.port, "workers": args.workers}
     settings = Settings(**{name: value for name, value in given.items() if value is not None})
-    load_policy(settings.policy)  # fail fast, with the precise message, before binding
+    policy = load_policy(settings.policy).policy  # fail fast, with the message, before binding
     # Workers are separate processes that build their own Settings from the environment.
     os.environ["CASCADE_POLICY"] = str(settings.policy)
     logging.basicConfig(
@@ -38,6 +42,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     # httpx logs every request at INFO: per-request logging costs more than proxying.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    engines = start_engines(settings.policy, policy.engines, settings.spool_path.parent / "engines")
+    # uvicorn re-raises the SIGTERM it caught once it has shut down: make that an exit
+    # that runs `finally` (Ctrl-C's KeyboardInterrupt already does), so engines stop too.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _run_uvicorn(settings)
+    finally:
+        stop_engines(engines)
+    return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_uvicorn(settings: Settings) -> None:
+    import uvicorn
+
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,
@@ -50,7 +72,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http="httptools",
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
-    return 0
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:

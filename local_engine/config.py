@@ -14,12 +14,15 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from local_engine.cpu_command import cpu_argv
 from local_engine.vllm_command import vllm_argv, vllm_env
 from policies.engines import EngineSpec
 
 DEFAULT_RUN_DIR = Path("var/engines")
 
 ArgvBuilder = Callable[[EngineSpec], list[str]]
+# The command line of each kind of engine spec.
+ARGV_BUILDERS: dict[str, ArgvBuilder] = {"vllm": vllm_argv, "cpu": cpu_argv}
 
 
 class EngineConfig:
@@ -30,13 +33,13 @@ class EngineConfig:
         name: str,
         spec: EngineSpec,
         run_dir: Path = DEFAULT_RUN_DIR,
-        argv_builder: ArgvBuilder = vllm_argv,
+        argv_builder: ArgvBuilder | None = None,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
         self.run_dir = run_dir
-        self.argv_builder = argv_builder
+        self.argv_builder = argv_builder or ARGV_BUILDERS[spec.kind]
         self.base_env = base_env
         self.argv: list[str] = []
         self.env: dict[str, str] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from local_engine.errors import EngineSpecError
 from policies.engines import FLAG_FIELDS, EngineSpec, Speculation
 
 API_KEY_ENV = "VLLM_API_KEY"
@@ -28,6 +29,8 @@ SPECULATIVE_JSON_FIELDS = (
 
 def vllm_argv(spec: EngineSpec) -> list[str]:
     """The `vllm serve` command line for `spec`."""
+    if spec.model is None:  # the schema requires it for vLLM engines
+        raise EngineSpecError("a vLLM engine needs model")
     argv = [spec.executable, "serve", spec.model]
     for name in FLAG_FIELDS:
         value = getattr(spec, name)

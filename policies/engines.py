@@ -14,10 +14,12 @@ field named, so a bad edit fails in `policy check` rather than minutes into a mo
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+EngineKindType = Literal["vllm", "cpu"]
 SpeculativeMethodType = Literal["ngram", "ngram_gpu", "draft_model", "eagle", "eagle3", "mtp"]
 SchedulingPolicyType = Literal["fcfs", "priority"]
 DtypeType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -61,6 +63,14 @@ RESERVED_FLAGS = frozenset(
     {"--" + name.replace("_", "-") for name in FLAG_FIELDS}
     | {"--speculative-config", "--api-key", "--enable-prefix-caching", "--no-enable-prefix-caching"}
 )
+# The embedded CPU engine (`engine serve-cpu`) takes these fields; the rest are vLLM's.
+CPU_FIELDS = frozenset(
+    {"kind", "model", "served_model_name", "host", "port", "max_num_seqs", "max_model_len",
+     "threads", "speculative", "gpu_hour_usd", "tokens_per_second", "autostart", "env",
+     "startup_timeout_s", "stop_timeout_s", "health_interval_s", "unhealthy_after",
+     "restart_backoff_s", "restart_backoff_max_s", "max_restarts", "log_dir"}
+)  # fmt: skip
+CPU_DEFAULT_SERVED_NAME = "local-tiny"  # the shipped model pair's name
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -131,7 +141,10 @@ class EngineSpec(_Section):
     them vLLM answers new requests with HTTP 503 while `/health` stays 200.
     """
 
-    model: str
+    # `vllm`: a `vllm serve` process; `cpu`: the embedded CPU engine (`engine serve-cpu`),
+    # for machines without a GPU (its `model` defaults to the shipped tiny pair).
+    kind: EngineKindType = "vllm"
+    model: str | None = None
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)]
@@ -154,6 +167,9 @@ class EngineSpec(_Section):
     speculative: Speculation | None = None
     extra_args: list[str] = []
     env: dict[str, str] = {}
+    threads: PositiveInt | None = None  # cpu: torch intra-op threads
+    # Started (and stopped) with the gateway by `cascade-gateway serve`.
+    autostart: bool = False
 
     # Pricing: USD per GPU-hour for the whole engine, and the tokens/s assumed until the
     # throughput measured from /metrics replaces it.
@@ -169,6 +185,27 @@ class EngineSpec(_Section):
     restart_backoff_max_s: PositiveFloat = 300.0
     max_restarts: Annotated[int, Field(ge=0)] | None = None  # None: keep restarting
     log_dir: str | None = None  # default: the run directory (var/engines)
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> Self:
+        if self.kind == "vllm":
+            if self.model is None:
+                raise ValueError("a vLLM engine needs model (a Hugging Face id or a directory)")
+            if self.threads is not None:
+                raise ValueError("threads applies to kind 'cpu' engines only")
+            return self
+        foreign = sorted(name for name in self.model_fields_set if name not in CPU_FIELDS)
+        if foreign:
+            raise ValueError(
+                f"{', '.join(foreign)} do not apply to kind 'cpu' (the embedded engine takes "
+                f"{', '.join(sorted(CPU_FIELDS - {'kind'}))})"
+            )
+        if self.speculative is not None and self.speculative.method != "draft_model":
+            raise ValueError(
+                f"the cpu engine speculates with a draft model only, not "
+                f"'{self.speculative.method}'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_engine(self) -> Self:
@@ -193,8 +230,13 @@ class EngineSpec(_Section):
 
     @property
     def served_name(self) -> str:
-        """The model name clients send: `served_model_name`, else `model`."""
-        return self.served_model_name or self.model
+        """The model name clients send: `served_model_name`, else `model` (the shipped
+        pair's name for a cpu engine without one)."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            return CPU_DEFAULT_SERVED_NAME
+        return self.model if self.kind == "vllm" else Path(self.model).name
 
     @property
     def api_base(self) -> str:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -77,10 +78,12 @@ def test_keys_new_and_hash_agree() -> None:
 
 
 def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
-    """The README's first command: no policy, no keys, no Redis, no GPU."""
-    port = free_port()
+    """The README's first command: no policy, no keys, no Redis, no GPU. The gateway
+    starts the embedded CPU engine as its local tier and stops it on the way out."""
+    port, engine_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CASCADE_", "REDIS"))}
     env["CASCADE_SPOOL_PATH"] = str(tmp_path / "spool")
+    env["LOCAL_ENGINE_PORT"] = str(engine_port)
     proc = subprocess.Popen(
         [EXE, "serve", "--port", str(port)],
         env=env,
@@ -89,30 +92,48 @@ def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"serve did not start: {proc.stdout.read() if proc.stdout else ''!r}")
-            time.sleep(0.2)
+        wait_for(lambda: httpx.get(f"{base}/healthz").status_code == 200, proc, 30)
         models = httpx.get(f"{base}/v1/models").json()  # anonymous access on localhost
         assert "auto" in {m["id"] for m in models["data"]}
-        # No engine, no keys: the route answers a clear 503 naming what is missing.
+        # No keys: the premium route answers a clear 503 naming what is missing.
         reply = httpx.post(
             f"{base}/v1/chat/completions",
             json={"model": "premium", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert reply.status_code == 503
         assert "OPENAI_API_KEY" in reply.json()["error"]["message"]
+        # `auto` is answered by the embedded engine, with text the tiny model generated.
+        body = {"model": "auto", "max_tokens": 12, "messages": [{"role": "user", "content": "hi"}]}
+
+        def answered() -> bool:
+            return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30).is_success
+
+        wait_for(answered, proc, 90)
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+        assert reply.headers["x-cascade-deployment"] == "local-cpu"
+        assert reply.json()["choices"][0]["message"]["content"].strip()
+        assert reply.json()["usage"]["completion_tokens"] > 0
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        proc.wait(timeout=60)
         if proc.stdout:
             proc.stdout.close()
+    with pytest.raises(httpx.TransportError):  # the engine went down with the gateway
+        httpx.get(f"http://127.0.0.1:{engine_port}/health", timeout=2)
+
+
+def wait_for(check: Callable[[], bool], proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            output = proc.stdout.read() if proc.stdout and proc.poll() is not None else b""
+            pytest.fail(f"serve did not get there in {timeout_s:.0f} s: {output!r}")
+        time.sleep(0.2)
 
 
 async def test_spend_report_matches_the_ledger(
