@@ -117,6 +117,16 @@ def spawn(
     return Child(name, popen, log_path)
 
 
+def gateway_env() -> dict[str, str]:
+    """This process's environment without our own settings: a gateway child configured
+    only by what the benchmark sets."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(OUR_ENV_PREFIXES) and name not in OUR_ENV_NAMES
+    }
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -322,11 +332,7 @@ class Bench:
 
     def start_gateway(self, upstream: str, key: str) -> tuple[Child, str]:
         port = free_port()
-        env = {
-            name: value
-            for name, value in os.environ.items()
-            if not name.startswith(OUR_ENV_PREFIXES) and name not in OUR_ENV_NAMES
-        }
+        env = gateway_env()
         env.update(
             UPSTREAM_BASE_URL=upstream,
             GATEWAY_TEST_KEY=key,

@@ -36,13 +36,12 @@ import httpx
 import yaml
 
 from tests.benchmarks.overhead import (
-    OUR_ENV_NAMES,
-    OUR_ENV_PREFIXES,
     REPO,
     SHARED_BENCH,
     BenchmarkError,
     Child,
     free_port,
+    gateway_env,
     http_get,
     spawn,
     wait_ready,
@@ -149,11 +148,7 @@ class Bench:
 
     def start_gateway(self, policy: Path, a: str, b: str, key: str) -> tuple[Child, str]:
         port = free_port()
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(OUR_ENV_PREFIXES) and k not in OUR_ENV_NAMES
-        }
+        env = gateway_env()
         env.update(
             UPSTREAM_A_URL=a,
             UPSTREAM_B_URL=b,

@@ -15,6 +15,7 @@ import redis
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.settings import Settings
 from tests.fakes.fixtures import fake_anthropic, fake_openai
+from tests.gateway.ledger_fixtures import RedisServer
 from tests.gateway.server import GatewayServer
 
 __all__ = ["fake_anthropic", "fake_openai"]
@@ -24,6 +25,15 @@ CLIENT_KEY = "sk-test-client-0123456789"
 ADMIN_KEY = "sk-test-admin-0123456789"
 
 StartGateway = Callable[..., GatewayServer]
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private `redis-server` the test may kill, pause and restart."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

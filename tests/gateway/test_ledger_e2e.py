@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.ledger import RedisStore, SpendRecord
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -61,28 +58,20 @@ async def test_200_concurrent_requests_are_200_records_summing_to_the_aggregates
     assert by_team.cost_nanos == total.cost_nanos
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_redis_dies_under_traffic_and_spend_is_replayed_exactly_once(
-    start_gateway: StartGateway, fake_openai: FakeOpenAI, private_redis: RedisServer
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, redis_server: RedisServer
 ) -> None:
     server = start_gateway(
-        openai_compatible_policy(), redis=private_redis.url, UPSTREAM_BASE_URL=fake_openai.url
+        openai_compatible_policy(), redis=redis_server.url, UPSTREAM_BASE_URL=fake_openai.url
     )
-    store = RedisStore(private_redis.url, prefix=server.services.settings.redis_prefix)
+    store = RedisStore(redis_server.url, prefix=server.services.settings.redis_prefix)
     ids: list[str] = []
     async with httpx.AsyncClient(timeout=30) as client:
         for phase in ("before", "during", "after"):
             if phase == "during":
-                private_redis.kill()
+                redis_server.kill()
             if phase == "after":
-                private_redis.start()
+                redis_server.start()
             for i in range(10):
                 response = await send(client, server.url, i)
                 assert response.status_code == 200, (phase, response.text)

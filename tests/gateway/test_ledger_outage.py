@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,14 +35,6 @@ from tests.gateway.ledger_fixtures import (
 )
 
 WIDE = (DAY0 - timedelta(days=30), DAY0 + timedelta(days=30))
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.ledger import RedisStore
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -20,14 +17,6 @@ from tests.gateway.ledger_fixtures import RedisServer
 
 REQUESTS = 240
 WORKERS = 8
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_redis_restart_during_load_keeps_spend_exactly_once(
