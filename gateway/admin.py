@@ -44,6 +44,13 @@ async def metrics(services: ServicesDep) -> Response:
     m.ledger_spooled.set(services.ledger.spooled_count)
     for d in services.runtime.deployments.values():
         m.deployment_available.labels(d.name, d.tier).set(0 if d.unavailable_reason else 1)
+    for route in services.runtime.routes.values():
+        sla = route.sla
+        if sla is None:
+            continue
+        for kind, target in (("ttft", sla.ttft_s), ("timeout", sla.timeout_s), ("p99", sla.p99_s)):
+            if target is not None:
+                m.sla_target.labels(route.name, kind).set(target)
     return Response(m.render(), media_type=CONTENT_TYPE)
 
 

@@ -127,6 +127,12 @@ class Metrics:
             ["route", "outcome"],
             registry=r,
         )
+        self.sla_target = Gauge(
+            "cascade_sla_target_seconds",
+            "A route's SLA targets from the policy (kind: ttft, timeout, p99), for alert rules",
+            ["route", "kind"],
+            registry=r,
+        )
         self.sla_shed = Counter(
             "cascade_sla_shed",
             "Requests refused (429) because no deployment was predicted to meet the SLA",

@@ -60,6 +60,7 @@ class RouteSla:
     hedge_after_s: float | None
     max_hedges: int
     priority: int | None  # vLLM's `priority` (lower runs first) for priority-scheduled engines
+    p99_s: float | None = None  # end-to-end p99 target: reported against, not enforced
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,7 @@ def _route_sla(sla: Sla | None) -> RouteSla | None:
         hedge_after_s=seconds(sla.hedge_after_ms),
         max_hedges=sla.max_hedges,
         priority=VLLM_PRIORITY[sla.priority],
+        p99_s=seconds(sla.p99_ms),
     )
 
 

@@ -42,6 +42,7 @@ routes:
     deployments: [a, b]
     sla:
       ttft_ms: 400
+      p99_ms: 2000
       hedge_after_ms: ${HEDGE_MS:-150}
       load_aware: ${LOAD_AWARE:-true}
       on_miss: ${ON_MISS:-degrade}
@@ -147,6 +148,9 @@ def test_no_hedge_when_the_first_token_is_on_time(
         assert chat(base).headers["x-cascade-deployment"] == "a"
     assert chat_requests(engine_b) == []
     assert metric(base, 'cascade_sla_requests_total{outcome="met",route="chat"}') == 3
+    # The targets, for alert rules to compare the latency histograms with.
+    assert metric(base, 'cascade_sla_target_seconds{kind="ttft",route="chat"}') == 0.4
+    assert metric(base, 'cascade_sla_target_seconds{kind="p99",route="chat"}') == 2.0
 
 
 def test_an_engine_with_a_long_queue_is_skipped(
