@@ -11,6 +11,7 @@ origin's scripts and styles only.
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 
 from starlette.requests import Request
@@ -19,7 +20,7 @@ from starlette.routing import Route
 
 from gateway.errors import NotFound
 
-WEB_DIR = Path(__file__).resolve().parents[1] / "dashboards" / "web"
+WEB_DIR = Path(str(importlib.resources.files("dashboards") / "web"))
 # URL path under /dashboard/ -> (file under WEB_DIR, media type)
 FILES: dict[str, tuple[str, str]] = {
     "": ("index.html", "text/html; charset=utf-8"),
