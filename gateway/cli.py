@@ -21,6 +21,7 @@ from policies.keys import hash_key
 from router.cli import add_router_commands
 
 if TYPE_CHECKING:
+    from gateway.runtime import RouteRuntime
     from gateway.settings import Settings
 
 log = logging.getLogger("gateway")
@@ -128,10 +129,29 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "deployment": first.name if first else None,
         "score": score,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
-        "reasons": plan.reasons(),
+        "reasons": plan.reasons() + sla_reasons(route),
     }
     print(json.dumps(decision, indent=2))
     return 0
+
+
+def sla_reasons(route: RouteRuntime) -> list[str]:
+    """What the route's SLA adds at run time, which an offline explain cannot predict."""
+    sla = route.sla
+    if sla is None:
+        return []
+    reasons = []
+    if sla.ttft_s is not None and sla.load_aware:
+        reasons.append(
+            f"live: deployments predicted to miss the {sla.ttft_s * 1000:g} ms TTFT SLA are "
+            f"skipped (none predicted to make it: {sla.on_miss}); predictions in /admin/policy"
+        )
+    if sla.hedge_after_s is not None:
+        reasons.append(
+            f"live: no first token after {sla.hedge_after_s * 1000:g} ms: the next deployment "
+            f"is asked too (up to {sla.max_hedges}), the first answer wins"
+        )
+    return reasons
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:

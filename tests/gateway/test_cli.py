@@ -70,6 +70,17 @@ def test_policy_explain_names_route_deployment_and_reasons() -> None:
     assert any("skip" in reason and "OPENAI_API_KEY" in reason for reason in decision["reasons"])
 
 
+def test_policy_explain_says_what_the_sla_does_live() -> None:
+    env = {**os.environ, "UPSTREAM_A_URL": "http://a/v1", "UPSTREAM_B_URL": "http://b/v1"}
+    policy = str(POLICIES / "examples" / "sla-hedge.yaml")
+    result = run("policy", "explain", policy, "--prompt", "hi", "--model", "chat", env=env)
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)
+    assert (decision["deployment"], decision["fallbacks"]) == ("upstream-a", ["upstream-b"])
+    live = [reason for reason in decision["reasons"] if reason.startswith("live:")]
+    assert "500 ms TTFT SLA" in live[0] and "after 250 ms" in live[1]
+
+
 def test_keys_new_and_hash_agree() -> None:
     made = json.loads(run("keys", "new").stdout)
     assert made["hash"] == hash_key(made["key"])
