@@ -53,7 +53,8 @@ class _Breaker:
     state: BreakerStateType = "closed"
     failures: int = 0
     open_until: float = 0.0  # wall-clock seconds (shared across hosts through Redis)
-    probes: int = 0
+    probes: int = 0  # half-open probes in flight
+    probed_at: float = 0.0  # when the last probe went out
 
 
 class CircuitBreakers:
@@ -94,7 +95,7 @@ class CircuitBreakers:
         now = time.time() if now is None else now
         if breaker.state == "open" and now >= breaker.open_until:
             return False  # due for a half-open probe
-        return breaker.state == "open" or breaker.probes >= self.settings.half_open_probes
+        return breaker.state == "open" or not self._probe_free(breaker, now)
 
     def allows(self, deployment: str, now: float | None = None) -> bool:
         """May a request go to `deployment` now? Takes a probe slot when half-open."""
@@ -106,10 +107,24 @@ class CircuitBreakers:
             if now < breaker.open_until:
                 return False
             self._move(deployment, breaker, "half_open")
-        if breaker.probes >= self.settings.half_open_probes:
+        if not self._probe_free(breaker, now):
             return False
         breaker.probes += 1
+        breaker.probed_at = now
         return True
+
+    def _probe_free(self, breaker: _Breaker, now: float) -> bool:
+        # A probe that never reported back (its request vanished) frees its slot after a
+        # cooldown, so a half-open breaker can never wedge shut.
+        if breaker.probes and now - breaker.probed_at > self.settings.cooldown_s:
+            breaker.probes = 0
+        return breaker.probes < self.settings.half_open_probes
+
+    def release(self, deployment: str) -> None:
+        """A probe ended with no verdict (busy, refused as a client error, cancelled)."""
+        breaker = self._breakers.get(deployment)
+        if breaker is not None and breaker.state == "half_open" and breaker.probes:
+            breaker.probes -= 1
 
     def reopens_in(self, deployments: Iterable[str], now: float | None = None) -> float:
         """Seconds until the first of `deployments` accepts a probe (for Retry-After)."""
@@ -129,12 +144,13 @@ class CircuitBreakers:
 
     def record_failure(self, deployment: str, failure: UpstreamFailure) -> None:
         if not trips_breaker(failure):
+            self.release(deployment)
             return
         breaker = self._get(deployment)
         breaker.failures += 1
-        if breaker.state == "half_open" or (
-            breaker.state == "closed" and breaker.failures >= self.settings.failure_threshold
-        ):
+        # Open again from half-open, or from open (a request that went ahead anyway, as a
+        # route's last resort, failed too): still broken, the cooldown starts over.
+        if breaker.state != "closed" or breaker.failures >= self.settings.failure_threshold:
             self._open(deployment, breaker, time.time() + self.settings.cooldown_s)
             self._share(self._publish, deployment, breaker.open_until)
 

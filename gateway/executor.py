@@ -103,6 +103,8 @@ class _Run:
     attempts: int = 0
     failures: list[UpstreamFailure] = field(default_factory=list)
     current: dict[int, DeploymentRuntime] = field(default_factory=dict)  # chain -> in flight
+    started: dict[int, float] = field(default_factory=dict)  # chain -> its call's start
+    tried: set[str] = field(default_factory=set)  # deployments called so far
     hedges: int = 0
     won_by_hedge: bool = False
 
@@ -190,25 +192,31 @@ class Executor:
     async def _hedged(
         self, candidates: list[DeploymentRuntime], call: AttemptFn, run: _Run, hedge: Hedge
     ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
-        """Race attempt chains: chain k starts at candidate k (falling back through the
-        rest) once chain k-1 has gone `hedge.after_s` without an answer."""
+        """Race attempt chains: each hedge starts a chain at the first candidate no chain
+        is calling (falling back through the rest), once the chains running have gone
+        `hedge.after_s` without an answer."""
         chains: dict[asyncio.Task[tuple[DeploymentRuntime, Any]], int] = {}
 
-        def launch(k: int) -> None:
-            order = candidates[k:] + candidates[:k]
+        def launch(start: int, k: int) -> None:  # chain k: 0 the first, then the hedges
+            order = candidates[start:] + candidates[:start]
             chains[asyncio.create_task(self._attempts(order, call, run, chain=k))] = k
 
-        launch(0)
+        launch(0, 0)
         errors: list[BaseException] = []
         try:
             while chains:
-                more = run.hedges < hedge.max_hedges and 1 + run.hedges < len(candidates)
+                more = (
+                    run.hedges < hedge.max_hedges and _idle_candidate(candidates, run) is not None
+                )
                 done, _ = await asyncio.wait(
                     chains, timeout=hedge.after_s if more else None, return_when="FIRST_COMPLETED"
                 )
                 if not done:
+                    start = _idle_candidate(candidates, run)  # chosen now, not before the wait
+                    if start is None:  # the first chain reached them all meanwhile
+                        continue
                     run.hedges += 1
-                    launch(run.hedges)
+                    launch(start, run.hedges)
                     continue
                 winner = _first_success(done, errors)
                 if winner is not None:
@@ -217,18 +225,28 @@ class Executor:
                     chains.pop(task)
                 if winner is not None:
                     losers = [Loser(*t.result()) for t in done if t is not winner and _ok(t)]
-                    cancelled = await _cancel(chains, run)
-                    for loser in cancelled:
-                        self._count(loser.deployment, "cancelled")
-                        if self._guard is not None:
-                            self._guard.lost_race(loser.deployment.name)
-                    losers += cancelled
+                    losers += await self._cancel_losers(chains, run, hedge)
                     return (*winner.result(), run, losers)
                 if any(isinstance(e, GatewayError) and _client_fault(e) for e in errors):
                     break
         finally:
             await _cancel(chains, run)
-        raise errors[0] if errors else final_error(candidates, run.failures)
+        faults = [e for e in errors if isinstance(e, GatewayError) and _client_fault(e)]
+        raise (faults or errors or [final_error(candidates, run.failures)])[0]
+
+    async def _cancel_losers(
+        self, chains: dict[asyncio.Task[Any], int], run: _Run, hedge: Hedge
+    ) -> list[Loser]:
+        """Cancel the chains that lost; one that had waited past `hedge.after_s` counts as
+        a late answer in the latency model (a hedge that just started does not)."""
+        now = time.perf_counter()
+        late = {k for k in chains.values() if now - run.started.get(k, now) >= hedge.after_s}
+        losers = await _cancel(chains, run)
+        for chain, loser in losers:
+            self._count(loser.deployment, "cancelled")
+            if self._guard is not None and chain in late:
+                self._guard.lost_race(loser.deployment.name)
+        return [loser for _, loser in losers]
 
     async def _attempts(
         self, candidates: list[DeploymentRuntime], call: AttemptFn, run: _Run, chain: int = 0
@@ -236,15 +254,19 @@ class Executor:
         guard = self._guard
         for position, deployment in enumerate(candidates):
             last = position == len(candidates) - 1
-            if guard is not None and not last and not guard.allows(deployment.name):
+            # Asked of the last one too (it moves an expired breaker to half-open), but the
+            # last candidate is tried whatever the answer: there is nothing else.
+            if guard is not None and not guard.allows(deployment.name) and not last:
                 continue  # ejected meanwhile, or its half-open probe is taken
             for retry in range(deployment.max_retries + 1):
                 run.attempts += 1
                 run.current[chain] = deployment
-                started = time.perf_counter()
+                run.tried.add(deployment.name)
+                started = run.started[chain] = time.perf_counter()
                 try:
                     result = await call(deployment)
                 except UpstreamFailure as failure:
+                    run.current.pop(chain, None)  # nothing in flight while it waits
                     run.failures.append(failure)
                     if guard is not None:
                         guard.failed(deployment.name, failure)
@@ -254,6 +276,10 @@ class Executor:
                     if wait is None:
                         break
                     await asyncio.sleep(wait)
+                except BaseException:  # cancelled (a lost race, the deadline) or a bug
+                    if guard is not None:
+                        guard.abandoned(deployment.name)
+                    raise
                 else:
                     run.current.pop(chain, None)
                     if guard is not None:
@@ -314,16 +340,22 @@ def _client_fault(error: GatewayError) -> bool:
     return isinstance(error, InvalidRequest | PayloadTooLarge)
 
 
-async def _cancel(chains: dict[asyncio.Task[Any], int], run: _Run) -> list[Loser]:
+def _idle_candidate(candidates: list[DeploymentRuntime], run: _Run) -> int | None:
+    """The first candidate not called yet, where a hedge would start (None: no hedge)."""
+    for index, deployment in enumerate(candidates):
+        if deployment.name not in run.tried:
+            return index
+    return None
+
+
+async def _cancel(chains: dict[asyncio.Task[Any], int], run: _Run) -> list[tuple[int, Loser]]:
     """Cancel the chains still running; the deployments they were calling lost."""
-    losers = [Loser(run.current[k]) for k in chains.values() if k in run.current]
+    losers = [(k, Loser(run.current[k])) for k in chains.values() if k in run.current]
     for task in chains:
         task.cancel()
-    for task in list(chains):
-        try:
-            await task
-        except BaseException:  # cancelled, or failed while being cancelled: it lost either way
-            log.debug("hedge chain ended while cancelled", exc_info=True)
+    # return_exceptions: the chains' own endings are theirs; a cancellation of the
+    # request itself still reaches this await and propagates.
+    await asyncio.gather(*chains, return_exceptions=True)
     chains.clear()
     return losers
 

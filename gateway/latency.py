@@ -106,7 +106,10 @@ class LatencyModel:
     ) -> None:
         """One finished attempt: its outcome, and its TTFT and mean inter-token time."""
         series = self._get(deployment)
-        bucket = series.bucket(int(time.monotonic() if now is None else now))
+        now = time.monotonic() if now is None else now
+        bucket = series.bucket(int(now))
+        if len(series.buckets) > self.window_s + 2:  # bounded even if nobody predicts
+            series.expire(int(now - self.window_s))
         if ok:
             bucket.ok += 1
         else:

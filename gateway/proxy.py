@@ -36,6 +36,8 @@ from router import SCORED_STRATEGIES
 
 log = logging.getLogger(__name__)
 
+# 429s that mean the route's upstreams could not take the request in time.
+SLA_FAILURES = frozenset({"upstream_rate_limited", "sla_unmeetable"})
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -99,17 +101,21 @@ class Proxy:
         if strategy in SCORED_STRATEGIES:
             score = self._scorer(endpoint, body)
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
-        candidates = self._candidates(runtime, route, score, strategy)
-        if self._guard is not None:
-            # A cascade keeps its tier order: only ejected deployments are dropped.
-            candidates = self._guard.select(route, candidates, use_sla=strategy != "cascade")
+        try:
+            candidates = self._select(
+                route, self._candidates(runtime, route, score, strategy), strategy
+            )
+        except GatewayError as error:
+            self._count_sla_failure(route, error)
+            raise
         deadline_s = runtime.request_timeout_s
         if route.sla is not None and route.sla.timeout_s is not None:
             deadline_s = min(deadline_s, route.sla.timeout_s)
         admission = await self._limits.admit(
             runtime, principal, route, endpoint, body, candidates, strategy, request_id
         )
-        candidates = admission.candidates or candidates  # a soft budget limit may downgrade
+        if admission.candidates:  # a soft budget limit downgraded the request
+            candidates = self._select(route, admission.candidates, strategy)
         call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         response: Response | None = None
         try:
@@ -121,12 +127,29 @@ class Proxy:
                 )
             else:
                 response = await self._complete(call, candidates, endpoint, body, deadline_s)
+        except GatewayError as error:
+            self._count_sla_failure(route, error)
+            raise
         finally:
             if not isinstance(response, RelayedStream):  # a relayed stream settles as it ends
                 admission.settle(call.records)
         if admission.headers:
             response.headers.update(admission.headers)
         return response
+
+    def _select(
+        self, route: RouteRuntime, candidates: list[DeploymentRuntime], strategy: str
+    ) -> list[DeploymentRuntime]:
+        if self._guard is None:
+            return candidates
+        # A cascade keeps its tier order: only ejected deployments are dropped.
+        return self._guard.select(route, candidates, use_sla=strategy != "cascade")
+
+    def _count_sla_failure(self, route: RouteRuntime, error: GatewayError) -> None:
+        """A request the upstreams failed (or that was shed) missed its SLA; one the
+        client or its limits refused is not the route's to count."""
+        if self._guard is not None and (error.status >= 500 or error.code in SLA_FAILURES):
+            self._guard.count_missed(route)
 
     def _candidates(
         self, runtime: Runtime, route: RouteRuntime, score: float | None, strategy: str
@@ -181,6 +204,9 @@ class Proxy:
         m = self._metrics
         m.child(m.escalations, call.route.name).inc(result.escalations)
         self._observe(call, final.deployment, "200")
+        if self._guard is not None:
+            elapsed = time.perf_counter() - call.started
+            self._guard.count_outcome(call.route, elapsed, elapsed)
         headers = cascade_headers(call, final.deployment, final.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
         headers["x-cascade-cost-usd"] = f"{usd(result.cost_nanos):.9f}"

@@ -136,6 +136,11 @@ class SlaGuard:
             wait = failure.retry_after_s if failure.retry_after_s is not None else BUSY_DEFAULT_S
             self.latency.mark_busy(deployment, min(wait, BUSY_MAX_S))
 
+    def abandoned(self, deployment: str) -> None:
+        """An attempt ended without an answer or a failure (cancelled): its half-open
+        probe slot, if it held one, is free again."""
+        self.breakers.release(deployment)
+
     def lost_race(self, deployment: str) -> None:
         """A hedged attempt another deployment beat: its TTFT is unknown but late, so it
         counts as a miss (a censored sample at the top of the range). Otherwise a
@@ -149,6 +154,11 @@ class SlaGuard:
         self._metrics.child(self._metrics.upstream_duration, deployment).observe(duration_s)
 
     # SLA attainment.
+
+    def count_missed(self, route: RouteRuntime) -> None:
+        """A request on an SLA route that failed: a miss, whatever the clock said."""
+        if route.sla is not None:
+            self._metrics.child(self._metrics.sla_requests, route.name, "missed").inc()
 
     def count_outcome(self, route: RouteRuntime, ttft_s: float, total_s: float) -> None:
         sla = route.sla

@@ -273,6 +273,8 @@ def test_timeout_ms_bounds_the_request(
     response = chat(base)
     assert response.status_code == 504
     assert time.monotonic() - began < 1.5
+    # A request the route failed is a miss for its SLA attainment, not left uncounted.
+    assert metric(base, 'cascade_sla_requests_total{outcome="missed",route="chat"}') == 1
 
 
 MEASURED = """

@@ -1,0 +1,191 @@
+"""The executor's hedging and its bookkeeping with the breakers and the latency model,
+driven with a scripted in-process upstream client (timing-level behaviour; the same
+paths run over real sockets in test_sla.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gateway.breaker import BreakerSettings, CircuitBreakers
+from gateway.errors import GatewayError
+from gateway.executor import Executor, Hedge
+from gateway.latency import LatencyModel
+from gateway.load import LoadView
+from gateway.metrics import Metrics
+from gateway.pricing import TokenPrice
+from gateway.runtime import DeploymentRuntime
+from gateway.sla import SlaGuard
+from gateway.upstreams.base import (
+    EndpointType,
+    UpstreamConnectFailed,
+    UpstreamReply,
+    UpstreamStatus,
+    UpstreamTarget,
+)
+
+Behaviour = Callable[[], Awaitable[UpstreamReply]]
+BODY: dict[str, Any] = {"messages": []}
+
+
+def deployment(name: str, retries: int = 0, backoff_s: float = 0.0) -> DeploymentRuntime:
+    target = UpstreamTarget(name, "openai", f"{name}-model", "http://unused", None)
+    price = TokenPrice(1e-6, 2e-6, "policy")
+    return DeploymentRuntime(name, "gpu", "openai", target, price, retries, backoff_s, None)
+
+
+class ScriptedClient:
+    """An UpstreamClient whose answers are scripted per deployment; records the calls."""
+
+    def __init__(self, behaviours: dict[str, Behaviour]) -> None:
+        self.behaviours = behaviours
+        self.calls: list[str] = []
+
+    async def complete(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> UpstreamReply:
+        self.calls.append(target.deployment)
+        return await self.behaviours[target.deployment]()
+
+    def stream(
+        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
+    ) -> AsyncIterator[list[bytes]]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+def answers(after_s: float = 0.0) -> Behaviour:
+    async def reply() -> UpstreamReply:
+        await asyncio.sleep(after_s)
+        return UpstreamReply({"choices": [{"message": {"content": "hi"}}]})
+
+    return reply
+
+
+def fails(failure: Exception, after_s: float = 0.0) -> Behaviour:
+    async def reply() -> UpstreamReply:
+        await asyncio.sleep(after_s)
+        raise failure
+
+    return reply
+
+
+def executor(
+    client: ScriptedClient, breakers: CircuitBreakers | None = None
+) -> tuple[Executor, SlaGuard]:
+    metrics = Metrics()
+    latency = LatencyModel()
+    guard = SlaGuard(metrics, latency, breakers or CircuitBreakers(), LoadView(latency))
+    return Executor({"openai": client}, metrics, max_retry_wait_s=2.0, guard=guard), guard
+
+
+def ejected_then_expired(cooldown_s: float) -> CircuitBreakers:
+    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=cooldown_s))
+    breakers.record_failure("a", UpstreamStatus("boom", status=500))
+    return breakers
+
+
+async def test_a_hedge_starts_at_a_deployment_not_called_yet() -> None:
+    a, b, c = deployment("a"), deployment("b"), deployment("c")
+    client = ScriptedClient(
+        {"a": fails(UpstreamConnectFailed("refused")), "b": answers(0.5), "c": answers()}
+    )
+    run, _ = executor(client)
+    done = await run.complete([a, b, c], "chat", BODY, 5.0, Hedge(0.05))
+    assert client.calls == ["a", "b", "c"]  # a refused, b slow: the hedge asks c, not b again
+    assert done.deployment is c and done.won_by_hedge
+    assert [loser.deployment.name for loser in done.losers] == ["b"]
+
+
+async def test_a_probe_answered_busy_frees_its_slot() -> None:
+    breakers = ejected_then_expired(0.05)
+    await asyncio.sleep(0.06)
+    client = ScriptedClient({"a": fails(UpstreamStatus("queue full", status=503)), "b": answers()})
+    run, _ = executor(client, breakers)
+    done = await run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0)
+    assert client.calls == ["a", "b"] and done.deployment.name == "b"
+    assert breakers.state("a") == "half_open" and not breakers.is_ejected("a")  # may probe again
+
+
+async def test_a_probe_cancelled_by_a_lost_race_frees_its_slot() -> None:
+    breakers = ejected_then_expired(0.05)
+    await asyncio.sleep(0.06)
+    client = ScriptedClient({"a": answers(2.0), "b": answers()})
+    run, _ = executor(client, breakers)
+    done = await run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0, Hedge(0.05))
+    assert done.deployment.name == "b"
+    assert not breakers.is_ejected("a")
+
+
+async def test_a_route_s_only_deployment_is_ejected_again_after_its_cooldown() -> None:
+    breakers = ejected_then_expired(0.05)
+    await asyncio.sleep(0.06)
+    client = ScriptedClient({"a": fails(UpstreamStatus("boom", status=500))})
+    run, _ = executor(client, breakers)
+    with pytest.raises(GatewayError):
+        await run.complete([deployment("a")], "chat", BODY, 5.0)  # the probe fails
+    assert breakers.state("a") == "open" and breakers.is_ejected("a")
+
+
+async def test_a_hedge_that_just_started_is_not_counted_late() -> None:
+    client = ScriptedClient({"a": answers(0.07), "b": answers(0.03)})
+    run, guard = executor(client)
+    for _ in range(6):  # a answers at 70 ms; b, asked at 50 ms, is cancelled 20 ms in
+        done = await run.complete(
+            [deployment("a"), deployment("b")], "chat", BODY, 5.0, Hedge(0.05)
+        )
+        assert done.deployment.name == "a"
+    assert guard.latency.predict("b").ttft_s is None  # no sample: not "infinitely slow"
+
+
+async def test_a_primary_that_lost_counts_as_late() -> None:
+    client = ScriptedClient({"a": answers(1.0), "b": answers()})
+    run, guard = executor(client)
+    for _ in range(6):
+        await run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0, Hedge(0.05))
+    predicted = guard.latency.predict("a").ttft_s
+    assert predicted is not None and predicted > 1.0
+
+
+async def test_a_chain_waiting_to_retry_is_not_a_loser() -> None:
+    slow_failure = fails(UpstreamStatus("bad gateway", status=502), after_s=0.1)
+    client = ScriptedClient({"a": slow_failure, "b": answers(0.05)})
+    run, _ = executor(client)
+    a = deployment("a", retries=1, backoff_s=1.0)
+    done = await run.complete([a, deployment("b")], "chat", BODY, 5.0, Hedge(0.12))
+    assert done.deployment.name == "b"
+    assert done.losers == []  # a had failed and was only waiting: nothing of it to price
+
+
+async def test_cancelling_the_request_is_not_swallowed_by_the_cleanup() -> None:
+    async def slow_to_cancel() -> UpstreamReply:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # closing a connection
+            raise
+        raise AssertionError("unreachable")
+
+    client = ScriptedClient({"a": slow_to_cancel, "b": answers()})
+    run, _ = executor(client)
+    task = asyncio.create_task(
+        run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0, Hedge(0.05))
+    )
+    await asyncio.sleep(0.15)  # b won; the loser's cleanup is running
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_the_latency_window_stays_bounded_without_predictions() -> None:
+    model = LatencyModel(window_s=60)
+    started = time.monotonic()
+    for second in range(10_000):
+        model.observe("a", ok=True, ttft_s=0.1, now=started + second)
+    assert len(model._series["a"].buckets) <= 62
