@@ -235,9 +235,13 @@ class Proxy:
         opened = await self._executor.open_stream(
             candidates, endpoint, upstream, deadline_s, hedge_of(route), priority_of(route)
         )
-        await self._settle_hedges(
-            call, opened.losers, endpoint, body, opened.hedges, opened.won_by_hedge
-        )
+        try:
+            await self._settle_hedges(
+                call, opened.losers, endpoint, body, opened.hedges, opened.won_by_hedge
+            )
+        except BaseException:  # cancelled while closing a loser: release the winner too
+            await close_stream(opened.rest)
+            raise
         ttft = time.perf_counter() - call.started
         self._metrics.child(self._metrics.ttft, call.route.name, opened.deployment.name).observe(
             ttft
