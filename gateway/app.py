@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -39,6 +39,8 @@ from policies import PolicyReloader, load_policy
 from router import RoutingError
 
 log = logging.getLogger(__name__)
+
+STOP_MARGIN_S = 5.0  # beyond shutdown_grace_s, for a component's own flush timeout
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -125,14 +127,27 @@ async def start_services(settings: Settings) -> Services:
 
 
 async def stop_services(services: Services) -> None:
-    if services.reloader is not None:
-        await services.reloader.stop()
-    await services.guard.stop()
-    await services.limits.stop(services.settings.shutdown_grace_s)
-    await services.ledger.stop(services.settings.shutdown_grace_s)
-    for client in services.clients.values():
-        await client.close()
-    await services.store.close()
+    """Stop everything, in order; each step is bounded, so one stuck component (a Redis
+    that stopped answering, say) cannot keep the process from exiting."""
+    grace = services.settings.shutdown_grace_s
+    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        ("policy reloader", services.reloader.stop if services.reloader else _nothing),
+        ("SLA guard", services.guard.stop),
+        ("limits", lambda: services.limits.stop(grace)),
+        ("ledger", lambda: services.ledger.stop(grace)),
+        *((f"{name} client", client.close) for name, client in services.clients.items()),
+        ("ledger store", services.store.close),
+    ]
+    for name, stop in steps:
+        try:
+            async with asyncio.timeout(grace + STOP_MARGIN_S):
+                await stop()
+        except TimeoutError:
+            log.error("stopping the %s took over %.0f s; going on without it", name, grace)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def error_response(request: Request, error: GatewayError) -> Response:

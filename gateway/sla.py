@@ -234,7 +234,12 @@ def breaker_metric(metrics: Metrics) -> Callable[[str, BreakerStateType], None]:
 
 def build_guard(metrics: Metrics, policy: Policy, redis_url: str | None, prefix: str) -> SlaGuard:
     """The guard for a gateway process; breakers share ejections through Redis if set."""
-    client = aioredis.Redis.from_url(redis_url) if redis_url else None
+    # Short timeouts: a Redis that stops answering must not stall the breaker sync loop.
+    client = (
+        aioredis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        if redis_url
+        else None
+    )
     breakers = CircuitBreakers(
         breaker_settings(policy), client, prefix, on_change=breaker_metric(metrics)
     )

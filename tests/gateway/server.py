@@ -3,6 +3,7 @@ tests (and the sync OpenAI SDK) talk to it over real HTTP."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -31,7 +32,10 @@ class GatewayServer:
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]})
+        # A daemon: a server that fails to stop must not keep the test run from exiting.
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -54,6 +58,8 @@ class GatewayServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=20)
+        if self._thread.is_alive():
+            logging.getLogger(__name__).error("gateway on port %d did not stop in 20 s", self.port)
         self._sock.close()
 
     def __enter__(self) -> Self:
