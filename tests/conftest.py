@@ -10,7 +10,14 @@ import redis
 
 REDIS_URL = "redis://127.0.0.1:6379/3"  # tests own databases 0-9; 10-15 are external checks
 OUR_PREFIXES = ("CASCADE_", "UPSTREAM_", "GATEWAY_")
-OUR_VARIABLES = ("REDIS_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "LOCAL_ENGINE_URL")
+OUR_VARIABLES = (
+    "REDIS_URL",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "LOCAL_ENGINE_URL",
+    "LOCAL_ENGINE_PORT",
+    "LOCAL_ENGINE_AUTOSTART",
+)
 
 
 @pytest.fixture(autouse=True)
