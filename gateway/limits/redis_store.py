@@ -22,6 +22,7 @@ Redis Cluster keeps them in one slot and one script may touch them all):
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
@@ -45,6 +46,19 @@ from gateway.limits.store import (
 # Any Redis failure (unreachable, failing over, out of memory, a script error) makes
 # limits unavailable: the outage policy answers, never a 500.
 _UNAVAILABLE = (redis_errors.RedisError, OSError)
+log = logging.getLogger(__name__)
+
+# Error replies that mean "not now" (memory, loading, failover): the batch is resent.
+# redis-py strips the codes it knows into exception classes; the others stay in the text.
+TRANSIENT_ERRORS: tuple[type[redis_errors.RedisError], ...] = (
+    redis_errors.OutOfMemoryError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    redis_errors.MasterDownError,
+    redis_errors.NoScriptError,
+)
+TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "CLUSTERDOWN")
 KEEP_AFTER_PERIOD_S = 7 * 86400  # budget counters stay readable a week past their period
 SETTLED_MARKER_TTL_S = 86400  # long enough for a retry after any outage a queue survives
 
@@ -101,21 +115,35 @@ class RedisLimitStore:
         return _verdict(cast(list[int], reply), len(ask.rates), len(ask.budgets))
 
     async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
-        """Each charge's script call, pipelined in one round trip (each stays atomic)."""
-        with self._translate():
-            try:
-                replies = await self._settle_batch(charges)
-            except redis_errors.NoScriptError:  # Redis restarted: load it, resend (idempotent)
-                await self._client.script_load(SETTLE_LUA)
-                replies = await self._settle_batch(charges)
-        return [_balances(reply) for reply in replies]
+        """Each charge's script call, pipelined in one round trip (each stays atomic).
 
-    async def _settle_batch(self, charges: Sequence[Charge]) -> list[list[int]]:
+        A charge Redis refuses for good (a script error, not a passing state such as OOM
+        or LOADING, which raise `LimitsStoreUnavailable` so the batch is sent again) is
+        logged and dropped alone: one bad charge must not hold the queue behind it."""
+        with self._translate():
+            replies = await self._settle_batch(charges)
+            if any(isinstance(r, redis_errors.NoScriptError) for r in replies):
+                await self._client.script_load(SETTLE_LUA)  # Redis restarted: resend
+                replies = await self._settle_batch(charges)
+        results: list[tuple[Balance, ...] | None] = []
+        for charge, reply in zip(charges, replies, strict=True):
+            if isinstance(reply, redis_errors.RedisError):
+                if isinstance(reply, TRANSIENT_ERRORS) or str(reply).startswith(TRANSIENT_REPLIES):
+                    raise LimitsStoreUnavailable(f"redis cannot settle now: {reply}")
+                log.error("dropping the budget charge of %s: %s", charge.request_id, reply)
+                results.append(None)
+            else:
+                results.append(_balances(cast(list[int], reply)))
+        return results
+
+    async def _settle_batch(self, charges: Sequence[Charge]) -> list[Any]:
+        """Replies or, per charge, the error Redis answered (connection errors raise)."""
         async with self._client.pipeline(transaction=False) as pipe:
             for charge in charges:
                 keys, args = self._settle_call(charge)
                 pipe.evalsha(self._settle.sha, len(keys), *keys, *args)
-            return cast(list[list[int]], await pipe.execute())
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
 
     def _settle_call(self, charge: Charge) -> tuple[list[str], list[Any]]:
         keys = [self._base + "settled:" + charge.request_id]

@@ -16,7 +16,15 @@ from gateway.limits.budgets import output_tokens
 from gateway.limits.rate_limits import wait_s
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import BudgetRule, Period, RateRule, periods_at
-from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge, RateRefusal
+from gateway.limits.store import (
+    Admitted,
+    Ask,
+    BudgetRefusal,
+    Charge,
+    LimitsStoreUnavailable,
+    RateRefusal,
+)
+from tests.gateway.ledger_fixtures import RedisServer
 
 BUDGET = BudgetRule("team", "research", "day", 1_000_000, None, None)
 PERIOD = Period("2031-01-31", time.time() + 86400)
@@ -136,3 +144,30 @@ def test_periods_are_utc_days_and_months() -> None:
     periods = periods_at(datetime(2030, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())
     assert (periods["day"].id, periods["day"].ends_iso) == ("2030-12-31", "2031-01-01T00:00:00Z")
     assert (periods["month"].id, periods["month"].ends_iso) == ("2030-12", "2031-01-01T00:00:00Z")
+
+
+async def test_a_charge_redis_refuses_is_dropped_alone(
+    store: RedisLimitStore, client: aioredis.Redis
+) -> None:
+    """A script error for one charge (here its budget key holds the wrong type) must not
+    hold the others, nor the queue, behind it: it is logged and dropped."""
+    broken = BudgetRule("team", "broken", "day", 1_000_000, None, None)
+    await client.set(store.budget_key("team", "broken", PERIOD.id), "not a hash")
+    await store.admit(ask("ok", 500_000))
+    bad, good = await store.settle_many([charge("bad", 1, broken), charge("ok", 42)])
+    assert bad is None
+    assert good is not None and good[0].spent_nanos == 42
+
+
+async def test_a_passing_refusal_keeps_the_batch_for_later(redis_server: RedisServer) -> None:
+    """OOM (like LOADING or READONLY) means "not now": the whole batch is sent again later."""
+    limits = RedisLimitStore(redis_server.url, "cgtest-oom:")
+    admin = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await admin.config_set("maxmemory", "1")
+        await admin.config_set("maxmemory-policy", "noeviction")
+        with pytest.raises(LimitsStoreUnavailable):
+            await limits.settle_many([charge("r1", 7)])
+    finally:
+        await limits.close()
+        await admin.aclose()
