@@ -31,7 +31,7 @@ from tests.fakes.openai_upstream import (
     sse,
 )
 
-DEFAULT_API_KEY = "sk-ant-fake-key"
+DEFAULT_API_KEY = "fake-anthropic-key"
 
 # Anthropic's error `type` and default message per status.
 ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {

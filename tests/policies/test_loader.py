@@ -243,7 +243,7 @@ def test_directory_duplicate_name_names_both_files(tmp_path: Path) -> None:
 
 
 def test_secrets_never_appear_in_errors(tmp_path: Path) -> None:
-    secret = "sk-very-secret-value"
+    secret = "fake-very-secret-value"
     text = MINIMAL + (
         "keys:\n"
         "  k:\n"

@@ -20,7 +20,7 @@ routes:
   auto:
     deployments: [a]
 """
-ENV = {"SECRET": "sk-reloader-secret"}
+ENV = {"SECRET": "fake-reloader-secret"}
 
 
 def write(path: Path, model: str = "m1", text: str | None = None) -> None:
