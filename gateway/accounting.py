@@ -19,7 +19,7 @@ from gateway.ledger import CostLedger, SpendRecord
 from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
 from gateway.pricing import TokenPrice
-from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
+from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.tokens import count_prompt, count_text
 from gateway.upstreams.base import EndpointType
 
@@ -68,16 +68,10 @@ def counted_usage(
     return Usage(count_prompt(model, endpoint, request), completion, "counted")
 
 
-def sla_met(sla: RouteSla | None, ttft_ms: float | None, latency_ms: float) -> bool | None:
-    """Whether an answer kept its route's SLA, judged as `SlaGuard.count_outcome` judges
-    requests: first token within `ttft_s` (a whole answer's first token is the answer)
-    and everything within `timeout_s`, from the request's arrival. None without an SLA."""
-    if sla is None or (sla.ttft_s is None and sla.timeout_s is None):
+def _sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
+    if route.sla is None:
         return None
-    first = latency_ms if ttft_ms is None else ttft_ms
-    return (sla.ttft_s is None or first <= sla.ttft_s * 1000) and (
-        sla.timeout_s is None or latency_ms <= sla.timeout_s * 1000
-    )
+    return route.sla.met(total_s if ttft_s is None else ttft_s, total_s)
 
 
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
@@ -159,7 +153,7 @@ class Accountant:
             escalations=attempt,
             score=call.score,
             # A hedge that lost the race answered nobody: it is priced, not judged.
-            sla_met=None if label else sla_met(route.sla, ttft_ms, latency_ms),
+            sla_met=None if label else _sla_met(route, ttft_s, latency_ms / 1000),
         )
         self._observe(record, deployment)
         self._ledger.submit(record)

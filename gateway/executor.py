@@ -192,8 +192,8 @@ class Executor:
     async def _hedged(
         self, candidates: list[DeploymentRuntime], call: AttemptFn, run: _Run, hedge: Hedge
     ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
-        """Race attempt chains: each hedge starts a chain at the first candidate no chain
-        is calling (falling back through the rest), once the chains running have gone
+        """Race attempt chains: each hedge starts a chain at the first candidate not
+        called yet (falling back through the rest), once the chains running have gone
         `hedge.after_s` without an answer."""
         chains: dict[asyncio.Task[tuple[DeploymentRuntime, Any]], int] = {}
 
@@ -227,12 +227,11 @@ class Executor:
                     losers = [Loser(*t.result()) for t in done if t is not winner and _ok(t)]
                     losers += await self._cancel_losers(chains, run, hedge)
                     return (*winner.result(), run, losers)
-                if any(isinstance(e, GatewayError) and _client_fault(e) for e in errors):
+                if _client_faults(errors):  # another deployment would refuse it too
                     break
         finally:
             await _cancel(chains, run)
-        faults = [e for e in errors if isinstance(e, GatewayError) and _client_fault(e)]
-        raise (faults or errors or [final_error(candidates, run.failures)])[0]
+        raise (_client_faults(errors) or errors or [final_error(candidates, run.failures)])[0]
 
     async def _cancel_losers(
         self, chains: dict[asyncio.Task[Any], int], run: _Run, hedge: Hedge
@@ -336,8 +335,8 @@ def _first_success(
     return winner
 
 
-def _client_fault(error: GatewayError) -> bool:
-    return isinstance(error, InvalidRequest | PayloadTooLarge)
+def _client_faults(errors: list[BaseException]) -> list[BaseException]:
+    return [e for e in errors if isinstance(e, InvalidRequest | PayloadTooLarge)]
 
 
 def _idle_candidate(candidates: list[DeploymentRuntime], run: _Run) -> int | None:

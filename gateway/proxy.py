@@ -181,9 +181,6 @@ class Proxy:
         )
         record = self._accountant.settle(call, done.deployment, usage)
         self._observe(call, done.deployment, "200")
-        if self._guard is not None:
-            elapsed = time.perf_counter() - call.started
-            self._guard.count_outcome(route, elapsed, elapsed)
         headers = cascade_headers(call, done.deployment, done.attempts)
         headers["x-cascade-cost-usd"] = f"{usd(record.cost_nanos):.9f}"
         content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
@@ -204,9 +201,6 @@ class Proxy:
         m = self._metrics
         m.child(m.escalations, call.route.name).inc(result.escalations)
         self._observe(call, final.deployment, "200")
-        if self._guard is not None:
-            elapsed = time.perf_counter() - call.started
-            self._guard.count_outcome(call.route, elapsed, elapsed)
         headers = cascade_headers(call, final.deployment, final.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
         headers["x-cascade-cost-usd"] = f"{usd(result.cost_nanos):.9f}"
@@ -249,8 +243,7 @@ class Proxy:
         settlement = StreamSettlement(
             self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft
         )
-        settlement.guard = self._guard
-        settlement.admission = admission
+        settlement.guard, settlement.admission = self._guard, admission
         headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}
         return RelayedStream(
             settlement.relay(), settlement.finish, media_type="text/event-stream", headers=headers
@@ -279,13 +272,18 @@ class Proxy:
             usage, status = loser_usage(loser, endpoint, body)
             self._accountant.settle(call, loser.deployment, usage, status=status, label=f"h{n}")
 
-    def _observe(self, call: Call, deployment: DeploymentRuntime, status: str) -> None:
+    def _observe(
+        self, call: Call, deployment: DeploymentRuntime, status: str, ttft_s: float | None = None
+    ) -> None:
+        """Count an answered request: its metrics and its SLA outcome (a non-streamed
+        answer's first token is the answer: `ttft_s` None means the whole elapsed time)."""
         m = self._metrics
+        elapsed = time.perf_counter() - call.started
         m.child(m.requests, call.route.name, deployment.name, call.team, status).inc()
         m.child(m.tier_requests, call.route.name, deployment.tier).inc()
-        m.child(m.latency, call.route.name, deployment.name).observe(
-            time.perf_counter() - call.started
-        )
+        m.child(m.latency, call.route.name, deployment.name).observe(elapsed)
+        if self._guard is not None:
+            self._guard.count_outcome(call.route, elapsed if ttft_s is None else ttft_s, elapsed)
 
 
 class StreamSettlement:
@@ -296,7 +294,7 @@ class StreamSettlement:
     def __init__(
         self,
         accountant: Accountant,
-        observe: Callable[[Call, DeploymentRuntime, str], None],
+        observe: Callable[[Call, DeploymentRuntime, str, float | None], None],
         call: Call,
         opened: Opened,
         endpoint: EndpointType,
@@ -346,13 +344,11 @@ class StreamSettlement:
         # Settled before any await: a cancelled task may not get past the next one.
         self.accountant.settle(self.call, deployment, usage, status=self.status, ttft_s=self.ttft)
         self.admission.settle(self.call.records)
-        self.observe(self.call, deployment, "200")
+        self.observe(self.call, deployment, "200", self.ttft)
         if self.guard is not None:
-            now = time.perf_counter()
-            streamed = now - self.opened.opened_at
+            streamed = time.perf_counter() - self.opened.opened_at
             itl = streamed / (self.frames - 1) if self.frames > 1 and self.status == "ok" else None
             self.guard.stream_ended(deployment.name, itl, streamed)
-            self.guard.count_outcome(self.call.route, self.ttft, now - self.call.started)
         await close_stream(self.opened.rest)
 
 

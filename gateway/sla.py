@@ -26,7 +26,7 @@ from gateway.errors import RateLimited, UpstreamUnavailable
 from gateway.latency import LatencyModel
 from gateway.load import LoadView, ScrapeTarget, scrape_targets
 from gateway.metrics import Metrics
-from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla, Runtime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import UpstreamFailure
 from policies.schema import Policy
 from router.selection import Health, SlaMissType, select
@@ -64,8 +64,8 @@ class SlaGuard:
         sla = route.sla if use_sla else None
         if sla is None and not self.breakers.tripped:
             return candidates  # the common case: nothing to judge
-        health = {d.name: self._health(d.name, sla) for d in candidates}
         ttft_s = sla.ttft_s if sla is not None and sla.load_aware else None
+        health = {d.name: self._health(d.name, predict=ttft_s is not None) for d in candidates}
         on_miss: SlaMissType = "shed" if sla is not None and sla.on_miss == "shed" else "degrade"
         chosen = select([d.name for d in candidates], health, ttft_s, on_miss)
         if chosen.shed:
@@ -88,9 +88,9 @@ class SlaGuard:
         by_name = {d.name: d for d in candidates}
         return [by_name[name] for name in chosen.order]
 
-    def _health(self, deployment: str, sla: RouteSla | None) -> Health:
+    def _health(self, deployment: str, predict: bool) -> Health:
         ejected = self.breakers.is_ejected(deployment)
-        if sla is None or not sla.load_aware:
+        if not predict:  # no TTFT target to hold a prediction against
             return Health(ejected=ejected)
         prediction = self.latency.predict(deployment)
         return Health(ejected, prediction.ttft_s, prediction.reason)
@@ -161,12 +161,9 @@ class SlaGuard:
             self._metrics.child(self._metrics.sla_requests, route.name, "missed").inc()
 
     def count_outcome(self, route: RouteRuntime, ttft_s: float, total_s: float) -> None:
-        sla = route.sla
-        if sla is None:
+        met = None if route.sla is None else route.sla.met(ttft_s, total_s)
+        if met is None:
             return
-        met = (sla.ttft_s is None or ttft_s <= sla.ttft_s) and (
-            sla.timeout_s is None or total_s <= sla.timeout_s
-        )
         self._metrics.child(
             self._metrics.sla_requests, route.name, "met" if met else "missed"
         ).inc()
