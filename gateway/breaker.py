@@ -99,16 +99,14 @@ class CircuitBreakers:
 
     def allows(self, deployment: str, now: float | None = None) -> bool:
         """May a request go to `deployment` now? Takes a probe slot when half-open."""
+        now = time.time() if now is None else now
+        if self.is_ejected(deployment, now):
+            return False
         breaker = self._breakers.get(deployment)
         if breaker is None or breaker.state == "closed":
             return True
-        now = time.time() if now is None else now
-        if breaker.state == "open":
-            if now < breaker.open_until:
-                return False
+        if breaker.state == "open":  # its cooldown is over: probe it
             self._move(deployment, breaker, "half_open")
-        if not self._probe_free(breaker, now):
-            return False
         breaker.probes += 1
         breaker.probed_at = now
         return True
