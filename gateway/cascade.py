@@ -5,12 +5,19 @@ deployment still falls back within its tier). Every answer is priced in the ledg
 the rejected ones too (`<request_id>:<n>` for the n-th escalation), because every one
 was paid for. If an escalation fails outright, the last answer received is returned
 rather than an error: an unverified answer beats none.
+
+The verifier reads token logprobs, so on chat every tier but the last (whose answer is
+not verified) is asked for them (`logprobs: true`) where its upstream returns them. A
+client that did not ask for them gets its answer without them, as the upstream would
+have sent it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +27,7 @@ from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
 from gateway.runtime import DeploymentRuntime
 from gateway.scoring import AnswerVerifier
-from gateway.upstreams.base import EndpointType
+from gateway.upstreams.base import EndpointType, UpstreamReply
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +76,16 @@ class Cascade:
         records: list[SpendRecord] = []
         scores: list[float] = []
         final: Completed | None = None
+        ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
         for step, group in enumerate(groups):
+            verified = step < len(groups) - 1
             try:
                 done = await self._executor.complete(
-                    group, endpoint, body, max(0.001, ends_at - time.monotonic())
+                    group,
+                    endpoint,
+                    body,
+                    max(0.001, ends_at - time.monotonic()),
+                    logprobs=ask and verified,
                 )
             except GatewayError:
                 if final is None:
@@ -85,13 +98,15 @@ class Cascade:
                 break
             final = done
             records.append(self._settle(call, done, endpoint, body, step))
-            if step == len(groups) - 1:
+            if not verified:
                 break
             score = self._verifier(endpoint, body, done.reply.body)
             scores.append(score)
             if score >= route.verify_threshold:
                 break
         assert final is not None  # the first group either answered or raised
+        if ask:
+            final = without_logprobs(final)
         return CascadeResult(final, tuple(records), len(records) - 1, tuple(scores))
 
     def _settle(
@@ -102,3 +117,14 @@ class Cascade:
             done.deployment.target.model, endpoint, body, choice_texts(reply)
         )
         return self._accountant.settle(call, done.deployment, usage, attempt=step)
+
+
+def without_logprobs(done: Completed) -> Completed:
+    """`done` with each choice's `logprobs` back to null, as the upstream answers when
+    not asked; re-serialised only when some choice carried them (else its raw bytes go
+    out unchanged)."""
+    choices = done.reply.body.get("choices") or []
+    if not any(isinstance(c, Mapping) and c.get("logprobs") is not None for c in choices):
+        return done
+    stripped = [{**c, "logprobs": None} if isinstance(c, Mapping) else c for c in choices]
+    return dataclasses.replace(done, reply=UpstreamReply({**done.reply.body, "choices": stripped}))

@@ -133,9 +133,13 @@ class Executor:
         deadline_s: float,
         hedge: Hedge | None = None,
         priority: int | None = None,
+        logprobs: bool = False,
     ) -> Completed:
+        """One answer from the first candidate that gives one; `logprobs` asks those
+        that return token logprobs for them (a cascade verifying the answer)."""
+
         async def call(d: DeploymentRuntime) -> UpstreamReply:
-            request = upstream_body(d, body, priority)
+            request = upstream_body(d, body, priority, logprobs)
             return await self.client_for(d).complete(d.target, endpoint, request)
 
         deployment, reply, run, losers = await self._run(candidates, call, deadline_s, hedge)
@@ -310,13 +314,20 @@ class Executor:
 
 
 def upstream_body(
-    deployment: DeploymentRuntime, body: dict[str, Any], priority: int | None = None
+    deployment: DeploymentRuntime,
+    body: dict[str, Any],
+    priority: int | None = None,
+    logprobs: bool = False,
 ) -> dict[str, Any]:
-    """The client's body with the deployment's model name (and the route's priority, for
-    engines scheduling by priority); every other field untouched."""
+    """The client's body with the deployment's model name, the route's priority (for
+    engines scheduling by priority) and `logprobs: true` (when asked for and the
+    deployment returns them); every other field untouched."""
+    extra: dict[str, Any] = {"model": deployment.target.model}
     if priority is not None and deployment.priority_scheduling and "priority" not in body:
-        return {**body, "model": deployment.target.model, "priority": priority}
-    return {**body, "model": deployment.target.model}
+        extra["priority"] = priority
+    if logprobs and deployment.returns_logprobs:
+        extra["logprobs"] = True
+    return {**body, **extra}
 
 
 def _ok(task: asyncio.Task[Any]) -> bool:

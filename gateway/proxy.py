@@ -434,6 +434,8 @@ def completion_events(reply: dict[str, Any], include_usage: bool) -> bytes:
         message = choice.get("message") or {}
         delta = {k: v for k, v in message.items() if v is not None}
         first = {"index": choice.get("index", 0), "delta": delta, "finish_reason": None}
+        if choice.get("logprobs") is not None:  # the client asked: all of them in one chunk
+            first["logprobs"] = choice["logprobs"]
         last = {
             "index": choice.get("index", 0),
             "delta": {},

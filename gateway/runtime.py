@@ -16,14 +16,16 @@ from gateway.errors import NotFound
 from gateway.pricing import (
     UNPRICED,
     TokenPrice,
+    litellm_price_map,
     lookup_litellm,
     policy_price,
     self_hosted_price,
 )
 from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
+from policies.engines import EngineSpec
 from policies.keys import hash_key
-from policies.schema import Deployment, Policy, Sla
+from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
 from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class DeploymentRuntime:
     retry_backoff_s: float
     unavailable_reason: str | None
     priority_scheduling: bool = False
+    returns_logprobs: bool = False  # answers `logprobs: true` with token logprobs
 
     @property
     def view(self) -> DeploymentView:
@@ -138,7 +141,9 @@ class Runtime:
 
 def build_runtime(loaded: LoadedPolicy) -> Runtime:
     policy = loaded.policy
-    deployments = {name: _deployment(name, spec) for name, spec in policy.deployments.items()}
+    deployments = {
+        name: _deployment(name, spec, policy.engines) for name, spec in policy.deployments.items()
+    }
     routes = {
         name: RouteRuntime(
             name=name,
@@ -186,7 +191,9 @@ def _route_sla(sla: Sla | None) -> RouteSla | None:
     )
 
 
-def _deployment(name: str, spec: Deployment) -> DeploymentRuntime:
+def _deployment(
+    name: str, spec: Deployment, engines: Mapping[str, EngineSpec]
+) -> DeploymentRuntime:
     target = UpstreamTarget(
         deployment=name,
         provider=spec.provider,
@@ -208,6 +215,7 @@ def _deployment(name: str, spec: Deployment) -> DeploymentRuntime:
         retry_backoff_s=spec.retry_backoff_s,
         unavailable_reason=spec.unavailable_reason(),
         priority_scheduling=spec.priority_scheduling,
+        returns_logprobs=returns_logprobs(spec, engines),
     )
 
 
@@ -217,6 +225,19 @@ def wants_load_view(spec: Deployment) -> bool:
     if spec.scrape_metrics is not None:
         return spec.scrape_metrics
     return spec.metrics_url is not None or spec.self_hosted is not None
+
+
+def returns_logprobs(spec: Deployment, engines: Mapping[str, EngineSpec]) -> bool:
+    """Does this deployment answer `logprobs: true` (OpenAI's chat field) with token
+    logprobs? OpenAI-compatible servers do (OpenAI, vLLM); the embedded CPU engine
+    refuses the field with a 400, litellm's providers (Anthropic, ...) have none, and
+    OpenAI's reasoning models (o1, o3, gpt-5: `supports_reasoning` in litellm's model
+    map) refuse it too."""
+    engine = engines.get(spec.engine) if spec.engine is not None else None
+    if spec.provider != OPENAI_COMPATIBLE or (engine is not None and engine.kind == "cpu"):
+        return False
+    entry = litellm_price_map().get(spec.pricing_model or spec.model) or {}
+    return not entry.get("supports_reasoning")
 
 
 def _deployment_price(name: str, spec: Deployment) -> TokenPrice:

@@ -85,8 +85,11 @@ class AnswerVerifier:
     """`verifier(endpoint, body, reply) -> float` in [0, 1]: how likely the answer is
     acceptable. The model is loaded on first use and kept."""
 
-    def __init__(self, verifier: Verifier | None = None) -> None:
+    def __init__(
+        self, verifier: Verifier | None = None, scorer: RequestScorer | None = None
+    ) -> None:
         self._verifier = verifier
+        self._scorer = scorer or RequestScorer()
 
     def __call__(
         self, endpoint: EndpointType, body: Mapping[str, Any], reply: Mapping[str, Any]
@@ -100,6 +103,7 @@ class AnswerVerifier:
             logprobs=logprobs,
             response_format=response_format if isinstance(response_format, dict) else None,
             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+            prompt_score=self._scorer(endpoint, body),  # the router's prior on the prompt
         )
 
 

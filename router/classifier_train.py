@@ -190,8 +190,30 @@ def _probability_map(rows: Sequence[Example], gain_score: np.ndarray) -> tuple[f
     return slope, float(model.intercept_[0])
 
 
-def run_evaluation(examples: Sequence[Example], cache: FeatureCache) -> list[FoldReport]:
-    return [_judge(fold, fit(fold.train, cache)) for fold in evaluation_folds(examples)]
+FittedFolds = list[tuple[Fold, Classifier]]
+PromptScores = Mapping[tuple[str, str], float]  # (dataset, id) -> held-out score
+
+
+def fit_folds(examples: Sequence[Example], cache: FeatureCache) -> FittedFolds:
+    """Each evaluation fold with the classifier trained on its training side only."""
+    return [(fold, fit(fold.train, cache)) for fold in evaluation_folds(examples)]
+
+
+def held_out_scores(fitted: FittedFolds) -> dict[tuple[str, str], float]:
+    """Every held-out prompt's score by the classifier that never saw it (for the
+    non-MMLU datasets, one trained without that whole dataset)."""
+    return {
+        (e.dataset, e.id): classifier.score([{"role": "user", "content": e.prompt}])
+        for fold, classifier in fitted
+        for e in fold.test
+    }
+
+
+def run_evaluation(
+    examples: Sequence[Example], cache: FeatureCache, fitted: FittedFolds | None = None
+) -> list[FoldReport]:
+    scores = held_out_scores(fitted or fit_folds(examples, cache))
+    return [_judge(fold, scores) for fold in evaluation_folds(examples)]
 
 
 def train(data_dir: Path | None, out: Path, examples: Sequence[Example]) -> list[FoldReport]:
@@ -235,15 +257,23 @@ class CascadeReport:
     cost_source: str
 
 
-def run_cascade_evaluation(data_dir: Path | None = None) -> list[CascadeReport]:
-    """Score each cheap answer with the shipped verifier, on its held-out rows only."""
-    from router.dataset import DEFAULT_DATA_DIR
-    from router.verifier import Verifier
-    from router.verifier_train import Example as AnswerExample
-    from router.verifier_train import is_held_out, unwrap_response
+def run_cascade_evaluation(
+    data_dir: Path | None = None, prompt_scores: PromptScores | None = None
+) -> list[CascadeReport]:
+    """The cheap model's answer to every prompt, scored by a verifier that never saw the
+    prompt (``verifier_train.cross_fitted_scores``), and the cascade that follows.
 
-    verifier = Verifier.load()
+    ``prompt_scores`` are the classifier's held-out scores (``held_out_scores``), the
+    verifier's prompt-difficulty signal; without them that signal is left neutral."""
+    from router import verifier_train
+    from router.dataset import DEFAULT_DATA_DIR
+
     directory = data_dir or DEFAULT_DATA_DIR
+    answers = verifier_train.build_examples(directory, prompt_scores=prompt_scores)
+    cheap = {stem: "weak" if stem == "gsm8k" else WEAK_MODEL for stem in CASCADE_FILES}
+    verified = verifier_train.cross_fitted_scores(
+        answers, verifier_train.feature_matrix(answers), cheap
+    )
     reports = []
     for stem, name in CASCADE_FILES.items():
         path = directory / f"{stem}.jsonl"
@@ -256,17 +286,14 @@ def run_cascade_evaluation(data_dir: Path | None = None) -> list[CascadeReport]:
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                if priced:
-                    cheap, dear = row["models"][WEAK_MODEL], row["models"][STRONG_MODEL]
-                    response = unwrap_response(cheap["response"])
-                    costs = (float(cheap["cost_usd"]), float(dear["cost_usd"]))
-                else:
-                    response = row["weak_response"]
-                    costs = (GSM8K_WEAK_COST_RATIO, 1.0)
-                answer = AnswerExample(stem, row["id"], row["prompt"], response, False)
-                if not is_held_out(answer):
+                if (stem, row["id"]) not in verified:
                     continue
-                scores.append(verifier.score(row["prompt"], response))
+                if priced:
+                    cheap_call, dear = row["models"][WEAK_MODEL], row["models"][STRONG_MODEL]
+                    costs = (float(cheap_call["cost_usd"]), float(dear["cost_usd"]))
+                else:
+                    costs = (GSM8K_WEAK_COST_RATIO, 1.0)
+                scores.append(verified[stem, row["id"]])
                 weak.append(bool(row["weak_correct"]))
                 strong.append(bool(row["strong_correct"]))
                 weak_cost.append(costs[0])
@@ -294,9 +321,11 @@ def run_cascade_evaluation(data_dir: Path | None = None) -> list[CascadeReport]:
 def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
     """APGR / CPT over escalation share, and the cost at 50% / 80% of the gap recovered."""
     lines = [
-        "cascade (verifier): cheap model first, escalate when the shipped verifier scores "
-        "its answer below a threshold (11 thresholds at the score deciles); x = escalation "
-        "share; only rows the verifier did not train on (verifier_train.is_held_out); cost = "
+        "cascade (verifier): cheap model first, escalate when the verifier scores its "
+        "answer below a threshold (11 thresholds at the score deciles); x = escalation "
+        "share; every row, each scored by a verifier of the shipped recipe that never saw "
+        "its prompt (5-fold cross-fit by prompt; winogrande: a task no verifier trained "
+        "on); prompt prior = the classifier's held-out score; cost = "
         "mean cost per query relative to always-strong, cheap call on every row plus strong "
         f"call when escalated (RouterBench: per-row cost_usd of {WEAK_MODEL} / "
         f"{STRONG_MODEL}; GSM8K: no prices, weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong); "
@@ -334,13 +363,11 @@ def _cost_at(report: CascadeReport, share: float) -> float:
     return float(np.interp(share, report.curve.share, report.cost))
 
 
-def _judge(fold: Fold, classifier: Classifier) -> FoldReport:
+def _judge(fold: Fold, held_out: PromptScores) -> FoldReport:
     weak = [e.weak_correct for e in fold.test]
     strong = [e.strong_correct for e in fold.test]
     scores = {
-        "classifier": [
-            classifier.score([{"role": "user", "content": e.prompt}]) for e in fold.test
-        ],
+        "classifier": [held_out[e.dataset, e.id] for e in fold.test],
         "length": length_scores([e.prompt for e in fold.test]).tolist(),
     }
     metrics = {name: evaluate(s, weak, strong) for name, s in scores.items()}

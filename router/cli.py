@@ -110,18 +110,26 @@ def _parse_shares(text: str) -> dict[str, float]:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from router.verifier import Verifier  # written alongside; same interface
+    from router.classifier import Classifier
+    from router.verifier import Verifier
 
     try:
         rows = list(_read_rows(args.input, _verify_request))
         verifier = Verifier.load()
+        classifier = Classifier.load()
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for row_id, (prompt, response) in rows:
-        score = verifier.score(prompt, response)
+    # The verifier weighs the classifier's view of the prompt, as the gateway's cascade does.
+    priors = classifier.score_batch([{"messages": [_user(p)]} for _, (p, _) in rows])
+    for (row_id, (prompt, response)), prior in zip(rows, priors, strict=True):
+        score = verifier.score(prompt, response, prompt_score=prior)
         print(json.dumps({"id": row_id, "score": round(float(score), 6)}))
     return 0
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -143,8 +151,10 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from router.classifier_train import (
         FeatureCache,
+        fit_folds,
         format_cascade_table,
         format_table,
+        held_out_scores,
         run_cascade_evaluation,
         run_evaluation,
     )
@@ -153,11 +163,14 @@ def run_eval(args: argparse.Namespace) -> int:
 
     try:
         examples = load_examples(args.data)
-        cascades = {c.name: c for c in run_cascade_evaluation(args.data)}
+        cache = FeatureCache(examples)
+        fitted = fit_folds(examples, cache)
+        prompt_scores = held_out_scores(fitted)
+        cascades = {c.name: c for c in run_cascade_evaluation(args.data, prompt_scores)}
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    reports = run_evaluation(examples, FeatureCache(examples))
+    reports = run_evaluation(examples, cache, fitted)
     print(format_table(reports))
     print()
     print(format_cascade_table(list(cascades.values())))
@@ -195,7 +208,7 @@ def _read_rows(path: Path, parse: Any) -> Iterator[tuple[Any, Any]]:
 
 def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(row.get("prompt"), str):
-        messages: Any = [{"role": "user", "content": row["prompt"]}]
+        messages: Any = [_user(row["prompt"])]
     elif isinstance(row.get("messages"), list) and all(
         isinstance(m, dict) for m in row["messages"]
     ):

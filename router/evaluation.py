@@ -108,6 +108,8 @@ def apgr(curve: Curve) -> float:
     """Average performance gap recovered."""
     width = curve.share[-1] - curve.share[0]
     gap = (curve.strong_quality - curve.weak_quality) * width
+    if gap == 0.0:  # the two models score alike (or one point): nothing to recover
+        return float("nan")
     return float((_trapezoid(curve.quality, curve.share) - curve.weak_quality * width) / gap)
 
 

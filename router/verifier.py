@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from router.arithmetic import check_arithmetic
 from router.errors import RoutingError
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "verifier.json"
@@ -35,7 +36,6 @@ FEATURE_NAMES: tuple[str, ...] = (
     "empty",
     "very_short",
     "log_answer_chars",
-    "length_ratio",
     "finish_length",
     "ends_mid_sentence",
     "unbalanced_fences",
@@ -59,6 +59,10 @@ FEATURE_NAMES: tuple[str, ...] = (
     "logprob_mean",
     "logprob_min",
     "logprob_low_share",
+    "math_steps",
+    "math_wrong_step",
+    "math_unused_numbers",
+    "prompt_difficulty",
 )
 
 # Hard rules: when the feature is set, the score is at most this value.
@@ -73,6 +77,7 @@ SCORE_CAPS: dict[str, float] = {
 }
 
 MAX_ANALYSED_CHARS = 4000  # word and repetition statistics look at the head only
+MAX_ARITHMETIC_CHARS = 8000  # worked steps are checked in the head of long answers
 LOW_LOGPROB = math.log(0.1)  # a token the model gave under 10% probability
 # Logprob features are centred on typical values so that "absent" (0.0) is neutral.
 TYPICAL_MEAN_LOGPROB = -0.3
@@ -104,6 +109,7 @@ _MC_ANSWER = re.compile(
     r"^\W*\(?([A-E])\)?(?:[.):]|\s*$)|(?i:answer)(?: is)?\s*[:\-]?\s*\(?([A-E])\b"
 )
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _MATH_PROMPT = re.compile(
     r"\b(how many|how much|how long|how far|how old|what is the (?:total|sum|value|"
     r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^]\s*\d",
@@ -131,6 +137,9 @@ class Signals:
     logprobs: Sequence[float] | None = None
     response_format: Mapping[str, Any] | None = None
     finish_reason: str | None = None
+    # The complexity classifier's score of the prompt: on answers whose text says
+    # nothing (a bare option letter), how hard the question is decides the order.
+    prompt_score: float | None = None
 
 
 def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, float]:
@@ -147,18 +156,20 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         **_format_features(prompt, answer),
         **_repetition_features(words, lowered[:MAX_ANALYSED_CHARS]),
         **_logprob_features(signals.logprobs),
+        **_arithmetic_features(prompt, answer),
+        "prompt_difficulty": _logit(signals.prompt_score),
     }
     return {name: features[name] for name in FEATURE_NAMES}
 
 
 def _length_features(prompt: str, answer: str, words: int) -> dict[str, float]:
+    # The answer's own length only: its length relative to the prompt would smuggle in
+    # the prompt's length, a prompt-level signal that prompt_difficulty carries.
     short = words < 3 and not _MC_OPTION.search(prompt)
-    ratio = math.log1p(len(answer)) - math.log1p(len(prompt))
     return {
         "empty": float(not answer),
         "very_short": float(bool(answer) and short),
         "log_answer_chars": math.log1p(len(answer)),
-        "length_ratio": max(-6.0, min(6.0, ratio)),
     }
 
 
@@ -256,9 +267,21 @@ def _is_json_type(value: Any, name: str) -> bool:
     return not (isinstance(value, bool) and name in ("number", "integer"))
 
 
+def _is_mc_prompt(prompt: str) -> bool:
+    return bool(_MC_OPTION.search(prompt)) and "answer" in prompt.lower()
+
+
+def _is_math_prompt(prompt: str) -> bool:
+    return (
+        not _is_mc_prompt(prompt)
+        and bool(_MATH_PROMPT.search(prompt))
+        and any(c.isdigit() for c in prompt)
+    )
+
+
 def _format_features(prompt: str, answer: str) -> dict[str, float]:
-    mc = bool(_MC_OPTION.search(prompt)) and "answer" in prompt.lower()
-    math_prompt = not mc and bool(_MATH_PROMPT.search(prompt)) and any(c.isdigit() for c in prompt)
+    mc = _is_mc_prompt(prompt)
+    math_prompt = _is_math_prompt(prompt)
     code = not mc and bool(_CODE_PROMPT.search(prompt))
     return {
         "mc_prompt": float(mc),
@@ -307,6 +330,46 @@ def _logprob_features(logprobs: Sequence[float] | None) -> dict[str, float]:
         "logprob_min": max(-10.0, min(values)) - TYPICAL_MIN_LOGPROB,
         "logprob_low_share": low_share - TYPICAL_LOW_SHARE,
     }
+
+
+def _arithmetic_features(prompt: str, answer: str) -> dict[str, float]:
+    """Worked steps checked (``router.arithmetic``) and, on maths questions, the share
+    of the question's numbers the answer never uses (a skipped fact)."""
+    checked, wrong = check_arithmetic(answer[:MAX_ARITHMETIC_CHARS])
+    unused = 0.0
+    if _is_math_prompt(prompt):
+        question = _numbers(_last_block(prompt))
+        if question:
+            unused = len(question - _numbers(answer[:MAX_ARITHMETIC_CHARS])) / len(question)
+    return {
+        "math_steps": math.log1p(checked),
+        "math_wrong_step": float(wrong > 0),
+        "math_unused_numbers": unused,
+    }
+
+
+def _last_block(prompt: str) -> str:
+    """The question: the last blank-line-separated block (few-shot examples come first)."""
+    blocks = [block for block in prompt.split("\n\n") if block.strip()]
+    return blocks[-1] if blocks else prompt
+
+
+def _numbers(text: str) -> set[float]:
+    values = set()
+    for match in _PLAIN_NUMBER.findall(text.replace(",", "")):
+        try:
+            values.add(float(match))
+        except ValueError:
+            continue
+    return values
+
+
+def _logit(probability: float | None) -> float:
+    """The classifier score on the logit scale; NaN (treated as "unknown") when absent."""
+    if probability is None or not math.isfinite(probability):
+        return math.nan
+    p = min(max(probability, 1e-6), 1.0 - 1e-6)
+    return math.log(p / (1.0 - p))
 
 
 @dataclass(frozen=True)
@@ -377,9 +440,11 @@ class Verifier:
         logprobs: list[float] | None = None,
         response_format: dict[str, Any] | None = None,
         finish_reason: str | None = None,
+        prompt_score: float | None = None,
     ) -> float:
-        """The probability in [0, 1] that ``response`` is an acceptable answer to ``prompt``."""
-        signals = Signals(logprobs, response_format, finish_reason)
+        """The probability in [0, 1] that ``response`` is an acceptable answer to ``prompt``;
+        ``prompt_score`` is the complexity classifier's score of the prompt, if known."""
+        signals = Signals(logprobs, response_format, finish_reason, prompt_score)
         return self.score_features(extract_features(prompt, response, signals))
 
     def score_features(self, features: Mapping[str, float]) -> float:
@@ -387,7 +452,9 @@ class Verifier:
         for name, coef, mean, scale in zip(
             self.feature_names, self.coefficients, self.means, self.scales, strict=True
         ):
-            logit += coef * (features[name] - mean) / scale
+            value = features[name]
+            if not math.isnan(value):  # unknown (no prompt score given): the mean, neutral
+                logit += coef * (value - mean) / scale
         probability = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, logit))))
         caps = [cap for name, cap in SCORE_CAPS.items() if features[name] > 0]
         return min([probability, *caps])

@@ -20,18 +20,20 @@ import datetime
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from router.dataset import DATASETS
 from router.errors import RoutingError
 from router.verifier import DEFAULT_PATH, FEATURE_NAMES, Signals, Verifier, extract_features
 
 log = logging.getLogger(__name__)
+PromptScores = Mapping[tuple[str, str], float]  # (dataset, prompt id) -> classifier score
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
 GSM8K_FILE = "gsm8k.jsonl"
@@ -49,6 +51,7 @@ SIGNIFICANT_DIGITS = 6
 
 # Features the training data never shows (no logprobs, no finish_reason, no JSON
 # requests), so their weights are set by hand, in logits per unit of the raw feature.
+PROMPT_PRIOR = "prompt_difficulty"
 PRIOR_COEFFICIENTS: dict[str, float] = {
     "finish_length": -2.0,
     "json_requested": 0.0,
@@ -58,6 +61,13 @@ PRIOR_COEFFICIENTS: dict[str, float] = {
     "logprob_mean": 1.5,
     "logprob_min": 0.1,
     "logprob_low_share": -4.0,
+    # The classifier's prior, per standard deviation inside a task: a prompt the router
+    # thinks needs the strong model needs more evidence from the answer. Small, so the
+    # answer's own signals lead and the prior orders answers whose text says nothing
+    # (bare option letters score all alike without it). Not learned:
+    # the acceptability of 11 models' answers is not the label the classifier predicts
+    # (the strong model's gain over the weak one), and the pooled fit's sign flips.
+    PROMPT_PRIOR: -0.25,
 }
 
 
@@ -70,14 +80,33 @@ class Example:
     prompt: str
     response: str
     label: bool
+    model: str = ""  # who answered: "weak" / "strong" (GSM8K) or the RouterBench model
+    prompt_score: float | None = None  # the classifier's, from a model that never saw it
 
 
-def build_examples(data_dir: Path, *, limit: int | None = None) -> list[Example]:
-    """Labelled answers from the shared data, in a fixed order (``limit`` prompts per file)."""
+def build_examples(
+    data_dir: Path, *, limit: int | None = None, prompt_scores: PromptScores | None = None
+) -> list[Example]:
+    """Labelled answers from the shared data, in a fixed order (``limit`` prompts per file),
+    each with its prompt's held-out classifier score when ``prompt_scores`` has it."""
     examples = list(_gsm8k_examples(data_dir / GSM8K_FILE, limit))
     for name in ROUTERBENCH_FILES:
         examples += _routerbench_examples(data_dir / name, limit)
-    return examples
+    scores = prompt_scores or {}
+    return [
+        replace(e, prompt_score=scores.get((DATASETS[e.source], e.prompt_id))) for e in examples
+    ]
+
+
+def held_out_prompt_scores(data_dir: Path) -> dict[tuple[str, str], float]:
+    """The classifier's score of every prompt by a classifier trained without its dataset
+    (as ``router eval`` judges it), so the verifier learns how much to trust a score it
+    will meet on unseen tasks, not one that memorised these."""
+    from router.classifier_train import FeatureCache, fit_folds, held_out_scores
+    from router.dataset import load_examples
+
+    examples = load_examples(data_dir)
+    return held_out_scores(fit_folds(examples, FeatureCache(examples)))
 
 
 def _read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
@@ -93,7 +122,8 @@ def _gsm8k_examples(path: Path, limit: int | None) -> Iterator[Example]:
     for row in _read_rows(path, limit):
         for side in ("weak", "strong"):
             response = row[f"{side}_response"]
-            yield Example("gsm8k", row["id"], row["prompt"], response, bool(row[f"{side}_correct"]))
+            label = bool(row[f"{side}_correct"])
+            yield Example("gsm8k", row["id"], row["prompt"], response, label, side)
 
 
 def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
@@ -102,7 +132,7 @@ def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
         for name in sorted(row["models"]):
             model = row["models"][name]
             response = unwrap_response(model["response"])
-            yield Example(source, row["id"], row["prompt"], response, model["correct"] >= 0.5)
+            yield Example(source, row["id"], row["prompt"], response, model["correct"] >= 0.5, name)
 
 
 def unwrap_response(raw: str) -> str:
@@ -117,15 +147,46 @@ def unwrap_response(raw: str) -> str:
 
 
 def is_held_out(example: Example) -> bool:
-    if example.source == HELD_OUT_TASK:
-        return True
+    """Held out of the shipped verifier: the held-out task, and bucket 0 of the rest."""
+    return example.source == HELD_OUT_TASK or _bucket(example) == 0
+
+
+def _bucket(example: Example) -> int:
     digest = hashlib.sha256(f"{example.source}:{example.prompt_id}".encode()).digest()
-    return digest[0] % TEST_FRACTION_BUCKETS == 0
+    return digest[0] % TEST_FRACTION_BUCKETS
+
+
+def cross_fitted_scores(
+    examples: Sequence[Example], features: NDArray[np.float64], model: Mapping[str, str]
+) -> dict[tuple[str, str], float]:
+    """Each answer by ``model[source]`` scored by a verifier of the shipped recipe that
+    never saw its prompt: bucket k by the one trained on the other buckets (never on
+    the held-out task), the held-out task by the shipped verifier (bucket 0 held out).
+    Every answer gets an honest score, so the cascade is judged on all rows, not a fifth.
+    """
+    buckets = np.array([_bucket(e) for e in examples])
+    task = np.array([e.source == HELD_OUT_TASK for e in examples])
+    wanted = np.array([model.get(e.source) == e.model for e in examples])
+    scores: dict[tuple[str, str], float] = {}
+    for k in range(TEST_FRACTION_BUCKETS):
+        train_mask = ~task & (buckets != k)
+        verifier = fit(
+            [e for e, t in zip(examples, train_mask, strict=True) if t], features[train_mask]
+        )
+        judged = wanted & (((buckets == k) & ~task) | (task & (k == 0)))
+        for i in np.flatnonzero(judged).tolist():
+            row = dict(zip(FEATURE_NAMES, features[i], strict=True))
+            scores[examples[i].source, examples[i].prompt_id] = verifier.score_features(row)
+    return scores
 
 
 def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
-    rows = [list(extract_features(e.prompt, e.response, Signals()).values()) for e in examples]
-    return np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
+    rows = [
+        list(extract_features(e.prompt, e.response, Signals(prompt_score=e.prompt_score)).values())
+        for e in examples
+    ]
+    matrix = np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
+    return np.nan_to_num(matrix, nan=0.0)  # no prompt score: logit 0, an even prior
 
 
 def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
@@ -143,6 +204,9 @@ def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
 
     coefficients = dict(PRIOR_COEFFICIENTS)
     stats = {name: (0.0, 1.0) for name in PRIOR_COEFFICIENTS}
+    stats[PROMPT_PRIOR] = _within_source_stats(
+        examples, features[:, FEATURE_NAMES.index(PROMPT_PRIOR)]
+    )
     for j, i in enumerate(learned):
         coefficients[FEATURE_NAMES[i]] = float(model.coef_[0][j])
         stats[FEATURE_NAMES[i]] = (float(means[j]), float(scales[j]))
@@ -154,6 +218,18 @@ def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
         scales=tuple(_round(stats[n][1]) for n in FEATURE_NAMES),
         threshold=ACCEPT_THRESHOLD,
     )
+
+
+def _within_source_stats(
+    examples: Sequence[Example], values: NDArray[np.float64]
+) -> tuple[float, float]:
+    """Mean, and the spread inside one source averaged over sources: the classifier's
+    scores differ little between prompts of one task next to between tasks, and it is
+    the order inside a task that the prior's weight is meant to act on."""
+    sources = np.array([e.source for e in examples])
+    spreads = [float(values[sources == s].std()) for s in np.unique(sources)]
+    spread = float(np.mean(spreads)) if spreads else 0.0
+    return float(values.mean()), spread if spread > 1e-9 else 1.0
 
 
 def _source_weights(examples: Sequence[Example]) -> NDArray[np.float64]:
@@ -194,12 +270,21 @@ def evaluate(
     return report
 
 
-def train(data_dir: Path, out: Path, *, limit: int | None = None) -> dict[str, Any]:
+def train(
+    data_dir: Path,
+    out: Path,
+    *,
+    limit: int | None = None,
+    prompt_scores: PromptScores | None = None,
+) -> dict[str, Any]:
     """Build, evaluate and write the verifier artifact (and its model card next to it).
 
-    Returns the artifact's contents. ``limit`` caps the prompts read per file (for tests).
+    Returns the artifact's contents. ``limit`` caps the prompts read per file (for tests);
+    ``prompt_scores`` defaults to ``held_out_prompt_scores(data_dir)``.
     """
-    examples = build_examples(data_dir, limit=limit)
+    if prompt_scores is None:
+        prompt_scores = held_out_prompt_scores(data_dir)
+    examples = build_examples(data_dir, limit=limit, prompt_scores=prompt_scores)
     held_out = np.array([is_held_out(e) for e in examples])
     features = feature_matrix(examples)
     train_set = [e for e, h in zip(examples, held_out, strict=True) if not h]
@@ -268,8 +353,17 @@ Logistic regression over cheap text signals (`router.verifier.FEATURE_NAMES`), s
 with the training means/scales stored in `verifier.json`, then hard caps
 (`router.verifier.SCORE_CAPS`: empty answer, invalid requested JSON, schema mismatch,
 refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops).
-The training data has no logprobs, `finish_reason` or JSON requests, so these features
-carry fixed prior weights, not learned ones: {priors}.
+Worked maths is checked step by step (`router/arithmetic.py`: every `a op b = c` link and
+GSM8K `<<a*b=c>>` annotation is evaluated without `eval`; a wrong step is a strong sign
+of a wrong answer), and a maths answer that never uses a number of the question is
+suspect. The training data has no logprobs, `finish_reason` or JSON requests, so these
+features carry fixed prior weights, not learned ones: {priors}.
+
+`prompt_difficulty` is the complexity classifier's score of the prompt (logit), the
+router's prior: fixed at -0.25 per within-task standard deviation, so the answer's own
+signals lead and the prior orders answers whose text says nothing (a bare option letter).
+In training each prompt's score comes from a classifier that never saw its dataset;
+`router verify` and the gateway's cascade pass the shipped classifier's score.
 
 ## Data
 `shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)
@@ -287,7 +381,10 @@ with all answers to a prompt on the same side.
 ## Held-out metrics
 {table}
 Precision @t is the share of acceptable answers among those scoring >= t (the answers
-the cascade would keep); compare it with the positive rate (keeping everything).
+the cascade would keep); compare it with the positive rate (keeping everything). The
+cascade itself (APGR / CPT over escalation share, with cost, on every row of each
+dataset, each scored by a verifier of this recipe trained without its prompt) is in
+`cascade-gateway router eval`.
 
 ## Weights (per standardised feature)
 | feature | coefficient |

@@ -73,6 +73,7 @@ class Behaviour:
     stall_after_chunks: int | None = None  # stream: hang after this many content chunks
     reset_after_chunks: int | None = None  # stream: abort the connection after this many
     malformed_json: bool = False  # body (or first content chunk) is not valid JSON
+    logprob: float = -0.25  # every token's logprob, when the request asks for logprobs
 
 
 KNOBS = tuple(f.name for f in fields(Behaviour))
@@ -118,6 +119,7 @@ class FakeServer:
     stall_after_chunks: int | None
     reset_after_chunks: int | None
     malformed_json: bool
+    logprob: float
 
     def __init__(self) -> None:
         for name, value in vars(Behaviour()).items():
@@ -426,7 +428,8 @@ class FakeOpenAI(FakeServer):
                 message["tool_calls"] = [tool_call(tool)]
             choice = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
             if body.get("logprobs"):
-                choice["logprobs"] = {"content": [token_logprob(p) for p in pieces]}
+                logprobs = [token_logprob(p, behaviour.logprob) for p in pieces]
+                choice["logprobs"] = {"content": logprobs}
             choices.append(choice)
         reply = completion_envelope("chat.completion", body, "chatcmpl-")
         reply["choices"] = choices
@@ -580,8 +583,8 @@ def usage(prompt: int, completion: int) -> dict[str, Any]:
     }
 
 
-def token_logprob(piece: str) -> dict[str, Any]:
-    return {"token": piece, "logprob": -0.25, "bytes": list(piece.encode()), "top_logprobs": []}
+def token_logprob(piece: str, logprob: float = -0.25) -> dict[str, Any]:
+    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode()), "top_logprobs": []}
 
 
 def forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:

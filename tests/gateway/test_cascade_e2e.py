@@ -11,6 +11,10 @@ import httpx
 import pytest
 
 from gateway.ledger import RedisStore
+from gateway.runtime import build_runtime, returns_logprobs
+from policies import DEFAULT_POLICY_PATH, load_policy
+from policies.schema import Deployment
+from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
 
@@ -133,3 +137,99 @@ def test_escalation_failure_answers_with_the_cheap_answer(
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "cheap"
     assert response.json()["choices"][0]["message"]["content"] == REFUSAL
+
+
+# Cascades ask the cheap tier for token logprobs (the verifier reads them) and hand the
+# client its answer as if they had never been asked for.
+UNSURE = -6.0  # every token under 1% likely: the verifier rejects even GOOD over it
+
+
+def test_the_cheap_tier_is_asked_for_logprobs_and_the_verifier_reads_them(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    fake_openai.logprob = UNSURE
+    response = ask(base)
+    assert fake_openai.requests[-1]["body"]["logprobs"] is True
+    assert "logprobs" not in premium.requests[-1]["body"]  # the last tier is not verified
+    assert response.headers["x-cascade-escalations"] == "1"  # GOOD alone would be kept
+
+
+async def test_logprobs_the_client_did_not_ask_for_are_not_returned(
+    base: str, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    response = ask(base)
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert fake_openai.requests[-1]["body"]["logprobs"] is True
+    reply = response.json()
+    assert reply["choices"][0]["logprobs"] is None
+    assert reply["choices"][0]["message"]["content"] == GOOD
+    # Priced as without logprobs: the upstream's usage, at the cheap tier's price.
+    assert reply["usage"]["completion_tokens"] == len(GOOD.split())
+    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+    assert record.completion_tokens == len(GOOD.split())
+
+
+def test_a_streamed_cascade_answer_carries_no_unasked_logprobs(
+    base: str, fake_openai: FakeOpenAI
+) -> None:
+    body = {"model": "careful", "messages": [QUESTION], "stream": True}
+    with httpx.stream(
+        "POST", f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30
+    ) as response:
+        text = response.read().decode()
+    assert fake_openai.requests[-1]["body"]["logprobs"] is True
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert GOOD in text and "logprob" not in text
+
+
+def test_logprobs_the_client_asked_for_pass_through(base: str, fake_openai: FakeOpenAI) -> None:
+    reply = ask(base, logprobs=True, top_logprobs=2).json()
+    sent = fake_openai.requests[-1]["body"]
+    assert (sent["logprobs"], sent["top_logprobs"]) == (True, 2)
+    tokens = reply["choices"][0]["logprobs"]["content"]
+    assert "".join(t["token"] for t in tokens) == GOOD
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={"model": "careful", "messages": [QUESTION], "stream": True, "logprobs": True},
+        headers=AUTH,
+        timeout=30,
+    ) as response:
+        assert '"logprob":-0.25' in response.read().decode()
+
+
+def test_an_anthropic_tier_is_not_asked_for_logprobs(
+    start_gateway: StartGateway, fake_anthropic: FakeAnthropic, premium: FakeOpenAI
+) -> None:
+    policy = POLICY.replace(
+        "    api_base: ${CHEAP_URL}\n    model: small-model",
+        "    provider: anthropic\n    api_base: ${CHEAP_URL}\n    api_key: ${CHEAP_KEY}\n"
+        "    model: claude-haiku-4-5",
+    )
+    fake_anthropic.reply_text = GOOD
+    server = start_gateway(
+        policy,
+        CHEAP_URL=fake_anthropic.url,
+        CHEAP_KEY=fake_anthropic.api_key,
+        PREMIUM_URL=premium.url,
+    )
+    # litellm refuses parameters the provider lacks: asked for logprobs, this would fail.
+    response = ask(server.url)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert "logprobs" not in fake_anthropic.requests[-1]["body"]
+    assert response.json()["choices"][0]["logprobs"] is None
+
+
+def test_only_openai_compatible_upstreams_return_logprobs() -> None:
+    deployments = build_runtime(load_policy(DEFAULT_POLICY_PATH, env={})).deployments
+    returns = {name: d.returns_logprobs for name, d in deployments.items()}
+    assert returns == {
+        "local-cpu": False,  # the embedded CPU engine refuses `logprobs`
+        "openai-gpt-4o-mini": True,
+        "openai-gpt-4o": True,
+        "anthropic-claude-sonnet": False,
+    }
+    # OpenAI's reasoning models answer `logprobs` with a 400: never asked.
+    assert not returns_logprobs(Deployment(model="o3-mini"), {})
+    assert returns_logprobs(Deployment(model="meta-llama/Llama-3.1-8B-Instruct"), {})

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from router.classifier_train import CascadeReport, _cascade_metrics, format_cascade_table
+from router import verifier_train
+from router.classifier_train import (
+    CascadeReport,
+    FeatureCache,
+    _cascade_metrics,
+    fit_folds,
+    format_cascade_table,
+    held_out_scores,
+    run_cascade_evaluation,
+)
+from router.dataset import DATASETS, DEFAULT_DATA_DIR, load_examples
 from router.evaluation import apgr, cascade_curve, cpt
 
 # Four rows; the verifier trusts the cheap answer in ascending order of score.
@@ -62,3 +74,37 @@ def test_cascade_table_reports_cost_at_cpt_and_ties() -> None:
     tied = cascade_curve([0.5] * 4, WEAK, STRONG, WEAK_COST, STRONG_COST)
     assert np.all(tied.curve.share == 0)
     assert np.isnan(_cascade_metrics(tied.curve).apgr)
+
+
+def _sample_data(source: Path, target: Path, every: int) -> None:
+    """Every `every`-th row of each routing data file (MMLU keeps many subjects)."""
+    target.mkdir()
+    for path in source.glob("*.jsonl"):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        step = every * 10 if path.stem == "mmlu" else every
+        (target / path.name).write_text("\n".join(lines[::step]) + "\n", encoding="utf-8")
+
+
+@pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
+def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None:
+    """The eval pipeline end to end on a sample: held-out classifier priors, then every
+    cheap answer scored by a verifier trained without its prompt."""
+    data = tmp_path / "data"
+    _sample_data(DEFAULT_DATA_DIR, data, every=8)
+    examples = load_examples(data)
+    priors = held_out_scores(fit_folds(examples, FeatureCache(examples)))
+    assert {dataset for dataset, _ in priors} == set(DATASETS.values())
+
+    answers = verifier_train.build_examples(data, prompt_scores=priors)
+    assert all(a.prompt_score is not None for a in answers)
+    features = verifier_train.feature_matrix(answers)
+    scored = verifier_train.cross_fitted_scores(answers, features, {"gsm8k": "weak"})
+    gsm8k = {a.prompt_id for a in answers if a.source == "gsm8k"}
+    assert set(scored) == {("gsm8k", prompt_id) for prompt_id in gsm8k}
+    assert all(0.0 <= s <= 1.0 for s in scored.values())
+
+    reports = {r.name: r for r in run_cascade_evaluation(data, priors)}
+    rows = {p.stem: len(p.read_text().splitlines()) for p in data.glob("*.jsonl")}
+    assert reports["gsm8k"].rows == rows["gsm8k"]
+    assert reports["winogrande"].rows == rows["routerbench_winogrande"]
+    assert all(0.0 <= r.curve.share[0] <= r.curve.share[-1] <= 1.0 for r in reports.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -89,6 +90,32 @@ def test_maths_answer_needs_a_final_number(verifier: Verifier) -> None:
     assert verifier.score(MATHS, vague) < verifier.score(MATHS, MATHS_ANSWER)
 
 
+def test_a_wrong_arithmetic_step_lowers_the_score(verifier: Verifier) -> None:
+    wrong = "3 * 12 = 38 apples. 38 - 5 = 33.\n#### 33"
+    features = extract_features(MATHS, wrong, Signals())
+    assert features["math_wrong_step"] == 1.0
+    assert features["math_steps"] > 0
+    assert verifier.score(MATHS, wrong) < verifier.score(MATHS, MATHS_ANSWER)
+
+
+def test_a_skipped_number_of_the_question_is_counted() -> None:
+    skipped = extract_features(MATHS, "3 * 12 = 36 apples.\n#### 36", Signals())
+    used = extract_features(MATHS, MATHS_ANSWER, Signals())
+    assert used["math_unused_numbers"] == 0.0
+    assert skipped["math_unused_numbers"] == pytest.approx(1 / 3)  # 5 was never used
+
+
+def test_the_prompt_prior_orders_answers_that_say_nothing(verifier: Verifier) -> None:
+    """A bare option letter tells nothing; the harder prompt (by the classifier) is
+    trusted less, so the cascade escalates it first."""
+    easy = verifier.score(CHOICE, "B", prompt_score=0.2)
+    hard = verifier.score(CHOICE, "B", prompt_score=0.8)
+    assert hard < easy
+    unknown = extract_features(CHOICE, "B", Signals())
+    assert math.isnan(unknown["prompt_difficulty"])  # neutral: scored at the mean
+    assert 0.0 < verifier.score(CHOICE, "B") < 1.0
+
+
 def test_multiple_choice_needs_one_clear_option() -> None:
     clear = extract_features(CHOICE, "B", Signals())
     unclear = extract_features(CHOICE, "It could be A or maybe C.", Signals())
@@ -151,8 +178,9 @@ needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared
 @needs_data
 def test_training_is_deterministic(tmp_path: Path) -> None:
     first, second = tmp_path / "a" / "verifier.json", tmp_path / "b" / "verifier.json"
-    train(DEFAULT_DATA_DIR, first, limit=60)
-    train(DEFAULT_DATA_DIR, second, limit=60)
+    # Without prompt scores (the full held-out classifier run is tested with the eval).
+    train(DEFAULT_DATA_DIR, first, limit=60, prompt_scores={})
+    train(DEFAULT_DATA_DIR, second, limit=60, prompt_scores={})
     assert first.read_bytes() == second.read_bytes()
     assert (tmp_path / "a" / "verifier.card.md").is_file()
     Verifier.load(first)

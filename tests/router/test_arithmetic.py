@@ -1,0 +1,46 @@
+"""Checking the arithmetic steps of worked answers (`router.arithmetic`)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from router.arithmetic import check_arithmetic
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("3 boxes: 3 * 12 = 36 apples, 36 - 5 = 31.", (2, 0)),
+        ("3 * 12 = 38 apples", (1, 1)),
+        # GSM8K's calculator annotations, the right one and a wrong one.
+        ("60 * 3 = <<60*3=180>>180 downloads", (1, 0)),
+        ("<<180*0.7=127>>127", (1, 1)),
+        # A chain: each link is a step.
+        ("22 + 4 x 12 = 22 + 48 = 70 pink ones", (2, 0)),
+        ("22 + 4 x 12 = 22 + 48 = 71 pink ones", (2, 1)),
+        ("$1,350 + $2,100 = $3,450", (1, 0)),
+        ("40% * 30 = 12", (1, 0)),
+        ("100 / 3 = 33 each", (1, 0)),
+        ("180 * 0.7 = 127", (1, 1)),
+        ("30 \\* 0.6 = 18", (1, 0)),
+        ("1/3 = 0.33", (1, 0)),  # rounded results pass
+        ("2^3 = 8", (1, 0)),
+        # Nothing to check: bare numbers, prose, a date, a ratio written as a label.
+        ("The answer = 42", (0, 0)),
+        ("x = 5 and y = 6", (0, 0)),
+        ("no numbers here", (0, 0)),
+    ],
+)
+def test_steps_are_checked(text: str, expected: tuple[int, int]) -> None:
+    assert check_arithmetic(text) == expected
+
+
+def test_hostile_input_is_bounded() -> None:
+    """No eval: huge powers, division by zero and deep nesting are skipped, quickly."""
+    hostile = "9 ** 9 ** 9 = 1, 5 / 0 = 1, " + "(" * 500 + "1" + ")" * 500 + " + 1 = 2, "
+    start = time.perf_counter()
+    assert check_arithmetic(hostile * 50) == (0, 0)
+    assert check_arithmetic("1 + 1 = 2, " * 100_000)[0] <= 400  # chains are capped
+    assert time.perf_counter() - start < 5.0
