@@ -100,7 +100,7 @@ class Cascade:
             records.append(self._settle(call, done, endpoint, body, step))
             if not verified:
                 break
-            score = self._verifier(endpoint, body, done.reply.body)
+            score = self._verify(call, endpoint, body, done.reply.body)
             scores.append(score)
             if score >= route.verify_threshold:
                 break
@@ -108,6 +108,17 @@ class Cascade:
         if ask:
             final = without_logprobs(final)
         return CascadeResult(final, tuple(records), len(records) - 1, tuple(scores))
+
+    def _verify(
+        self, call: Call, endpoint: EndpointType, body: dict[str, Any], reply: dict[str, Any]
+    ) -> float:
+        """The verifier's score; a verifier that breaks on odd text rejects the answer
+        (escalate) rather than fail a request whose cheap answer is already paid for."""
+        try:
+            return self._verifier(endpoint, body, reply)
+        except Exception:
+            log.exception("verifier failed on %s; escalating", call.request_id)
+            return 0.0
 
     def _settle(
         self, call: Call, done: Completed, endpoint: EndpointType, body: dict[str, Any], step: int

@@ -75,7 +75,8 @@ class Proxy:
         self._accountant = accountant
         self._metrics = metrics
         self._scorer = scorer or RequestScorer()
-        self._cascade = Cascade(executor, accountant, verifier or AnswerVerifier())
+        verifier = verifier or AnswerVerifier(scorer=self._scorer)
+        self._cascade = Cascade(executor, accountant, verifier)
         self.request_ids = RequestIds()
 
     async def handle(

@@ -232,7 +232,9 @@ def returns_logprobs(spec: Deployment, engines: Mapping[str, EngineSpec]) -> boo
     logprobs? OpenAI-compatible servers do (OpenAI, vLLM); the embedded CPU engine
     refuses the field with a 400, litellm's providers (Anthropic, ...) have none, and
     OpenAI's reasoning models (o1, o3, gpt-5: `supports_reasoning` in litellm's model
-    map) refuse it too."""
+    map) refuse it too. The policy's `cascade_logprobs` overrides the guess."""
+    if spec.cascade_logprobs is not None:  # the policy knows this server
+        return spec.cascade_logprobs
     engine = engines.get(spec.engine) if spec.engine is not None else None
     if spec.provider != OPENAI_COMPATIBLE or (engine is not None and engine.kind == "cpu"):
         return False

@@ -97,6 +97,11 @@ class Deployment(_Section):
     scrape_metrics: bool | None = None
     # The engine runs `--scheduling-policy priority`: send the route's priority along.
     priority_scheduling: bool = False
+    # Cascade routes ask this deployment for token logprobs (the verifier reads them) when
+    # it is not the last tier. None: where the upstream is known to return them (see
+    # gateway.runtime.returns_logprobs); false for an OpenAI-compatible server that
+    # rejects the field; true to insist.
+    cascade_logprobs: bool | None = None
     # A self-hosted engine from `engines`: it supplies api_base (and api_key,
     # self_hosted pricing, priority_scheduling) where this deployment leaves them unset.
     engine: str | None = None

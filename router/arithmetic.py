@@ -25,20 +25,24 @@ from dataclasses import dataclass
 TIMES, DIVIDE = "\u00d7", "\u00f7"  # the typeset signs, spelled out for readers' fonts
 MAX_EXPONENT = 10.0
 MAX_CHAINS = 200  # a long answer is judged on its first steps
+MAX_SIDE_CHARS = 200  # longer "expressions" are noise (a loop of digits), not steps
 EXACT_TOLERANCE = 1e-6  # relative, between two expressions
 
-# A run of numbers, operators and spaces with at least one "=" in it.
-_CHAIN = re.compile(r"(?:[-+*/x\u00d7\u00f7^()$%.,\d ]+=)+[-+*/x\u00d7\u00f7^()$%.,\d ]+")
+# A run of numbers, operators and spaces with at least one "=" in it. Both patterns
+# only start where a run starts (the lookbehinds), so a long run is scanned once, not
+# once from every position (quadratic on a model that loops on digits).
+_RUN = r"[-+*/x\u00d7\u00f7^()$%.,\d ]"
+_CHAIN = re.compile(rf"(?<!{_RUN})(?:{_RUN}+=)+{_RUN}+")
 _TIMES_X = re.compile(r"(?<=[\d)])\s*x\s*(?=[\d(])")
-_PERCENT = re.compile(r"(\d+(?:\.\d+)?)%")
+_PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)%")
 _HAS_DIGIT = re.compile(r"\d")
-_HAS_OPERATOR = re.compile(r"[\d)]\s*[-+*/]")
+_HAS_OPERATOR = re.compile(r"[\d)%]\s*[-+*/]")
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
-    ast.Pow: operator.pow,
+    ast.Pow: math.pow,  # real powers only: a negative base to a fraction raises
 }
 
 
@@ -68,18 +72,19 @@ class _Side:
 def _side(text: str) -> _Side | None:
     """One side of an ``=``: its value and rounding; None when it is not arithmetic."""
     source = text.replace(",", "").replace("$", "").replace(TIMES, "*").replace(DIVIDE, "/")
-    source = _PERCENT.sub(r"(\1/100)", _TIMES_X.sub("*", source.replace("^", "**")))
-    source = source.strip().rstrip(".").strip()
-    if not _HAS_DIGIT.search(source):
+    source = _TIMES_X.sub("*", source.replace("^", "**")).strip().rstrip(".").strip()
+    if len(source) > MAX_SIDE_CHARS or not _HAS_DIGIT.search(source):
         return None
+    bare = not _HAS_OPERATOR.search(source)  # decided before "%" becomes "/100"
     try:
-        value = _evaluate(ast.parse(source, mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        value = _evaluate(ast.parse(_PERCENT.sub(r"(\1/100)", source), mode="eval").body)
+    except (SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError):
         return None
-    if _HAS_OPERATOR.search(source):
+    if not bare:
         return _Side(value, 0.0)
-    decimals = len(source.partition(".")[2].strip())
-    return _Side(value, 0.5 * 10.0**-decimals)
+    decimals = len(source.rstrip("%").partition(".")[2].strip())
+    percent = 0.01 if source.endswith("%") else 1.0  # "66.7%" rounds in hundredths
+    return _Side(value, 0.5 * 10.0**-decimals * percent)
 
 
 def _evaluate(node: ast.AST) -> float:

@@ -22,6 +22,7 @@ from router.classifier import Classifier
 from router.dataset import (
     Example,
     Fold,
+    PromptScores,
     data_fingerprint,
     evaluation_folds,
     selection_folds,
@@ -191,7 +192,6 @@ def _probability_map(rows: Sequence[Example], gain_score: np.ndarray) -> tuple[f
 
 
 FittedFolds = list[tuple[Fold, Classifier]]
-PromptScores = Mapping[tuple[str, str], float]  # (dataset, id) -> held-out score
 
 
 def fit_folds(examples: Sequence[Example], cache: FeatureCache) -> FittedFolds:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,8 @@ DATASETS = {
     "routerbench_winogrande": "winogrande",
     "routerbench_mbpp": "mbpp",
 }
+# (dataset name, prompt id) -> the classifier's score from a model that never saw it
+PromptScores = Mapping[tuple[str, str], float]
 MMLU_HELD_OUT_BUCKETS = 3  # of 10: subjects whose hash bucket is below this are held out
 MMLU_SELECTION_GROUPS = 3  # model selection: MMLU training subjects in this many groups
 

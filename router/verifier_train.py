@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from router.dataset import DATASETS
+from router.dataset import DATASETS, PromptScores
 from router.errors import RoutingError
 from router.verifier import DEFAULT_PATH, FEATURE_NAMES, Signals, Verifier, extract_features
 
 log = logging.getLogger(__name__)
-PromptScores = Mapping[tuple[str, str], float]  # (dataset, prompt id) -> classifier score
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
 GSM8K_FILE = "gsm8k.jsonl"

@@ -233,3 +233,7 @@ def test_only_openai_compatible_upstreams_return_logprobs() -> None:
     # OpenAI's reasoning models answer `logprobs` with a 400: never asked.
     assert not returns_logprobs(Deployment(model="o3-mini"), {})
     assert returns_logprobs(Deployment(model="meta-llama/Llama-3.1-8B-Instruct"), {})
+    # The policy overrides the guess both ways (a server that rejects the field).
+    llama = "meta-llama/Llama-3.1-8B-Instruct"
+    assert not returns_logprobs(Deployment(model=llama, cascade_logprobs=False), {})
+    assert returns_logprobs(Deployment(model="o3-mini", cascade_logprobs=True), {})

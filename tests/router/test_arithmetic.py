@@ -27,6 +27,9 @@ from router.arithmetic import check_arithmetic
         ("30 \\* 0.6 = 18", (1, 0)),
         ("1/3 = 0.33", (1, 0)),  # rounded results pass
         ("2^3 = 8", (1, 0)),
+        ("2/3 = 66.7%", (1, 0)),  # a bare percentage rounds in hundredths
+        ("2/3 = 60%", (1, 1)),
+        ("(-8)^0.5 = 2.83", (0, 0)),  # no real value: skipped, not a crash
         # Nothing to check: bare numbers, prose, a date, a ratio written as a label.
         ("The answer = 42", (0, 0)),
         ("x = 5 and y = 6", (0, 0)),
@@ -43,4 +46,8 @@ def test_hostile_input_is_bounded() -> None:
     start = time.perf_counter()
     assert check_arithmetic(hostile * 50) == (0, 0)
     assert check_arithmetic("1 + 1 = 2, " * 100_000)[0] <= 400  # chains are capped
+    assert check_arithmetic("-" * 6000 + "1 = 2") == (0, 0)  # too long to be a step
+    # Long runs are scanned once, not from every position.
+    assert check_arithmetic("9" * 8000 + "*2 = 3") == (0, 0)
+    assert check_arithmetic("1 " * 40_000) == (0, 0)
     assert time.perf_counter() - start < 5.0
