@@ -26,7 +26,11 @@ LIMIT_NANOS = 10_000_000  # $0.01: room for ~140 of the 500 requests
 REQUESTS = 500
 SPREAD_S = 1.5
 
+# `closed`: the invariant is promised while the limits store answers. With the default
+# `open`, an admission that times out on a loaded machine (0.5 s) is served unchecked,
+# by design; here it is refused with 503 instead, so the budget stays exact.
 POLICY = """
+gateway: {limits_when_redis_down: closed}
 deployments:
   premium:
     api_base: ${PREMIUM_URL}
@@ -68,9 +72,9 @@ async def test_two_gateways_never_overspend_a_shared_budget(
     accepted = [r.headers["x-request-id"] for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code != 200]
     assert accepted and refused
-    assert {(r.status_code, r.json()["error"]["code"]) for r in refused} == {
-        (429, "budget_exceeded")
-    }
+    codes = {(r.status_code, r.json()["error"]["code"]) for r in refused}
+    assert (429, "budget_exceeded") in codes
+    assert codes <= {(429, "budget_exceeded"), (503, "limits_unavailable")}
 
     spent = await asyncio.to_thread(wait_until_settled, redis_url, redis_prefix)
     assert spent <= LIMIT_NANOS + WORST  # the invariant
