@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -278,8 +279,11 @@ async def test_a_stream_cut_by_the_client_settles_what_was_sent(
         client.stream("POST", f"{base}/v1/chat/completions", json=body, headers=AUTH) as response,
     ):
         request_id = response.headers["x-request-id"]
-        async for _ in response.aiter_bytes():
-            break  # the client goes away after the first chunk
+        async for line in response.aiter_lines():
+            # The client goes away after the first text (the role chunk carries none,
+            # so leaving on it could rightly settle zero completion tokens).
+            if re.search(r'"content":\s*"[^"]', line):
+                break
     record = await wait_for_record(ledger_store, request_id)
     assert record.status == "partial" and 0 < record.completion_tokens < 50
     await asyncio.to_thread(counters.settled, "key", "k", record.cost_nanos)
