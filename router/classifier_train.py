@@ -212,8 +212,9 @@ def held_out_scores(fitted: FittedFolds) -> dict[tuple[str, str], float]:
 def run_evaluation(
     examples: Sequence[Example], cache: FeatureCache, fitted: FittedFolds | None = None
 ) -> list[FoldReport]:
-    scores = held_out_scores(fitted or fit_folds(examples, cache))
-    return [_judge(fold, scores) for fold in evaluation_folds(examples)]
+    fitted = fitted or fit_folds(examples, cache)
+    scores = held_out_scores(fitted)
+    return [_judge(fold, scores) for fold, _ in fitted]
 
 
 def train(data_dir: Path | None, out: Path, examples: Sequence[Example]) -> list[FoldReport]:

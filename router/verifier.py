@@ -355,13 +355,7 @@ def _last_block(prompt: str) -> str:
 
 
 def _numbers(text: str) -> set[float]:
-    values = set()
-    for match in _PLAIN_NUMBER.findall(text.replace(",", "")):
-        try:
-            values.add(float(match))
-        except ValueError:
-            continue
-    return values
+    return {float(match) for match in _PLAIN_NUMBER.findall(text.replace(",", ""))}
 
 
 def _logit(probability: float | None) -> float:

@@ -184,8 +184,8 @@ def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
         list(extract_features(e.prompt, e.response, Signals(prompt_score=e.prompt_score)).values())
         for e in examples
     ]
-    matrix = np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
-    return np.nan_to_num(matrix, nan=0.0)  # no prompt score: logit 0, an even prior
+    # NaN where a prompt has no classifier score: neutral, as in serving (score_features).
+    return np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
 
 
 def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
@@ -225,9 +225,12 @@ def _within_source_stats(
     """Mean, and the spread inside one source averaged over sources: the classifier's
     scores differ little between prompts of one task next to between tasks, and it is
     the order inside a task that the prior's weight is meant to act on."""
-    sources = np.array([e.source for e in examples])
-    spreads = [float(values[sources == s].std()) for s in np.unique(sources)]
-    spread = float(np.mean(spreads)) if spreads else 0.0
+    known = ~np.isnan(values)  # prompts without a score take no part
+    if not known.any():
+        return 0.0, 1.0
+    sources = np.array([e.source for e in examples])[known]
+    values = values[known]
+    spread = float(np.mean([values[sources == s].std() for s in np.unique(sources)]))
     return float(values.mean()), spread if spread > 1e-9 else 1.0
 
 
