@@ -68,6 +68,18 @@ def counted_usage(
     return Usage(count_prompt(model, endpoint, request), completion, "counted")
 
 
+def reply_usage(
+    deployment: DeploymentRuntime,
+    endpoint: EndpointType,
+    request: Mapping[str, Any],
+    reply: Mapping[str, Any],
+) -> Usage:
+    """A non-streamed reply's usage: as reported, else counted from its text."""
+    return reported_usage(reply) or counted_usage(
+        deployment.target.model, endpoint, request, choice_texts(reply)
+    )
+
+
 def _sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
     if route.sla is None:
         return None

@@ -10,6 +10,10 @@ The verifier reads token logprobs, so on chat every tier but the last (whose ans
 not verified) is asked for them (`logprobs: true`) where its upstream returns them. A
 client that did not ask for them gets its answer without them, as the upstream would
 have sent it.
+
+A route's `second_opinions` (see `gateway.opinions`) are asked alongside the first tier
+and handed to the verifier as samples; they are priced, and cancelled, however the
+cascade ends.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.accounting import Accountant, Call, choice_texts, counted_usage, reported_usage
+from gateway.accounting import Accountant, Call, reply_usage
 from gateway.errors import GatewayError
 from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
+from gateway.metrics import Metrics
+from gateway.opinions import SecondOpinions, worth_asking
 from gateway.runtime import DeploymentRuntime
 from gateway.scoring import AnswerVerifier
 from gateway.upstreams.base import EndpointType, UpstreamReply
@@ -38,6 +44,8 @@ class CascadeResult:
     records: tuple[SpendRecord, ...]
     escalations: int
     scores: tuple[float, ...]  # the verifier's score of each answer it judged
+    # (agreeing, answered) when second opinions were asked
+    second_opinions: tuple[int, int] | None = None
 
     @property
     def cost_nanos(self) -> int:
@@ -57,10 +65,17 @@ def tier_groups(candidates: list[DeploymentRuntime]) -> list[list[DeploymentRunt
 
 
 class Cascade:
-    def __init__(self, executor: Executor, accountant: Accountant, verifier: AnswerVerifier):
+    def __init__(
+        self,
+        executor: Executor,
+        accountant: Accountant,
+        verifier: AnswerVerifier,
+        metrics: Metrics,
+    ) -> None:
         self._executor = executor
         self._accountant = accountant
         self._verifier = verifier
+        self._metrics = metrics
 
     async def run(
         self,
@@ -69,11 +84,45 @@ class Cascade:
         endpoint: EndpointType,
         body: dict[str, Any],
         deadline_s: float,
+        second_opinions: Sequence[DeploymentRuntime] = (),
     ) -> CascadeResult:
-        route = call.route
-        groups = tier_groups(candidates)[: route.max_escalations + 1]
+        """Climb the tiers of `candidates`; `second_opinions` are the deployments to
+        ask alongside the first tier (those of the route that may be called now)."""
+        groups = tier_groups(candidates)[: call.route.max_escalations + 1]
         ends_at = time.monotonic() + deadline_s
+        opinions = None
+        if second_opinions and len(groups) > 1 and worth_asking(endpoint, body):
+            opinions = SecondOpinions(
+                self._executor, self._accountant, self._metrics, call, endpoint, body
+            )
+            opinions.ask(second_opinions, deadline_s)
         records: list[SpendRecord] = []
+        try:
+            final, scores = await self._climb(
+                call, groups, endpoint, body, ends_at, opinions, records
+            )
+        finally:
+            if opinions is not None:
+                await opinions.close()
+        escalations = len(records) - 1
+        tally = None
+        if opinions is not None:
+            records += opinions.records
+            tally = (opinions.agreeing, opinions.answered)
+        return CascadeResult(final, tuple(records), escalations, scores, tally)
+
+    async def _climb(
+        self,
+        call: Call,
+        groups: list[list[DeploymentRuntime]],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        ends_at: float,
+        opinions: SecondOpinions | None,
+        records: list[SpendRecord],
+    ) -> tuple[Completed, tuple[float, ...]]:
+        """Ask tier after tier while the verifier rejects the answer; the answer kept
+        and the verifier's scores. Each answer is priced into `records`."""
         scores: list[float] = []
         final: Completed | None = None
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
@@ -100,22 +149,28 @@ class Cascade:
             records.append(self._settle(call, done, endpoint, body, step))
             if not verified:
                 break
-            score = self._verify(call, endpoint, body, done.reply.body)
+            samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
+            score = self._verify(call, endpoint, body, done.reply.body, samples)
             scores.append(score)
-            if score >= route.verify_threshold:
+            if score >= call.route.verify_threshold:
                 break
         assert final is not None  # the first group either answered or raised
         if ask:
             final = without_logprobs(final)
-        return CascadeResult(final, tuple(records), len(records) - 1, tuple(scores))
+        return final, tuple(scores)
 
     def _verify(
-        self, call: Call, endpoint: EndpointType, body: dict[str, Any], reply: dict[str, Any]
+        self,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        reply: dict[str, Any],
+        samples: Sequence[str],
     ) -> float:
         """The verifier's score; a verifier that breaks on odd text rejects the answer
         (escalate) rather than fail a request whose cheap answer is already paid for."""
         try:
-            return self._verifier(endpoint, body, reply)
+            return self._verifier(endpoint, body, reply, samples)
         except Exception:
             log.exception("verifier failed on %s; escalating", call.request_id)
             return 0.0
@@ -123,10 +178,7 @@ class Cascade:
     def _settle(
         self, call: Call, done: Completed, endpoint: EndpointType, body: dict[str, Any], step: int
     ) -> SpendRecord:
-        reply = done.reply.body
-        usage = reported_usage(reply) or counted_usage(
-            done.deployment.target.model, endpoint, body, choice_texts(reply)
-        )
+        usage = reply_usage(done.deployment, endpoint, body, done.reply.body)
         return self._accountant.settle(call, done.deployment, usage, attempt=step)
 
 

@@ -129,10 +129,28 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "deployment": first.name if first else None,
         "score": score,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
-        "reasons": plan.reasons() + sla_reasons(route),
+        "reasons": plan.reasons() + sla_reasons(route) + opinion_reasons(route, args.prompt),
     }
     print(json.dumps(decision, indent=2))
     return 0
+
+
+def opinion_reasons(route: RouteRuntime, prompt: str) -> list[str]:
+    """Whether the cascade asks its second opinions for this prompt, and why."""
+    from gateway.opinions import worth_asking
+
+    if not route.second_opinions or route.strategy != "cascade":
+        return []
+    names = ", ".join(d.name for d in route.second_opinions)
+    if worth_asking("chat", {"messages": [{"role": "user", "content": prompt}]}):
+        return [
+            f"second opinions from {names} asked alongside the first tier; the verifier "
+            "compares their final answers with the cheap answer (each priced)"
+        ]
+    return [
+        f"second opinions ({names}) not asked: the prompt has no final answer to compare "
+        "(not multiple choice or maths)"
+    ]
 
 
 def sla_reasons(route: RouteRuntime) -> list[str]:

@@ -81,6 +81,13 @@ class Metrics:
             ["route"],
             registry=r,
         )
+        self.second_opinions = Counter(
+            "cascade_second_opinions",
+            "Second opinions on verified cascade answers, by route, deployment and outcome "
+            "(agree, disagree, no_answer: nothing to compare, failed: errored or too late)",
+            ["route", "deployment", "outcome"],
+            registry=r,
+        )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
             "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge)",

@@ -76,7 +76,7 @@ class Proxy:
         self._metrics = metrics
         self._scorer = scorer or RequestScorer()
         verifier = verifier or AnswerVerifier(scorer=self._scorer)
-        self._cascade = Cascade(executor, accountant, verifier)
+        self._cascade = Cascade(executor, accountant, verifier, metrics)
         self.request_ids = RequestIds()
 
     async def handle(
@@ -197,7 +197,8 @@ class Proxy:
     ) -> Response:
         """Verify before answering; a stream is verified whole, then sent as SSE."""
         upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        result = await self._cascade.run(call, candidates, endpoint, upstream, deadline_s)
+        opinions = self._second_opinions(call.route)
+        result = await self._cascade.run(call, candidates, endpoint, upstream, deadline_s, opinions)
         final = result.final
         m = self._metrics
         m.child(m.escalations, call.route.name).inc(result.escalations)
@@ -205,6 +206,9 @@ class Proxy:
         headers = cascade_headers(call, final.deployment, final.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
         headers["x-cascade-cost-usd"] = f"{usd(result.cost_nanos):.9f}"
+        if result.second_opinions is not None:
+            agreeing, answered = result.second_opinions
+            headers["x-cascade-second-opinions"] = f"{agreeing}/{answered}"
         if call.stream:
             wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = completion_events(final.reply.body, wants_usage)
@@ -213,6 +217,15 @@ class Proxy:
             )
         content = final.reply.raw if final.reply.raw is not None else orjson.dumps(final.reply.body)
         return Response(content, media_type="application/json", headers=headers)
+
+    def _second_opinions(self, route: RouteRuntime) -> list[DeploymentRuntime]:
+        """The route's second opinions that may be asked now: configured (their env
+        vars set) and not ejected by their breaker. An opinion is optional: the others
+        are skipped, never tried as a last resort."""
+        usable = [d for d in route.second_opinions if d.unavailable_reason is None]
+        if self._guard is None:
+            return usable
+        return [d for d in usable if not self._guard.breakers.is_ejected(d.name)]
 
     async def _stream(
         self,

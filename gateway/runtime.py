@@ -91,6 +91,9 @@ class RouteRuntime:
     stream_cascade: str = "buffer"
     sla: RouteSla | None = None
     max_output_tokens: int = 4096
+    # Cascades: deployments asked alongside the first tier, whose answers the verifier
+    # compares with the one it judges (resolved here: they are not part of the plan).
+    second_opinions: tuple[DeploymentRuntime, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             stream_cascade=spec.stream_cascade,
             sla=_route_sla(spec.sla),
             max_output_tokens=spec.max_output_tokens,
+            second_opinions=tuple(deployments[d] for d in spec.second_opinions),
         )
         for name, spec in policy.routes.items()
     }

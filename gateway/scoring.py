@@ -8,7 +8,7 @@ them) and kept; both score in well under a millisecond, so they run inline.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.upstreams.base import EndpointType
@@ -92,8 +92,13 @@ class AnswerVerifier:
         self._scorer = scorer or RequestScorer()
 
     def __call__(
-        self, endpoint: EndpointType, body: Mapping[str, Any], reply: Mapping[str, Any]
+        self,
+        endpoint: EndpointType,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        samples: Sequence[str] = (),
     ) -> float:
+        """``samples``: other answers to the same request (second opinions' texts)."""
         verifier = self._verifier or shipped_verifier()
         text, logprobs, finish_reason = answer_parts(reply)
         response_format = body.get("response_format")
@@ -104,6 +109,7 @@ class AnswerVerifier:
             response_format=response_format if isinstance(response_format, dict) else None,
             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
             prompt_score=self._scorer(endpoint, body),  # the router's prior on the prompt
+            samples=samples,
         )
 
 

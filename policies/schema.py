@@ -171,7 +171,9 @@ class Route(_Section):
     tiers in the order listed, cheapest first: each answer is verified and, when its
     score is below `verify_threshold`, the next tier is asked, at most
     `max_escalations` times; streams are verified whole before they are sent
-    (`stream_cascade: buffer`) or routed by the classifier's `tiers` instead)."""
+    (`stream_cascade: buffer`) or routed by the classifier's `tiers` instead).
+    `second_opinions` (cascade only): deployments asked the same question alongside
+    the first tier; whether their final answers agree is evidence for the verifier."""
 
     strategy: RouteStrategyType = "fallback"
     deployments: Annotated[list[str], Field(min_length=1)]
@@ -179,6 +181,7 @@ class Route(_Section):
     verify_threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
     max_escalations: Annotated[int, Field(ge=0, le=10)] = 2
     stream_cascade: StreamCascadeType = "buffer"
+    second_opinions: list[str] = []
     reference_model: str | None = None
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     # Output tokens assumed for a request without `max_tokens` when reserving budget.
@@ -201,6 +204,22 @@ class Route(_Section):
             raise ValueError(
                 "tiers apply to strategy 'classifier' (or 'cascade' with stream_cascade: "
                 f"classifier), not '{self.strategy}'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_second_opinions(self) -> Self:
+        if self.second_opinions and self.strategy != "cascade":
+            raise ValueError(
+                "second_opinions apply to strategy 'cascade' (they judge a cascade's "
+                f"answers), not '{self.strategy}'"
+            )
+        names = self.second_opinions
+        repeated = sorted({f"'{name}'" for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(
+                f"second_opinions name {', '.join(repeated)} more than once; each "
+                "deployment gives one opinion"
             )
         return self
 
@@ -384,6 +403,13 @@ class Policy(_Section):
                     yield (
                         ("routes", route_name, "deployments", index),
                         self._undeclared(f"route '{route_name}'", "deployment", deployment),
+                    )
+            for index, deployment in enumerate(route.second_opinions):
+                if deployment not in self.deployments:
+                    owner = f"second_opinions of route '{route_name}'"
+                    yield (
+                        ("routes", route_name, "second_opinions", index),
+                        self._undeclared(owner, "deployment", deployment),
                     )
             served = {self.deployments[d].tier for d in route.deployments if d in self.deployments}
             for index, step in enumerate(route.tiers):

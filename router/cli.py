@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,11 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     score.add_argument("input", type=Path, metavar="IN.jsonl")
     score.set_defaults(func=run_score)
 
-    verify = commands.add_parser("verify", help="print {id, score} per {id, prompt, response}")
+    verify = commands.add_parser(
+        "verify",
+        help="print {id, score} per {id, prompt, response} (optional: samples, logprobs, "
+        "finish_reason, response_format)",
+    )
     verify.add_argument("input", type=Path, metavar="IN.jsonl")
     verify.set_defaults(func=run_verify)
 
@@ -121,9 +126,17 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     # The verifier weighs the classifier's view of the prompt, as the gateway's cascade does.
-    priors = classifier.score_batch([{"messages": [_user(p)]} for _, (p, _) in rows])
-    for (row_id, (prompt, response)), prior in zip(rows, priors, strict=True):
-        score = verifier.score(prompt, response, prompt_score=prior)
+    priors = classifier.score_batch([{"messages": [_user(r.prompt)]} for _, r in rows])
+    for (row_id, row), prior in zip(rows, priors, strict=True):
+        score = verifier.score(
+            row.prompt,
+            row.response,
+            logprobs=row.logprobs,
+            finish_reason=row.finish_reason,
+            response_format=row.response_format,
+            prompt_score=prior,
+            samples=row.samples,
+        )
         print(json.dumps({"id": row_id, "score": round(float(score), 6)}))
     return 0
 
@@ -166,20 +179,22 @@ def run_eval(args: argparse.Namespace) -> int:
         cache = FeatureCache(examples)
         fitted = fit_folds(examples, cache)
         prompt_scores = held_out_scores(fitted)
-        cascades = {c.name: c for c in run_cascade_evaluation(args.data, prompt_scores)}
+        cascades = run_cascade_evaluation(args.data, prompt_scores)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     reports = run_evaluation(examples, cache, fitted)
     print(format_table(reports))
     print()
-    print(format_cascade_table(list(cascades.values())))
+    print(format_cascade_table(cascades))
     if args.plot is not None:
         args.plot.mkdir(parents=True, exist_ok=True)
         for report in reports:
             path = args.plot / f"{report.name}.png"
             title = f"held-out {report.name} ({report.rows} prompts)"
-            cascade = cascades.get(report.name)
+            cascade = next(
+                (c for c in cascades if c.name == report.name and not c.second_opinion), None
+            )
             if cascade is not None:
                 title += f"; cascade: {cascade.rows} verifier-held-out"
             curve = cascade.curve if cascade is not None else None
@@ -224,11 +239,45 @@ def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
     return request
 
 
-def _verify_request(row: Mapping[str, Any]) -> tuple[str, str]:
+@dataclass(frozen=True, slots=True)
+class VerifyRow:
+    """A `router verify` row: the prompt and answer, and what the upstream said besides
+    (all optional): token logprobs, finish reason, the request's response_format, and
+    `samples`, other answers to the same prompt (second opinions)."""
+
+    prompt: str
+    response: str
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    response_format: dict[str, Any] | None = None
+    samples: tuple[str, ...] = ()
+
+
+def _verify_request(row: Mapping[str, Any]) -> VerifyRow:
     prompt, response = row.get("prompt"), row.get("response")
     if not isinstance(prompt, str) or not isinstance(response, str):
         raise ValueError("expected 'prompt' and 'response' as strings")
-    return prompt, response
+    samples, logprobs = row.get("samples") or [], row.get("logprobs")
+    if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
+        raise ValueError("'samples' must be a list of strings (other answers to the prompt)")
+    if logprobs is not None and not (
+        isinstance(logprobs, list)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in logprobs)
+    ):
+        raise ValueError("'logprobs' must be a list of numbers (token logprobs)")
+    finish_reason, response_format = row.get("finish_reason"), row.get("response_format")
+    if finish_reason is not None and not isinstance(finish_reason, str):
+        raise ValueError("'finish_reason' must be a string")
+    if response_format is not None and not isinstance(response_format, dict):
+        raise ValueError("'response_format' must be an object")
+    return VerifyRow(
+        prompt,
+        response,
+        [float(v) for v in logprobs] if logprobs is not None else None,
+        finish_reason,
+        response_format,
+        tuple(samples),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,12 +25,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from router.errors import RoutingError
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
+
+# The pair the labels compare (RouterBench rows name every model they carry).
+WEAK_MODEL = "mistralai/mixtral-8x7b-chat"
+STRONG_MODEL = "gpt-4-1106-preview"
 
 # File stem -> dataset name used in reports.
 DATASETS = {
@@ -56,6 +61,10 @@ class Example:
     prompt: str
     weak_correct: bool
     strong_correct: bool
+    # How much the prompt gains from the strong model: strong - weak correctness, or,
+    # where the data has a pool of cheaper models' answers (RouterBench), strong minus
+    # the pool's mean (``pooled_gains``): a graded, far less noisy figure than one pair.
+    gain: float = 0.0
 
     @property
     def label(self) -> int | None:
@@ -146,24 +155,59 @@ def _subject_group(example: Example) -> int:
 
 
 def _read(path: Path, dataset: str) -> list[Example]:
-    rows = []
+    rows, examples = [], []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             try:
                 row = json.loads(line)
-                rows.append(
+                weak, strong = bool(row["weak_correct"]), bool(row["strong_correct"])
+                examples.append(
                     Example(
                         id=str(row["id"]),
                         dataset=dataset,
                         subject=str(row.get("subject", dataset)),
                         prompt=str(row["prompt"]),
-                        weak_correct=bool(row["weak_correct"]),
-                        strong_correct=bool(row["strong_correct"]),
+                        weak_correct=weak,
+                        strong_correct=strong,
+                        gain=float(strong) - float(weak),
                     )
                 )
+                rows.append(row)
             except (ValueError, KeyError, TypeError) as exc:
                 raise RoutingError(
                     f"{path}:{number}: expected a JSON object with id, prompt, weak_correct "
                     f"and strong_correct ({exc})"
                 ) from exc
-    return rows
+    gains = pooled_gains(rows)
+    return [replace(e, gain=gains.get(e.id, e.gain)) for e in examples]
+
+
+def cheap_pool(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The models of a RouterBench file that cost under half the strong model over its
+    rows, the strong one excluded: the cheaper alternatives a router weighs it against
+    (a model as dear as the strong one is no saving)."""
+    names = {name for row in rows for name in row.get("models", {})} - {STRONG_MODEL}
+    if not rows or any(STRONG_MODEL not in row.get("models", {}) for row in rows):
+        return []
+    strong = sum(float(row["models"][STRONG_MODEL]["cost_usd"]) for row in rows)
+    return sorted(
+        name
+        for name in names
+        if sum(float(row["models"].get(name, {}).get("cost_usd", 0.0)) for row in rows) < strong / 2
+    )
+
+
+def pooled_gains(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """id -> the strong model's correctness minus the cheap pool's mean correctness, for
+    rows that carry every model's answers; empty when the file has none."""
+    pool = cheap_pool(rows)
+    if not pool:
+        return {}
+    gains = {}
+    for row in rows:
+        models = row["models"]
+        scores = [float(models[name]["correct"]) for name in pool if name in models]
+        if scores:
+            strong = float(models[STRONG_MODEL]["correct"])
+            gains[str(row["id"])] = strong - sum(scores) / len(scores)
+    return gains

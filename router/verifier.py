@@ -25,6 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from router.answers import (
+    MC_OPTION,
+    NUMBER,
+    agreement,
+    chosen_options,
+    final_answer,
+    is_math_prompt,
+    is_mc_prompt,
+)
 from router.arithmetic import check_arithmetic
 from router.errors import RoutingError
 
@@ -62,7 +71,10 @@ FEATURE_NAMES: tuple[str, ...] = (
     "math_steps",
     "math_wrong_step",
     "math_unused_numbers",
+    "math_final_not_derived",
+    "math_fractional_count",
     "prompt_difficulty",
+    "sample_agreement",
 )
 
 # Hard rules: when the feature is set, the score is at most this value.
@@ -104,17 +116,9 @@ _HEDGE = re.compile(
     r"\b(i'?m not sure|i am not sure|not certain|it depends|hard to say|difficult to say|"
     r"cannot be determined|can'?t be determined|unclear|i'?m not able to)\b"
 )
-_MC_OPTION = re.compile(r"^\s*\(?([A-E])[.):]\s+\S", re.MULTILINE)
-_MC_ANSWER = re.compile(
-    r"^\W*\(?([A-E])\)?(?:[.):]|\s*$)|(?i:answer)(?: is)?\s*[:\-]?\s*\(?([A-E])\b"
-)
-_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 _PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_MATH_PROMPT = re.compile(
-    r"\b(how many|how much|how long|how far|how old|what is the (?:total|sum|value|"
-    r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^]\s*\d",
-    re.IGNORECASE,
-)
+_STEP_RESULT = re.compile(r"=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")  # what a worked step computed
+_COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
 _CODE_PROMPT = re.compile(
     r"\b(write|implement|create|complete|fix)\b.{0,40}\b(function|program|script|class|"
@@ -140,6 +144,9 @@ class Signals:
     # The complexity classifier's score of the prompt: on answers whose text says
     # nothing (a bare option letter), how hard the question is decides the order.
     prompt_score: float | None = None
+    # Other answers to the same request (second opinions, or more samples of the same
+    # model): agreeing on the final answer is strong evidence the answer is right.
+    samples: Sequence[str] = ()
 
 
 def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, float]:
@@ -158,6 +165,8 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         **_logprob_features(signals.logprobs),
         **_arithmetic_features(prompt, answer),
         "prompt_difficulty": _logit(signals.prompt_score),
+        # NaN (neutral) without samples, or when no final answers can be compared.
+        "sample_agreement": agreement(prompt, answer, signals.samples),
     }
     return {name: features[name] for name in FEATURE_NAMES}
 
@@ -165,7 +174,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
 def _length_features(prompt: str, answer: str, words: int) -> dict[str, float]:
     # The answer's own length only: its length relative to the prompt would smuggle in
     # the prompt's length, a prompt-level signal that prompt_difficulty carries.
-    short = words < 3 and not _MC_OPTION.search(prompt)
+    short = words < 3 and not MC_OPTION.search(prompt)
     return {
         "empty": float(not answer),
         "very_short": float(bool(answer) and short),
@@ -267,37 +276,20 @@ def _is_json_type(value: Any, name: str) -> bool:
     return not (isinstance(value, bool) and name in ("number", "integer"))
 
 
-def _is_mc_prompt(prompt: str) -> bool:
-    return bool(_MC_OPTION.search(prompt)) and "answer" in prompt.lower()
-
-
-def _is_math_prompt(prompt: str) -> bool:
-    return (
-        not _is_mc_prompt(prompt)
-        and bool(_MATH_PROMPT.search(prompt))
-        and any(c.isdigit() for c in prompt)
-    )
-
-
 def _format_features(prompt: str, answer: str) -> dict[str, float]:
-    mc = _is_mc_prompt(prompt)
-    math_prompt = _is_math_prompt(prompt)
+    mc = is_mc_prompt(prompt)
+    math_prompt = is_math_prompt(prompt)
     code = not mc and bool(_CODE_PROMPT.search(prompt))
     return {
         "mc_prompt": float(mc),
-        "mc_no_clear_option": float(mc and not _single_option(answer)),
+        "mc_no_clear_option": float(mc and len(chosen_options(answer)) != 1),
         "math_prompt": float(math_prompt),
-        "math_no_number": float(math_prompt and not _NUMBER.search(answer)),
+        "math_no_number": float(math_prompt and not NUMBER.search(answer)),
         "math_final_marker": float(math_prompt and bool(_FINAL_MARKER.search(answer.lower()))),
         "code_prompt": float(code),
         "code_missing": float(code and not _CODE_SIGNS.search(answer)),
         "code_other_language": float(code and _other_language(prompt, answer)),
     }
-
-
-def _single_option(answer: str) -> bool:
-    letters = {a or b for a, b in _MC_ANSWER.findall(answer[:400])}
-    return len({letter.upper() for letter in letters}) == 1
 
 
 def _other_language(prompt: str, answer: str) -> bool:
@@ -333,19 +325,37 @@ def _logprob_features(logprobs: Sequence[float] | None) -> dict[str, float]:
 
 
 def _arithmetic_features(prompt: str, answer: str) -> dict[str, float]:
-    """Worked steps checked (``router.arithmetic``) and, on maths questions, the share
-    of the question's numbers the answer never uses (a skipped fact)."""
-    checked, wrong = check_arithmetic(answer[:MAX_ARITHMETIC_CHARS])
-    unused = 0.0
-    if _is_math_prompt(prompt):
-        question = _numbers(_last_block(prompt))
-        if question:
-            unused = len(question - _numbers(answer[:MAX_ARITHMETIC_CHARS])) / len(question)
-    return {
+    """Worked steps checked (``router.arithmetic``) and, on maths questions: the share
+    of the question's numbers the answer never uses (a skipped fact), a final answer
+    that no step computed (worked steps, then a number from nowhere), and a fractional
+    answer to "how many" (a count)."""
+    head = answer[:MAX_ARITHMETIC_CHARS]
+    checked, wrong = check_arithmetic(head)
+    features = {
         "math_steps": math.log1p(checked),
         "math_wrong_step": float(wrong > 0),
-        "math_unused_numbers": unused,
+        "math_unused_numbers": 0.0,
+        "math_final_not_derived": 0.0,
+        "math_fractional_count": 0.0,
     }
+    if not is_math_prompt(prompt):
+        return features
+    question = _numbers(_last_block(prompt))
+    if question:
+        features["math_unused_numbers"] = len(question - _numbers(head)) / len(question)
+    final = final_answer(prompt, head)
+    if final is not None:
+        value = float(final)
+        results = {_number(m) for m in _STEP_RESULT.findall(head)}
+        derived = value in results or value in question
+        features["math_final_not_derived"] = float(bool(results) and not derived)
+        counts = bool(_COUNT_QUESTION.search(_last_block(prompt)))
+        features["math_fractional_count"] = float(counts and value != round(value))
+    return features
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "").replace("$", ""))
 
 
 def _last_block(prompt: str) -> str:
@@ -435,10 +445,12 @@ class Verifier:
         response_format: dict[str, Any] | None = None,
         finish_reason: str | None = None,
         prompt_score: float | None = None,
+        samples: Sequence[str] = (),
     ) -> float:
         """The probability in [0, 1] that ``response`` is an acceptable answer to ``prompt``;
-        ``prompt_score`` is the complexity classifier's score of the prompt, if known."""
-        signals = Signals(logprobs, response_format, finish_reason, prompt_score)
+        ``prompt_score`` is the complexity classifier's score of the prompt, if known;
+        ``samples`` are other answers to the same prompt (second opinions), if any."""
+        signals = Signals(logprobs, response_format, finish_reason, prompt_score, samples)
         return self.score_features(extract_features(prompt, response, signals))
 
     def score_features(self, features: Mapping[str, float]) -> float:
@@ -447,7 +459,7 @@ class Verifier:
             self.feature_names, self.coefficients, self.means, self.scales, strict=True
         ):
             value = features[name]
-            if not math.isnan(value):  # unknown (no prompt score given): the mean, neutral
+            if not math.isnan(value):  # unknown (no prompt score, no samples): neutral
                 logit += coef * (value - mean) / scale
         probability = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, logit))))
         caps = [cap for name, cap in SCORE_CAPS.items() if features[name] > 0]

@@ -20,7 +20,7 @@ import datetime
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ SIGNIFICANT_DIGITS = 6
 # Features the training data never shows (no logprobs, no finish_reason, no JSON
 # requests), so their weights are set by hand, in logits per unit of the raw feature.
 PROMPT_PRIOR = "prompt_difficulty"
+SAMPLE_AGREEMENT = "sample_agreement"
 PRIOR_COEFFICIENTS: dict[str, float] = {
     "finish_length": -2.0,
     "json_requested": 0.0,
@@ -81,6 +82,8 @@ class Example:
     label: bool
     model: str = ""  # who answered: "weak" / "strong" (GSM8K) or the RouterBench model
     prompt_score: float | None = None  # the classifier's, from a model that never saw it
+    # A second opinion: another RouterBench model's answer to the same prompt.
+    samples: tuple[str, ...] = ()
 
 
 def build_examples(
@@ -126,12 +129,30 @@ def _gsm8k_examples(path: Path, limit: int | None) -> Iterator[Example]:
 
 
 def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
+    """Every model's answer, each with one other model's answer as its second opinion
+    (picked by a hash, so the pairs are fixed and cover every pairing evenly)."""
     source = path.stem
     for row in _read_rows(path, limit):
-        for name in sorted(row["models"]):
-            model = row["models"][name]
-            response = unwrap_response(model["response"])
-            yield Example(source, row["id"], row["prompt"], response, model["correct"] >= 0.5, name)
+        names = sorted(row["models"])
+        responses = {name: unwrap_response(row["models"][name]["response"]) for name in names}
+        for name in names:
+            others = [other for other in names if other != name]
+            second = others[_hash(f"{source}:{row['id']}:{name}") % len(others)] if others else None
+            yield Example(
+                source,
+                row["id"],
+                row["prompt"],
+                responses[name],
+                row["models"][name]["correct"] >= 0.5,
+                name,
+                samples=(responses[second],) if second else (),
+            )
+
+
+def second_opinion(example: Example, response: str | None) -> Example:
+    """``example`` with ``response`` (another model's answer, or None: no opinion) as
+    its only second opinion."""
+    return replace(example, samples=(response,) if response is not None else ())
 
 
 def unwrap_response(raw: str) -> str:
@@ -151,55 +172,82 @@ def is_held_out(example: Example) -> bool:
 
 
 def _bucket(example: Example) -> int:
-    digest = hashlib.sha256(f"{example.source}:{example.prompt_id}".encode()).digest()
-    return digest[0] % TEST_FRACTION_BUCKETS
+    return _hash(f"{example.source}:{example.prompt_id}") % TEST_FRACTION_BUCKETS
+
+
+def _hash(text: str) -> int:
+    """A stable small hash (the first byte of SHA-256): splits and pairings by name."""
+    return hashlib.sha256(text.encode()).digest()[0]
+
+
+def fold_verifiers(examples: Sequence[Example], features: NDArray[np.float64]) -> list[Verifier]:
+    """Verifiers of the shipped recipe, the k-th trained on every bucket but k (never on
+    the held-out task): ``cross_fitted_scores`` judges each prompt by one that never saw it."""
+    buckets = np.array([_bucket(e) for e in examples])
+    task = np.array([e.source == HELD_OUT_TASK for e in examples])
+    verifiers = []
+    for k in range(TEST_FRACTION_BUCKETS):
+        train_mask = ~task & (buckets != k)
+        verifiers.append(
+            fit([e for e, t in zip(examples, train_mask, strict=True) if t], features[train_mask])
+        )
+    return verifiers
 
 
 def cross_fitted_scores(
-    examples: Sequence[Example], features: NDArray[np.float64], model: Mapping[str, str]
+    verifiers: Sequence[Verifier], examples: Sequence[Example], features: NDArray[np.float64]
 ) -> dict[tuple[str, str], float]:
-    """Each answer by ``model[source]`` scored by a verifier of the shipped recipe that
-    never saw its prompt: bucket k by the one trained on the other buckets (never on
-    the held-out task), the held-out task by the shipped verifier (bucket 0 held out).
-    Every answer gets an honest score, so the cascade is judged on all rows, not a fifth.
-    """
-    buckets = np.array([_bucket(e) for e in examples])
-    task = np.array([e.source == HELD_OUT_TASK for e in examples])
-    wanted = np.array([model.get(e.source) == e.model for e in examples])
+    """Each answer in ``examples`` (one per prompt) scored by a verifier of
+    ``fold_verifiers`` that never saw its prompt: bucket k by the k-th, the held-out task
+    by the first (bucket 0's, which like the shipped one never saw that task). Every
+    answer gets an honest score, so the cascade is judged on all rows, not a fifth."""
     scores: dict[tuple[str, str], float] = {}
-    for k in range(TEST_FRACTION_BUCKETS):
-        train_mask = ~task & (buckets != k)
-        verifier = fit(
-            [e for e, t in zip(examples, train_mask, strict=True) if t], features[train_mask]
-        )
-        judged = wanted & (((buckets == k) & ~task) | (task & (k == 0)))
-        for i in np.flatnonzero(judged).tolist():
-            row = dict(zip(FEATURE_NAMES, features[i], strict=True))
-            scores[examples[i].source, examples[i].prompt_id] = verifier.score_features(row)
+    for example, row in zip(examples, features, strict=True):
+        k = 0 if example.source == HELD_OUT_TASK else _bucket(example)
+        named = dict(zip(FEATURE_NAMES, row, strict=True))
+        scores[example.source, example.prompt_id] = verifiers[k].score_features(named)
     return scores
 
 
 def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
-    rows = [
-        list(extract_features(e.prompt, e.response, Signals(prompt_score=e.prompt_score)).values())
-        for e in examples
-    ]
-    # NaN where a prompt has no classifier score: neutral, as in serving (score_features).
+    rows = [list(extract_features(e.prompt, e.response, _signals(e)).values()) for e in examples]
+    # NaN where a prompt has no classifier score, or an answer no second opinion to
+    # compare with: neutral, as in serving (score_features).
     return np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
 
 
+def _signals(example: Example) -> Signals:
+    return Signals(prompt_score=example.prompt_score, samples=example.samples)
+
+
 def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
-    """Logistic regression on the learnable columns, each source weighted equally."""
+    """Logistic regression on the learnable columns, each source weighted equally.
+
+    An answer with a second opinion is fitted twice at half weight, with and without
+    it, so the weights serve both cascades that ask for second opinions and those that
+    do not (without, the agreement column is unknown: NaN, standardised to 0)."""
     from sklearn.linear_model import LogisticRegression
 
     learned = [i for i, name in enumerate(FEATURE_NAMES) if name not in PRIOR_COEFFICIENTS]
-    columns = features[:, learned]
-    means = columns.mean(axis=0)
-    scales = columns.std(axis=0)
-    scales[scales == 0] = 1.0
+    agreement = FEATURE_NAMES.index(SAMPLE_AGREEMENT)
+    opinion = ~np.isnan(features[:, agreement])
+    alone = features[opinion].copy()
+    alone[:, agreement] = np.nan
+    rows = np.vstack([features, alone])
+    weights = _source_weights(examples)
+    weights[opinion] /= 2.0
+    weights = np.concatenate([weights, weights[opinion]])
     labels = np.array([e.label for e in examples], dtype=np.int64)
+    labels = np.concatenate([labels, labels[opinion]])
+
+    columns = rows[:, learned]
+    means = np.nanmean(columns, axis=0)
+    scales = np.nanstd(columns, axis=0)
+    scales[~(scales > 0)] = 1.0
+    means[np.isnan(means)] = 0.0
+    standardised = np.nan_to_num((columns - means) / scales, nan=0.0)
     model = LogisticRegression(C=REGULARISATION_C, max_iter=2000)
-    model.fit((columns - means) / scales, labels, sample_weight=_source_weights(examples))
+    model.fit(standardised, labels, sample_weight=weights)
 
     coefficients = dict(PRIOR_COEFFICIENTS)
     stats = {name: (0.0, 1.0) for name in PRIOR_COEFFICIENTS}
@@ -249,7 +297,24 @@ def _round(value: float) -> float:
 def evaluate(
     verifier: Verifier, examples: Sequence[Example], features: NDArray[np.float64]
 ) -> dict[str, dict[str, float]]:
-    """Held-out ROC-AUC and accept precision, per source and pooled."""
+    """Held-out ROC-AUC and accept precision, per source and pooled: without second
+    opinions (as a cascade that asks for none), and with one where the answer has it
+    (groups suffixed ``+opinion``)."""
+    agreement = FEATURE_NAMES.index(SAMPLE_AGREEMENT)
+    alone = features.copy()
+    alone[:, agreement] = np.nan
+    opinion = ~np.isnan(features[:, agreement])
+    report = _metrics(verifier, examples, alone)
+    if opinion.any():
+        with_opinion = [e for e, o in zip(examples, opinion, strict=True) if o]
+        for group, metrics in _metrics(verifier, with_opinion, features[opinion]).items():
+            report[f"{group} +opinion"] = metrics
+    return report
+
+
+def _metrics(
+    verifier: Verifier, examples: Sequence[Example], features: NDArray[np.float64]
+) -> dict[str, dict[str, float]]:
     from sklearn.metrics import roc_auc_score
 
     scores = np.array(
@@ -357,7 +422,8 @@ with the training means/scales stored in `verifier.json`, then hard caps
 refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops).
 Worked maths is checked step by step (`router/arithmetic.py`: every `a op b = c` link and
 GSM8K `<<a*b=c>>` annotation is evaluated without `eval`; a wrong step is a strong sign
-of a wrong answer), and a maths answer that never uses a number of the question is
+of a wrong answer); a maths answer that never uses a number of the question, whose
+final number no worked step computed, or that answers "how many" with a fraction is
 suspect. The training data has no logprobs, `finish_reason` or JSON requests, so these
 features carry fixed prior weights, not learned ones: {priors}.
 
@@ -366,6 +432,14 @@ router's prior: fixed at -0.25 per within-task standard deviation, so the answer
 signals lead and the prior orders answers whose text says nothing (a bare option letter).
 In training each prompt's score comes from a classifier that never saw its dataset;
 `router verify` and the gateway's cascade pass the shipped classifier's score.
+
+`sample_agreement` is the share of second opinions (other answers to the same prompt:
+another model's, where the route asks for them) whose final answer (`router/answers.py`:
+the option letter, the final number) equals this answer's; unknown (neutral) when there
+are none or nothing to compare (free text, code). It is learned: each RouterBench answer
+is paired with one other model's answer to its prompt (fixed by a hash), and fitted twice
+at half weight, with and without it, so the same weights serve cascades with and
+without second opinions. Groups marked `+opinion` below are scored with it.
 
 ## Data
 `shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)

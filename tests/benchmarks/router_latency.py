@@ -31,6 +31,22 @@ BODY = {
     "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
     "max_tokens": 300,
 }
+MATHS_BODY = {
+    "model": "auto",
+    "messages": [
+        {
+            "role": "user",
+            "content": "Janet's ducks lay 16 eggs per day. She eats three for breakfast "
+            "every morning and bakes muffins for her friends every day with four. She sells "
+            "the remainder at the farmers' market daily for $2 per fresh duck egg. How much "
+            "in dollars does she make every day at the farmers' market?",
+        }
+    ],
+}
+MATHS_ANSWER = (
+    "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
+    "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer's market.\n#### 18"
+)
 SPEC_VIEWS = (DeploymentView("local", "local-small"), DeploymentView("gpt", "premium"))
 TIERS = (Threshold("local-small", 0.5), Threshold("premium"))
 
@@ -56,6 +72,7 @@ def main() -> None:
     raw = orjson.dumps(BODY)
     scorer, verifier = RequestScorer(), AnswerVerifier()
     answer = {"choices": [{"message": {"content": "Returns are free within 30 days. " * 6}}]}
+    maths = {"choices": [{"message": {"content": MATHS_ANSWER}}]}
     scorer("chat", BODY)  # load the models before timing
     verifier("chat", BODY, answer)
 
@@ -67,6 +84,9 @@ def main() -> None:
         "baseline: orjson.loads(body)": timed(lambda: orjson.loads(raw), n),
         "classifier score + plan": timed(decide, n),
         "cascade verifier (one answer)": timed(lambda: verifier("chat", BODY, answer), n),
+        "verifier, maths + 2nd opinion": timed(
+            lambda: verifier("chat", MATHS_BODY, maths, samples=[MATHS_ANSWER]), n
+        ),
     }
     base_p50 = statistics.median(rows["baseline: orjson.loads(body)"])
     print(f"{'what':32} {'p50 ms':>8} {'p99 ms':>8} {'p50 / baseline':>15}")

@@ -200,6 +200,30 @@ def test_router_score_and_verify_contracts(tmp_path: Path) -> None:
     assert scores["ok"] > scores["no"]
 
 
+def test_router_verify_weighs_second_opinions(tmp_path: Path) -> None:
+    """Optional `samples` (other answers to the prompt): a second opinion that agrees on
+    the option raises the score, one that disagrees lowers it; no samples sits between."""
+    prompt = "Which is a gas at room temperature?\nA) iron\nB) oxygen\nC) wood\nAnswer:"
+    rows = [
+        {"id": "alone", "prompt": prompt, "response": "B"},
+        {"id": "agree", "prompt": prompt, "response": "B", "samples": ["The answer is B."]},
+        {"id": "disagree", "prompt": prompt, "response": "B", "samples": ["C"]},
+        {"id": "unsure", "prompt": prompt, "response": "B", "samples": ["Hmm, hard."]},
+    ]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    verified = run("router", "verify", str(answers)).stdout.splitlines()
+    scores = {row["id"]: row["score"] for row in map(json.loads, verified)}
+    assert scores["agree"] > scores["alone"] > scores["disagree"]
+    assert scores["unsure"] == scores["alone"]  # nothing to compare: no opinion
+
+    answers.write_text(json.dumps({"id": 1, "prompt": "q", "response": "a", "samples": "b"}))
+    result = run("router", "verify", str(answers))
+    assert result.returncode == 1
+    assert "'samples' must be a list of strings" in result.stderr
+    assert result.stdout == ""
+
+
 def test_router_calibrate_prints_a_tiers_block(tmp_path: Path) -> None:
     rows = tmp_path / "sample.jsonl"
     prompts = ["hi", "what time is it?", "Prove the theorem step by step.", "Write a compiler."]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,8 +27,8 @@ from gateway.upstreams.base import (
     UpstreamStatus,
     UpstreamTarget,
 )
+from tests.gateway.scripted import Behaviour, ScriptedClient
 
-Behaviour = Callable[[], Awaitable[UpstreamReply]]
 BODY: dict[str, Any] = {"messages": []}
 
 
@@ -36,20 +36,6 @@ def deployment(name: str, retries: int = 0, backoff_s: float = 0.0) -> Deploymen
     target = UpstreamTarget(name, "openai", f"{name}-model", "http://unused", None)
     price = TokenPrice(1e-6, 2e-6, "policy")
     return DeploymentRuntime(name, "gpu", "openai", target, price, retries, backoff_s, None)
-
-
-class ScriptedClient:
-    """An UpstreamClient whose answers are scripted per deployment; records the calls."""
-
-    def __init__(self, behaviours: dict[str, Behaviour]) -> None:
-        self.behaviours = behaviours
-        self.calls: list[str] = []
-
-    async def complete(
-        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
-    ) -> UpstreamReply:
-        self.calls.append(target.deployment)
-        return await self.behaviours[target.deployment]()
 
     def stream(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]

@@ -167,6 +167,13 @@ def test_route_naming_an_undeclared_deployment(tmp_path: Path) -> None:
     )
 
 
+def test_cascade_naming_an_undeclared_second_opinion(tmp_path: Path) -> None:
+    text = MINIMAL.replace("    deployments: [a]", "    strategy: cascade\n    deployments: [a]")
+    [problem] = problems(write(tmp_path, text + "    second_opinions: [gpt-x]\n"))
+    assert (problem.line, problem.field) == (9, "routes.auto.second_opinions.0")
+    assert problem.message.startswith("second_opinions of route 'auto' names deployment 'gpt-x'")
+
+
 @pytest.mark.parametrize(
     ("text", "line"),
     [

@@ -179,3 +179,41 @@ def test_bad_classifier_tiers_are_refused(tiers: list[dict[str, object]], messag
     data["routes"]["smart"]["tiers"] = tiers  # type: ignore[index]
     with pytest.raises(ValueError, match=message):
         Policy.model_validate(data)
+
+
+def cascade_with(second_opinions: list[str], strategy: str = "cascade") -> dict[str, Any]:
+    deployments = {"a": {"model": "m", "api_base": "http://127.0.0.1:9/v1"}}
+    deployments["b"] = {**deployments["a"], "tier": "premium"}
+    route = {"strategy": strategy, "deployments": ["a", "b"], "second_opinions": second_opinions}
+    return minimal(deployments=deployments, routes={"careful": route})
+
+
+def test_a_cascade_takes_second_opinions_from_its_deployments_or_others() -> None:
+    route = Policy.model_validate(cascade_with(["b"])).routes["careful"]
+    assert route.second_opinions == ["b"]
+    assert Policy.model_validate(cascade_with([])).routes["careful"].second_opinions == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            cascade_with(["b"], strategy="fallback"),
+            "second_opinions apply to strategy 'cascade' (they judge a cascade's answers), "
+            "not 'fallback'",
+        ),
+        (
+            cascade_with(["b", "a", "b"]),
+            "second_opinions name 'b' more than once; each deployment gives one opinion",
+        ),
+        (
+            cascade_with(["a", "gpt-x"]),
+            "second_opinions of route 'careful' names deployment 'gpt-x', which is not "
+            "declared; declared: a, b",
+        ),
+    ],
+)
+def test_bad_second_opinions_are_refused(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Policy.model_validate(data)
+    assert message in str(caught.value)

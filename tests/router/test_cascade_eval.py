@@ -9,6 +9,8 @@ import pytest
 
 from router import verifier_train
 from router.classifier_train import (
+    STRONG_MODEL,
+    WEAK_MODEL,
     CascadeReport,
     FeatureCache,
     _cascade_metrics,
@@ -97,14 +99,26 @@ def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None
 
     answers = verifier_train.build_examples(data, prompt_scores=priors)
     assert all(a.prompt_score is not None for a in answers)
+    assert all(a.samples for a in answers if a.source != "gsm8k")  # a second opinion each
     features = verifier_train.feature_matrix(answers)
-    scored = verifier_train.cross_fitted_scores(answers, features, {"gsm8k": "weak"})
-    gsm8k = {a.prompt_id for a in answers if a.source == "gsm8k"}
-    assert set(scored) == {("gsm8k", prompt_id) for prompt_id in gsm8k}
+    verifiers = verifier_train.fold_verifiers(answers, features)
+    judged = [a for a in answers if a.source == "gsm8k" and a.model == "weak"]
+    scored = verifier_train.cross_fitted_scores(
+        verifiers, judged, verifier_train.feature_matrix(judged)
+    )
+    assert set(scored) == {("gsm8k", a.prompt_id) for a in judged}
     assert all(0.0 <= s <= 1.0 for s in scored.values())
 
-    reports = {r.name: r for r in run_cascade_evaluation(data, priors)}
+    reports = run_cascade_evaluation(data, priors)
+    plain = {r.name: r for r in reports if not r.second_opinion}
     rows = {p.stem: len(p.read_text().splitlines()) for p in data.glob("*.jsonl")}
-    assert reports["gsm8k"].rows == rows["gsm8k"]
-    assert reports["winogrande"].rows == rows["routerbench_winogrande"]
-    assert all(0.0 <= r.curve.share[0] <= r.curve.share[-1] <= 1.0 for r in reports.values())
+    assert plain["gsm8k"].rows == rows["gsm8k"]
+    assert plain["winogrande"].rows == rows["routerbench_winogrande"]
+    assert all(0.0 <= r.curve.share[0] <= r.curve.share[-1] <= 1.0 for r in reports)
+    # Second opinions on RouterBench only, never the cheap or the strong model itself,
+    # and their cost on top of the cheap call's.
+    opinions = [r for r in reports if r.second_opinion]
+    assert {r.name for r in opinions} == {"arc_challenge", "mbpp", "winogrande"}
+    assert not {r.second_opinion for r in opinions} & {WEAK_MODEL, STRONG_MODEL}
+    for report in opinions:
+        assert report.cost[0] > plain[report.name].cost[0]

@@ -9,9 +9,11 @@ import pytest
 from router.dataset import (
     DEFAULT_DATA_DIR,
     Example,
+    cheap_pool,
     evaluation_folds,
     is_held_out_subject,
     load_examples,
+    pooled_gains,
     selection_folds,
 )
 
@@ -57,3 +59,30 @@ def test_selection_folds_stay_inside_the_training_rows(examples: list[Example]) 
         if fold.name.startswith("mmlu"):
             test_subjects = {e.subject for e in fold.test}
             assert not test_subjects & {e.subject for e in fold.train}
+
+
+def test_routerbench_gains_are_pooled_over_the_cheap_models(examples: list[Example]) -> None:
+    """RouterBench rows: GPT-4's correctness minus the cheap pool's mean (graded);
+    MMLU and GSM8K carry only the pair, so their gain is strong - weak (-1, 0 or 1)."""
+    for e in examples:
+        if e.dataset in ("mmlu", "gsm8k"):
+            assert e.gain == float(e.strong_correct) - float(e.weak_correct)
+        else:
+            assert -1.0 <= e.gain <= 1.0
+    graded = {e.gain for e in examples if e.dataset == "arc_challenge"}
+    assert len(graded) > 3
+
+
+def test_the_cheap_pool_is_the_models_under_half_the_strong_cost() -> None:
+    def row(i: int, correct: dict[str, float]) -> dict[str, object]:
+        costs = {"gpt-4-1106-preview": 1.0, "dear": 0.6, "small": 0.1, "mid": 0.3}
+        models = {m: {"correct": c, "cost_usd": costs[m]} for m, c in correct.items()}
+        return {"id": i, "models": models}
+
+    rows = [
+        row(1, {"gpt-4-1106-preview": 1, "dear": 1, "small": 0, "mid": 1}),
+        row(2, {"gpt-4-1106-preview": 0, "dear": 1, "small": 1, "mid": 1}),
+    ]
+    assert cheap_pool(rows) == ["mid", "small"]
+    assert pooled_gains(rows) == {"1": 0.5, "2": -1.0}
+    assert pooled_gains([{"id": 3, "weak_correct": 1}]) == {}  # no pool: the pair's gain

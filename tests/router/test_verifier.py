@@ -13,6 +13,8 @@ from router.errors import RoutingError
 from router.verifier import FEATURE_NAMES, Signals, Verifier, extract_features, schema_matches
 from router.verifier_train import DEFAULT_DATA_DIR, build_examples, train
 
+needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
+
 MATHS = "Tom has 3 boxes with 12 apples each. He eats 5 apples. How many apples are left?"
 MATHS_ANSWER = "3 boxes * 12 apples = 36 apples. 36 - 5 = 31.\n#### 31"
 CHOICE = (
@@ -105,6 +107,24 @@ def test_a_skipped_number_of_the_question_is_counted() -> None:
     assert skipped["math_unused_numbers"] == pytest.approx(1 / 3)  # 5 was never used
 
 
+def test_a_final_answer_no_step_computed_is_flagged() -> None:
+    derived = extract_features(MATHS, MATHS_ANSWER, Signals())
+    assert derived["math_final_not_derived"] == 0.0
+    from_nowhere = extract_features(MATHS, "3 * 12 = 36 apples.\n#### 29", Signals())
+    assert from_nowhere["math_final_not_derived"] == 1.0
+    # No worked steps: nothing to compare the final answer with.
+    assert extract_features(MATHS, "#### 29", Signals())["math_final_not_derived"] == 0.0
+
+
+def test_a_fractional_count_is_flagged() -> None:
+    """ "How many" asks for a count; 30.5 apples is a slip somewhere."""
+    half = extract_features(MATHS, "36 - 5.5 = 30.5\n#### 30.5", Signals())
+    assert half["math_fractional_count"] == 1.0
+    assert extract_features(MATHS, MATHS_ANSWER, Signals())["math_fractional_count"] == 0.0
+    price = "A pen costs $1.25 and a pad $2. What is the total cost?"
+    assert extract_features(price, "1.25 + 2 = 3.25", Signals())["math_fractional_count"] == 0.0
+
+
 def test_the_prompt_prior_orders_answers_that_say_nothing(verifier: Verifier) -> None:
     """A bare option letter tells nothing; the harder prompt (by the classifier) is
     trusted less, so the cascade escalates it first."""
@@ -114,6 +134,34 @@ def test_the_prompt_prior_orders_answers_that_say_nothing(verifier: Verifier) ->
     unknown = extract_features(CHOICE, "B", Signals())
     assert math.isnan(unknown["prompt_difficulty"])  # neutral: scored at the mean
     assert 0.0 < verifier.score(CHOICE, "B") < 1.0
+
+
+def test_a_second_opinion_moves_the_score(verifier: Verifier) -> None:
+    """Agreeing with another answer on the final answer is strong evidence; disagreeing
+    sends the answer up the cascade. A learned weight, so it must come out positive."""
+    assert verifier.coefficients[FEATURE_NAMES.index("sample_agreement")] > 0.5
+    alone = verifier.score(CHOICE, "B")
+    assert verifier.score(CHOICE, "B", samples=["B"]) > alone
+    assert verifier.score(CHOICE, "B", samples=["D"]) < min(alone, verifier.threshold)
+    assert verifier.score(MATHS, MATHS_ANSWER, samples=["So 31 apples."]) > verifier.score(
+        MATHS, MATHS_ANSWER, samples=["#### 26"]
+    )
+    assert math.isnan(extract_features(CHOICE, "B", Signals())["sample_agreement"])
+
+
+@needs_data
+def test_training_pairs_each_answer_with_a_second_opinion() -> None:
+    """RouterBench answers carry another model's answer to the same prompt; GSM8K has
+    no third model, so its answers carry none."""
+    examples = build_examples(DEFAULT_DATA_DIR, limit=3)
+    by_prompt: dict[tuple[str, str], set[str]] = {}
+    for e in examples:
+        by_prompt.setdefault((e.source, e.prompt_id), set()).add(e.response)
+    for e in examples:
+        if e.source == "gsm8k":
+            assert e.samples == ()
+        else:
+            assert len(e.samples) == 1 and e.samples[0] in by_prompt[e.source, e.prompt_id]
 
 
 def test_multiple_choice_needs_one_clear_option() -> None:
@@ -170,9 +218,6 @@ def test_bad_artifact_is_a_routing_error(tmp_path: Path) -> None:
         Verifier.load(path)
     with pytest.raises(RoutingError, match="cannot read"):
         Verifier.load(tmp_path / "missing.json")
-
-
-needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
 
 
 @needs_data

@@ -1,0 +1,144 @@
+"""Second opinions: a cascade's question asked of other deployments too, so the verifier
+can compare final answers (`router.answers`): agreeing is strong evidence for an
+answer, disagreeing against it.
+
+A route's `second_opinions` are asked when its first tier is, concurrently, and only
+once: every verified answer of the request is judged against the same opinions. The
+first verification waits for them, at most half the time left before the request's
+deadline (the escalation they may lead to needs the rest); an opinion not in by then
+is cancelled and counts as absent, as does one that failed (logged, never an error
+of the request). Every opinion that answered is priced once, as
+`<request_id>:o<n>` (n its place among those asked); a cancelled one is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from gateway.accounting import Accountant, Call, reply_usage
+from gateway.errors import GatewayError
+from gateway.executor import Completed, Executor
+from gateway.ledger import SpendRecord
+from gateway.metrics import Metrics
+from gateway.runtime import DeploymentRuntime
+from gateway.scoring import answer_parts, prompt_text
+from gateway.upstreams.base import EndpointType
+from router.answers import final_answer, is_math_prompt, is_mc_prompt
+
+log = logging.getLogger(__name__)
+
+OutcomeType = Literal["agree", "disagree", "no_answer", "failed"]
+
+
+def worth_asking(endpoint: EndpointType, body: dict[str, Any]) -> bool:
+    """Only questions with a comparable final answer (multiple choice, maths) get
+    second opinions: on any other prompt one is paid for and says nothing."""
+    prompt = prompt_text(endpoint, body)
+    return is_mc_prompt(prompt) or is_math_prompt(prompt)
+
+
+class SecondOpinions:
+    """The second opinions of one request, from `ask` to `close` (which must run,
+    however the request ends: it cancels what still runs and prices what answered).
+
+        opinions = SecondOpinions(executor, accountant, metrics, call, endpoint, body)
+        opinions.ask(deployments, deadline_s)
+        try:
+            samples = await opinions.samples(reply, ends_at)
+        finally:
+            await opinions.close()
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        accountant: Accountant,
+        metrics: Metrics,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+    ) -> None:
+        self._executor, self._accountant, self._metrics = executor, accountant, metrics
+        self._call, self._endpoint, self._body = call, endpoint, body
+        self._asked: dict[asyncio.Task[Completed], tuple[str, DeploymentRuntime]] = {}
+        self._samples: tuple[str, ...] | None = None
+        self._priced: set[str] = set()  # labels of the opinions priced
+        self.records: list[SpendRecord] = []
+        self.agreeing = 0  # opinions whose final answer is the first verified answer's
+
+    @property
+    def answered(self) -> int:
+        return len(self._samples or ())
+
+    def ask(self, deployments: Sequence[DeploymentRuntime], deadline_s: float) -> None:
+        for n, deployment in enumerate(deployments, start=1):
+            task = asyncio.create_task(
+                self._executor.complete([deployment], self._endpoint, self._body, deadline_s)
+            )
+            self._asked[task] = (f"o{n}", deployment)
+
+    async def samples(self, reply: dict[str, Any], ends_at: float) -> tuple[str, ...]:
+        """The answers of the opinions that answered, to verify `reply` with. The first
+        call waits for them and counts whether each agrees with `reply`."""
+        if self._samples is None:
+            wait_s = max(0.0, (ends_at - time.monotonic()) / 2)
+            _, late = await asyncio.wait(self._asked, timeout=wait_s)
+            for task in late:
+                task.cancel()  # absent; awaited in `close`
+            self._samples = self._compare(answer_parts(reply)[0])
+        return self._samples
+
+    def _compare(self, answer: str) -> tuple[str, ...]:
+        prompt = prompt_text(self._endpoint, self._body)
+        mine = final_answer(prompt, answer)
+        texts: list[str] = []
+        for task, (_, deployment) in self._asked.items():
+            outcome: OutcomeType = "failed"
+            if _answered(task):
+                text = answer_parts(task.result().reply.body)[0]
+                texts.append(text)
+                outcome = _outcome(mine, final_answer(prompt, text))
+                self.agreeing += outcome == "agree"
+            m = self._metrics
+            m.child(m.second_opinions, self._call.route.name, deployment.name, outcome).inc()
+        return tuple(texts)
+
+    async def close(self) -> None:
+        """Cancel the opinions still running, wait for them, price those that answered."""
+        self._price()  # before any await: a cancelled request may not get past the next one
+        for task in self._asked:
+            task.cancel()
+        await asyncio.gather(*self._asked, return_exceptions=True)
+        self._price()  # one that finished as it was cancelled
+        for task, (_, deployment) in self._asked.items():
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.warning(
+                    "second opinion %s of %s failed: %s",
+                    deployment.name,
+                    self._call.request_id,
+                    error,
+                    exc_info=not isinstance(error, GatewayError),  # a bug: its traceback
+                )
+
+    def _price(self) -> None:
+        for task, (label, deployment) in self._asked.items():
+            if label in self._priced or not _answered(task):
+                continue
+            self._priced.add(label)
+            reply = task.result().reply.body
+            usage = reply_usage(deployment, self._endpoint, self._body, reply)
+            self.records.append(self._accountant.settle(self._call, deployment, usage, label=label))
+
+
+def _outcome(mine: str | None, theirs: str | None) -> OutcomeType:
+    if mine is None or theirs is None:
+        return "no_answer"
+    return "agree" if theirs == mine else "disagree"
+
+
+def _answered(task: asyncio.Task[Completed]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None

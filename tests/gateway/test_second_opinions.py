@@ -1,0 +1,391 @@
+"""Second opinions on cascade routes: another deployment answers the same question
+alongside the cheap tier, the verifier compares final answers, and every opinion that
+answered is priced once (`<request_id>:o1`). Through the running gateway over real
+sockets, then the cascade in-process where task lifetimes are the subject."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.accounting import Accountant, Call
+from gateway.cascade import Cascade
+from gateway.errors import GatewayError
+from gateway.executor import Executor
+from gateway.ledger import RedisStore, SpendRecord
+from gateway.limits.budgets import worst_case_nanos
+from gateway.metrics import Metrics
+from gateway.pricing import TokenPrice
+from gateway.runtime import DeploymentRuntime, RouteRuntime, build_runtime
+from gateway.scoring import AnswerVerifier
+from gateway.upstreams.base import EndpointType, UpstreamReply, UpstreamStatus, UpstreamTarget
+from policies import LoadedPolicy, Policy
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.ledger_fixtures import free_port
+from tests.gateway.scripted import Behaviour, ScriptedClient
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+QUESTION = {
+    "role": "user",
+    "content": "A student heats water in a pot. Which change of state happens when the "
+    "water boils?\n(A) solid to liquid\n(B) liquid to gas\n(C) gas to liquid\n"
+    "(D) liquid to solid\nAnswer:",
+}
+POLICY = """
+deployments:
+  cheap:
+    api_base: ${CHEAP_URL}
+    model: small-model
+    tier: local-small
+    cascade_logprobs: false     # the verifier's score then rests on the answers alone
+    price: {input_per_mtok: 0.1, output_per_mtok: 0.1}
+  judge:
+    api_base: ${JUDGE_URL}
+    model: other-small-model
+    tier: local-small
+    max_retries: 0
+    price: {input_per_mtok: 0.2, output_per_mtok: 0.2}
+  premium:
+    api_base: ${PREMIUM_URL}
+    model: big-model
+    tier: premium
+    price: {input_per_mtok: 5, output_per_mtok: 15}
+routes:
+  careful:
+    strategy: cascade
+    deployments: [cheap, premium]
+    verify_threshold: __THRESHOLD__
+    max_escalations: 1
+    second_opinions: [judge]
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+"""
+
+
+def separating_threshold() -> float:
+    """A `verify_threshold` between the shipped verifier's scores of the bare letter "B"
+    with a disagreeing opinion and with an agreeing one or none. The verifier is
+    retrained now and then; what these tests rely on is only that agreement counts for
+    the answer and disagreement against it."""
+    verify, body = AnswerVerifier(), {"messages": [QUESTION]}
+    reply = {"choices": [{"message": {"content": "B"}, "finish_reason": "stop"}]}
+    rejected = verify("chat", body, reply, ["C"])
+    kept = min(verify("chat", body, reply, ()), verify("chat", body, reply, ["B"]))
+    assert rejected < kept - 0.05, (rejected, kept)
+    return round((rejected + kept) / 2, 4)
+
+
+@pytest.fixture
+def premium() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        fake.reply_text = "The answer is (B)."
+        yield fake
+
+
+@pytest.fixture
+def judge() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def start(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI, judge: FakeOpenAI
+) -> Callable[..., str]:
+    """start(judge_url=...) -> the base URL of a gateway whose cheap tier answers "B"."""
+    fake_openai.reply_text = "B"
+    policy = POLICY.replace("__THRESHOLD__", str(separating_threshold()))
+
+    def run(judge_url: str = judge.url) -> str:
+        env = {"CHEAP_URL": fake_openai.url, "PREMIUM_URL": premium.url, "JUDGE_URL": judge_url}
+        return start_gateway(policy, **env).url
+
+    return run
+
+
+def ask(base: str, question: dict[str, str] = QUESTION, **extra: Any) -> httpx.Response:
+    body = {"model": "careful", "messages": [question], **extra}
+    return httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+
+
+def opinions_counted(base: str, outcome: str) -> float:
+    text = httpx.get(f"{base}/metrics").text
+    name = "cascade_second_opinions_total"
+    labels = f'deployment="judge",outcome="{outcome}",route="careful"'
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if f"{name}{{{labels}}}" in line
+    )
+
+
+async def records_of(store: RedisStore, request_id: str) -> list[SpendRecord]:
+    return [r for r in await store.events() if r.request_id == request_id]
+
+
+async def test_an_agreeing_opinion_keeps_the_cheap_answer_and_is_priced(
+    start: Callable[..., str], premium: FakeOpenAI, judge: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    judge.reply_text = "B"
+    base = start()
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert response.headers["x-cascade-escalations"] == "0"
+    assert response.headers["x-cascade-second-opinions"] == "1/1"
+    assert premium.requests == []
+    asked = judge.requests[-1]["body"]
+    assert asked["model"] == "other-small-model" and "logprobs" not in asked
+    request_id = response.headers["x-request-id"]
+    cheap = await wait_for_record(ledger_store, request_id)
+    opinion = await wait_for_record(ledger_store, f"{request_id}:o1")
+    assert (cheap.deployment, opinion.deployment) == ("cheap", "judge")
+    assert opinion.cost_nanos > 0 and opinion.sla_met is None
+    total = cheap.cost_nanos + opinion.cost_nanos
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(total / 1e9)
+    assert opinions_counted(base, "agree") == 1
+
+
+async def test_a_disagreeing_opinion_escalates_and_each_answer_is_priced_once(
+    start: Callable[..., str], premium: FakeOpenAI, judge: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    judge.reply_text = "C"
+    base = start()
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "premium"
+    assert response.headers["x-cascade-escalations"] == "1"
+    assert response.headers["x-cascade-second-opinions"] == "0/1"  # compared with the cheap "B"
+    assert len(judge.requests) == 1  # asked once, whatever the number of verified steps
+    request_id = response.headers["x-request-id"]
+    await wait_for_record(ledger_store, f"{request_id}:o1")
+    records = await records_of(ledger_store, request_id)
+    by_id = {r.record_id: r.deployment for r in records}
+    assert len(records) == 3
+    assert by_id == {request_id: "cheap", f"{request_id}:1": "premium", f"{request_id}:o1": "judge"}
+    total = sum(r.cost_nanos for r in records)
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(total / 1e9)
+    assert opinions_counted(base, "disagree") == 1
+
+
+@pytest.mark.parametrize("fault", ["500", "refused"])
+async def test_a_failing_opinion_is_ignored(
+    start: Callable[..., str],
+    premium: FakeOpenAI,
+    judge: FakeOpenAI,
+    ledger_store: RedisStore,
+    fault: str,
+) -> None:
+    judge.fail(500, times=None)
+    base = start() if fault == "500" else start(f"http://127.0.0.1:{free_port()}/v1")
+    response = ask(base)
+    assert response.status_code == 200
+    # Verified without samples: the bare letter alone is kept.
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert response.headers["x-cascade-second-opinions"] == "0/0"
+    assert premium.requests == []
+    request_id = response.headers["x-request-id"]
+    cheap = await wait_for_record(ledger_store, request_id)
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(cheap.cost_nanos / 1e9)
+    await asyncio.sleep(0.2)  # records are written in batches: give a stray one time to land
+    assert await ledger_store.get(f"{request_id}:o1") is None
+    assert opinions_counted(base, "failed") == 1
+
+
+async def test_a_failing_first_tier_fails_the_request_without_waiting_for_opinions(
+    start: Callable[..., str],
+    fake_openai: FakeOpenAI,
+    judge: FakeOpenAI,
+    ledger_store: RedisStore,
+) -> None:
+    fake_openai.fail(500, times=None)
+    judge.delay_s = 5.0
+    base = start()
+    started = time.monotonic()
+    response = ask(base)
+    assert response.status_code == 502
+    assert time.monotonic() - started < 4.0  # the slow opinion was cancelled, not awaited
+    assert "x-cascade-second-opinions" not in response.headers
+    assert len(judge.requests) == 1
+    await asyncio.sleep(0.2)
+    events = await ledger_store.events()
+    assert not any(r.deployment == "judge" for r in events)
+
+
+async def test_a_buffered_stream_is_verified_with_second_opinions(
+    start: Callable[..., str], judge: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    judge.reply_text = "The answer is (B)."
+    base = start()
+    body = {"model": "careful", "messages": [QUESTION], "stream": True}
+    with httpx.stream(
+        "POST", f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30
+    ) as response:
+        text = response.read().decode()
+    assert response.headers["x-cascade-second-opinions"] == "1/1"
+    assert response.headers["x-cascade-deployment"] == "cheap"
+    assert text.endswith("data: [DONE]\n\n")
+    assert "stream" not in judge.requests[-1]["body"]  # asked whole, as the tiers are
+    await wait_for_record(ledger_store, f"{response.headers['x-request-id']}:o1")
+
+
+def test_a_question_without_a_final_answer_gets_no_opinions(
+    start: Callable[..., str], judge: FakeOpenAI
+) -> None:
+    response = ask(start(), {"role": "user", "content": "Write a haiku about the sea."})
+    assert response.status_code == 200
+    assert "x-cascade-second-opinions" not in response.headers
+    assert judge.requests == []
+
+
+# The cascade in-process, with scripted upstreams: when opinions are cancelled, which
+# are priced, and that no task outlives the request.
+
+MC_BODY: dict[str, Any] = {"messages": [QUESTION]}
+
+
+def says(text: str, after_s: float = 0.0) -> Behaviour:
+    async def reply() -> UpstreamReply:
+        await asyncio.sleep(after_s)
+        return UpstreamReply({"choices": [{"message": {"content": text}}], "usage": USAGE})
+
+    return reply
+
+
+def fails(after_s: float = 0.0) -> Behaviour:
+    async def reply() -> UpstreamReply:
+        await asyncio.sleep(after_s)
+        raise UpstreamStatus("boom", status=500)
+
+    return reply
+
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 1}
+
+
+class Verifier:
+    """Accepts an answer only when every sample agrees with its text; records samples."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[str, ...]] = []
+
+    def __call__(
+        self, endpoint: EndpointType, body: Any, reply: Any, samples: Sequence[str] = ()
+    ) -> float:
+        self.samples.append(tuple(samples))
+        text = reply["choices"][0]["message"]["content"]
+        return 1.0 if samples and all(s == text for s in samples) else 0.0
+
+
+class Ledger(list[SpendRecord]):
+    def submit(self, record: SpendRecord) -> None:
+        self.append(record)
+
+
+def deployment(name: str, tier: str) -> DeploymentRuntime:
+    target = UpstreamTarget(name, "openai", f"{name}-model", "http://unused", None)
+    price = TokenPrice(1e-6, 2e-6, "policy")
+    return DeploymentRuntime(name, tier, "openai", target, price, 0, 0.0, None)
+
+
+CHEAP, MID, PREMIUM = deployment("cheap", "a"), deployment("mid", "b"), deployment("premium", "c")
+JUDGE = deployment("judge", "a")
+
+
+async def run_cascade(
+    behaviours: dict[str, Behaviour], deadline_s: float = 10.0, max_escalations: int = 1
+) -> tuple[Any, Ledger, Verifier, ScriptedClient]:
+    """Run a cascade over CHEAP, MID, PREMIUM (as many as `max_escalations` allows) with
+    JUDGE as second opinion; the result (or the error raised) and what it left."""
+    metrics, ledger, verifier = Metrics(), Ledger(), Verifier()
+    client = ScriptedClient(behaviours)
+    cascade = Cascade(
+        Executor({"openai": client}, metrics), Accountant(ledger, metrics), verifier, metrics
+    )
+    route = RouteRuntime(
+        "careful", "cascade", ("cheap", "mid", "premium"), "premium-model", PREMIUM.price,
+        verify_threshold=0.5, max_escalations=max_escalations, second_opinions=(JUDGE,),
+    )  # fmt: skip
+    call = Call("req_1", "team", "key", route, False, time.perf_counter())
+    tiers = [CHEAP, MID, PREMIUM]
+    try:
+        result: Any = await cascade.run(call, tiers, "chat", MC_BODY, deadline_s, [JUDGE])
+    except GatewayError as error:
+        result = error
+    return result, ledger, verifier, client
+
+
+def leftover_tasks() -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks() - {asyncio.current_task()}
+
+
+async def test_a_slow_opinion_is_cancelled_when_the_first_tier_fails() -> None:
+    result, ledger, _, client = await run_cascade({"cheap": fails(), "judge": says("B", 5.0)})
+    assert isinstance(result, GatewayError)
+    assert sorted(client.calls) == ["cheap", "judge"]
+    assert list(ledger) == []  # cancelled: nothing answered, nothing priced
+    assert leftover_tasks() == set()
+
+
+async def test_an_opinion_that_answered_before_the_first_tier_failed_is_priced() -> None:
+    result, ledger, _, _ = await run_cascade({"cheap": fails(0.05), "judge": says("B")})
+    assert isinstance(result, GatewayError)
+    assert [(r.record_id, r.deployment) for r in ledger] == [("req_1:o1", "judge")]
+    assert leftover_tasks() == set()
+
+
+async def test_an_opinion_later_than_half_the_time_left_counts_as_absent() -> None:
+    started = time.monotonic()
+    behaviours = {"cheap": says("B"), "judge": says("B", 5.0), "mid": says("B")}
+    result, ledger, verifier, _ = await run_cascade(behaviours, deadline_s=1.0)
+    assert 0.4 < time.monotonic() - started < 2.5  # waited half of the 1 s, not 5 s
+    assert verifier.samples == [()]  # judged without it, so rejected and escalated
+    assert result.second_opinions == (0, 0) and result.escalations == 1
+    assert [r.record_id for r in ledger] == ["req_1", "req_1:1"]
+    assert leftover_tasks() == set()
+
+
+async def test_every_verified_step_is_judged_against_the_same_opinions() -> None:
+    behaviours = {"cheap": says("A"), "mid": says("B"), "premium": says("B"), "judge": says("B")}
+    result, ledger, verifier, client = await run_cascade(behaviours, max_escalations=2)
+    assert verifier.samples == [("B",), ("B",)]  # cheap's "A" rejected, mid's "B" kept
+    assert client.calls.count("judge") == 1
+    assert result.final.deployment is MID and result.second_opinions == (0, 1)
+    assert sorted(r.record_id for r in ledger) == ["req_1", "req_1:1", "req_1:o1"]
+    assert result.cost_nanos == sum(r.cost_nanos for r in ledger)
+
+
+def test_second_opinions_resolve_to_deployments_and_are_reserved_for() -> None:
+    policy = Policy.model_validate(
+        {
+            "deployments": {
+                "cheap": {"model": "s", "api_base": "http://x/v1", "tier": "a"},
+                "judge": {"model": "j", "api_base": "http://x/v1", "tier": "a"},
+                "premium": {"model": "p", "api_base": "http://x/v1", "tier": "b"},
+            },
+            "routes": {
+                "careful": {
+                    "strategy": "cascade",
+                    "deployments": ["cheap", "premium"],
+                    "second_opinions": ["judge"],
+                }
+            },
+        }
+    )
+    runtime = build_runtime(LoadedPolicy(policy, (), {}, "digest"))
+    route = runtime.routes["careful"]
+    assert route.second_opinions == (runtime.deployments["judge"],)
+    tiers = [runtime.deployments["cheap"], runtime.deployments["premium"]]
+    without = dataclasses.replace(route, second_opinions=())
+    price = runtime.deployments["judge"].price.cost_nanos(100, 50)
+    worst = worst_case_nanos(tiers, "cascade", route, 100, 50, 1)
+    assert worst == worst_case_nanos(tiers, "cascade", without, 100, 50, 1) + price
+    # A plan with no second tier verifies nothing, so it asks no opinion.
+    assert worst_case_nanos(tiers[:1], "cascade", route, 100, 50, 1) == worst_case_nanos(
+        tiers[:1], "cascade", without, 100, 50, 1
+    )

@@ -1,0 +1,68 @@
+"""Final answers and agreement between answers (`router.answers`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from router.answers import agreement, final_answer, is_math_prompt, is_mc_prompt
+
+MC = "Which is a gas at room temperature?\nA) iron\nB) oxygen\nC) wood\nAnswer:"
+MATH = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("B", "B"),
+        ("B\n", "B"),
+        ("(B)", "B"),
+        ("The answer is C.", "C"),
+        ("Answer: A", "A"),
+        ("A or B, hard to say", None),  # no commitment
+        ("Oxygen is a gas.", None),
+        ("", None),
+    ],
+)
+def test_the_option_an_answer_commits_to(answer: str, expected: str | None) -> None:
+    assert is_mc_prompt(MC)
+    assert final_answer(MC, answer) == expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("3 * 12 = 36 eggs, 36 - 5 = 31.\n#### 31", "31"),
+        ("So 31 eggs are left.", "31"),
+        ("The answer is $1,250.00 after 3 weeks.", "1250"),  # the marked number, not the last
+        ("\\boxed{31}", "31"),
+        ("3 * 12 = 36 and 36 - 5 = 31.0", "31"),
+        ("I cannot tell.", None),
+    ],
+)
+def test_the_final_number_of_a_maths_answer(answer: str, expected: str | None) -> None:
+    assert is_math_prompt(MATH)
+    assert final_answer(MATH, answer) == expected
+
+
+def test_free_text_and_code_have_no_final_answer() -> None:
+    assert final_answer("Write a poem about the sea.", "The sea, the sea.") is None
+    assert final_answer("Write a python function to add two numbers.", "def f(a, b):") is None
+
+
+def test_agreement_is_the_share_of_comparable_samples_that_agree() -> None:
+    assert agreement(MC, "B", ["The answer is B", "B"]) == 1.0
+    assert agreement(MC, "B", ["B", "C"]) == 0.5
+    assert agreement(MC, "B", ["C"]) == 0.0
+    # A sample without a final answer is no opinion, not a vote against.
+    assert agreement(MC, "B", ["B", "I am not sure."]) == 1.0
+    assert agreement(MATH, "#### 31", ["36 - 5 = 31"]) == 1.0
+    assert agreement(MATH, "#### 31", ["#### 41"]) == 0.0
+
+
+def test_no_opinion_is_nan() -> None:
+    assert math.isnan(agreement(MC, "B", []))
+    assert math.isnan(agreement(MC, "B", ["hmm"]))
+    assert math.isnan(agreement(MC, "no idea", ["B"]))  # the answer itself commits to nothing
+    assert math.isnan(agreement("Tell me a story.", "Once upon a time", ["Long ago"]))
