@@ -23,6 +23,7 @@ from router.cli import add_router_commands
 if TYPE_CHECKING:
     from gateway.runtime import RouteRuntime
     from gateway.settings import Settings
+    from router import Plan
 
 log = logging.getLogger("gateway")
 
@@ -129,27 +130,34 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "deployment": first.name if first else None,
         "score": score,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
-        "reasons": plan.reasons() + sla_reasons(route) + opinion_reasons(route, args.prompt),
+        "reasons": plan.reasons() + sla_reasons(route) + opinion_reasons(route, args.prompt, plan),
     }
     print(json.dumps(decision, indent=2))
     return 0
 
 
-def opinion_reasons(route: RouteRuntime, prompt: str) -> list[str]:
+def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
     """Whether the cascade asks its second opinions for this prompt, and why."""
     from gateway.opinions import worth_asking
 
-    if not route.second_opinions or route.strategy != "cascade":
+    if not route.second_opinions:
         return []
+    usable = [d.name for d in route.second_opinions if d.unavailable_reason is None]
     names = ", ".join(d.name for d in route.second_opinions)
-    if worth_asking("chat", {"messages": [{"role": "user", "content": prompt}]}):
+    tiers = {s.tier for s in plan.steps}
+    if len(tiers) < 2 or route.max_escalations == 0:
+        return [f"second opinions ({names}) not asked: the cascade has no tier to escalate to"]
+    if not usable:
+        return [f"second opinions ({names}) not asked: none is available"]
+    if not worth_asking("chat", {"messages": [{"role": "user", "content": prompt}]}):
         return [
-            f"second opinions from {names} asked alongside the first tier; the verifier "
-            "compares their final answers with the cheap answer (each priced)"
+            f"second opinions ({names}) not asked: the prompt has no final answer to "
+            "compare (not multiple choice or maths)"
         ]
     return [
-        f"second opinions ({names}) not asked: the prompt has no final answer to compare "
-        "(not multiple choice or maths)"
+        f"second opinions from {', '.join(usable)} asked alongside the first tier (unless "
+        "ejected by their breaker); the verifier compares their final answers with the "
+        "cheap answer (each priced)"
     ]
 
 

@@ -404,13 +404,7 @@ class Policy(_Section):
                         ("routes", route_name, "deployments", index),
                         self._undeclared(f"route '{route_name}'", "deployment", deployment),
                     )
-            for index, deployment in enumerate(route.second_opinions):
-                if deployment not in self.deployments:
-                    owner = f"second_opinions of route '{route_name}'"
-                    yield (
-                        ("routes", route_name, "second_opinions", index),
-                        self._undeclared(owner, "deployment", deployment),
-                    )
+            yield from self._opinion_problems(route_name, route)
             served = {self.deployments[d].tier for d in route.deployments if d in self.deployments}
             for index, step in enumerate(route.tiers):
                 if step.tier not in served:
@@ -419,6 +413,26 @@ class Policy(_Section):
                         f"route '{route_name}' has tier '{step.tier}' but none of its "
                         f"deployments is in it; their tiers: {', '.join(sorted(served))}",
                     )
+
+    def _opinion_problems(self, route_name: str, route: Route) -> Iterator[tuple[Loc, str]]:
+        owner = f"second_opinions of route '{route_name}'"
+        first = [self.deployments[d] for d in route.deployments if d in self.deployments]
+        cheap = {d.model for d in first if d.tier == first[0].tier} if first else set()
+        for index, deployment in enumerate(route.second_opinions):
+            loc: Loc = ("routes", route_name, "second_opinions", index)
+            if deployment not in self.deployments:
+                yield loc, self._undeclared(owner, "deployment", deployment)
+            elif self.deployments[deployment].model in cheap:
+                # The same model (at the client's temperature, often 0) mostly repeats
+                # itself: its agreement would wave every cheap answer through.
+                yield (
+                    loc,
+                    (
+                        f"{owner}: '{deployment}' serves {self.deployments[deployment].model}, "
+                        "the model of the route's first tier, and a model agrees with itself; "
+                        "ask another model"
+                    ),
+                )
 
     def _key_problems(self) -> Iterator[tuple[Loc, str]]:
         for key_id, key in self.keys.items():

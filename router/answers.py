@@ -9,43 +9,61 @@ compare, so they get no opinion (NaN) rather than a noisy one.
 
     final_answer(prompt, "The answer is (B).")      # "B" on a multiple-choice prompt
     agreement(prompt, answer, [other_answer])       # share of others agreeing, or NaN
+
+Every pattern here runs on untrusted text inside the request path, so each is linear:
+no two adjacent quantifiers can trade the same characters (possessive ``*+`` where
+they could), and option lines are matched within one line (``[ \\t]``, not ``\\s``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
+from typing import Literal
 
-MC_OPTION = re.compile(r"^\s*\(?([A-E])[.):]\s+\S", re.MULTILINE)
+MC_OPTION = re.compile(r"^[ \t]*+\(?([A-E])[.):][ \t]++\S", re.MULTILINE)
 _MC_ANSWER = re.compile(
-    r"^\W*\(?([A-E])\)?(?:[.):]|\s*$)|(?i:answer)(?: is)?\s*[:\-]?\s*\(?([A-E])\b"
+    r"^\W*+\(?([A-E])\)?(?:[.):]|\s*+$)|(?i:answer)(?: is)?\s*+[:\-]?\s*+\(?([A-E])\b"
 )
-NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+# A number as written: an optional sign (not a hyphen joining two numbers, "10-12"),
+# an optional $, thousands in groups of three ("12,345") or plain digits, decimals.
+_NUMBER_TEXT = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})++(?!\d)|\d++)(?:\.\d++)?"
+NUMBER = re.compile(_NUMBER_TEXT)
 _MATH_PROMPT = re.compile(
     r"\b(how many|how much|how long|how far|how old|what is the (?:total|sum|value|"
-    r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^]\s*\d",
+    r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^][ \t]*+\d",
     re.IGNORECASE,
 )
 # Where an answer states its result: GSM8K's "#### 42", LaTeX's \boxed{42}, "answer is 42".
 _MARKED_NUMBER = re.compile(
-    r"(?:####|\\boxed\{|answer(?: is)?\s*[:\-]?)\s*(-?\$?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE
+    rf"(?:####|\\boxed\{{|answer(?: is)?\s*+[:\-]?\s*+)({_NUMBER_TEXT})", re.IGNORECASE
 )
 MAX_SCANNED_CHARS = 8000  # final answers are looked for in the head of long answers
+
+PromptKind = Literal["mc", "math"] | None
+
+
+@functools.lru_cache(maxsize=256)
+def prompt_kind(prompt: str) -> PromptKind:
+    """ "mc" (lettered options and an "answer" cue), "math" (numbers and a question for
+    a quantity) or None; cached, since a cascade asks it of one prompt many times."""
+    if MC_OPTION.search(prompt) and "answer" in prompt.lower():
+        return "mc"
+    if _MATH_PROMPT.search(prompt) and any(c.isdigit() for c in prompt):
+        return "math"
+    return None
 
 
 def is_mc_prompt(prompt: str) -> bool:
     """Lettered options and an "answer" cue: a multiple-choice question."""
-    return bool(MC_OPTION.search(prompt)) and "answer" in prompt.lower()
+    return prompt_kind(prompt) == "mc"
 
 
 def is_math_prompt(prompt: str) -> bool:
     """A question with numbers that asks for a quantity (not multiple choice)."""
-    return (
-        not is_mc_prompt(prompt)
-        and bool(_MATH_PROMPT.search(prompt))
-        and any(c.isdigit() for c in prompt)
-    )
+    return prompt_kind(prompt) == "math"
 
 
 def chosen_options(answer: str) -> set[str]:
@@ -55,25 +73,34 @@ def chosen_options(answer: str) -> set[str]:
 
 def final_answer(prompt: str, answer: str) -> str | None:
     """The comparable final answer: the option letter on a multiple-choice prompt, the
-    final number on a maths one; None when there is none (free text, no commitment)."""
-    if is_mc_prompt(prompt):
+    final number on a maths one (``final_number``, written canonically); None when there
+    is none (free text, no commitment)."""
+    kind = prompt_kind(prompt)
+    if kind == "mc":
         options = chosen_options(answer)
         return options.pop() if len(options) == 1 else None
-    if is_math_prompt(prompt):
-        return _final_number(answer[:MAX_SCANNED_CHARS])
+    if kind == "math":
+        value = final_number(answer)
+        if value is None:
+            return None
+        return str(int(value)) if value.is_integer() else repr(value)
     return None
 
 
-def _final_number(answer: str) -> str | None:
-    marked = _MARKED_NUMBER.findall(answer)
-    numbers = marked or NUMBER.findall(answer)
+def final_number(answer: str) -> float | None:
+    """The number an answer ends on: the last one it marks as the answer ("####",
+    \\boxed, "answer is"), else its last number; None when it has none or it overflows."""
+    head = answer[:MAX_SCANNED_CHARS]
+    numbers = _MARKED_NUMBER.findall(head) or NUMBER.findall(head)
     if not numbers:
         return None
-    try:
-        value = float(numbers[-1].replace("$", "").replace(",", ""))
-    except ValueError:
-        return None
-    return f"{value:.6g}"
+    value = parse_number(numbers[-1])
+    return value if math.isfinite(value) else None
+
+
+def parse_number(text: str) -> float:
+    """A number as ``NUMBER`` matches it ("$1,250.00" -> 1250.0)."""
+    return float(text.replace("$", "").replace(",", ""))
 
 
 def agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:

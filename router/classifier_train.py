@@ -44,12 +44,12 @@ from router.evaluation import (
     random_metrics,
     route_curve,
 )
+from router.features import DENSE_NAMES, HASH_FEATURES, RequestFeatures, extract
+from router.gain_regression import fit_gain, sign_consistent
 
 if TYPE_CHECKING:  # imported lazily at run time: the verifier's training imports this module
     from router.verifier import Verifier
     from router.verifier_train import Example as Answer
-from router.features import DENSE_NAMES, HASH_FEATURES, RequestFeatures, extract
-from router.gain_regression import fit_gain, sign_consistent
 
 FeatureSetType = Literal["all", "sign-consistent"]
 
@@ -495,7 +495,7 @@ model), a logistic map of the within-task gain estimate (monotone: it keeps the 
 How it is fitted (`router/gain_regression.py`): the target is the gain, strong_correct
 - weak_correct, or on RouterBench rows (which carry 11 models' answers) GPT-4's
 correctness minus the mean correctness of the cheap pool (every model under half
-GPT-4's cost on that task, Mixtral included: 8 models): one pair's 0/1 outcome says
+GPT-4's cost on that task, Mixtral included: 8 models, 9 on MBPP): one pair's 0/1 outcome says
 little about a prompt, eight say how much a strong model buys on it (when adopted: held-out
 MMLU APGR 0.683 -> 0.773, the others within +-0.03). Features and gain are centred
 within each training dataset, so the

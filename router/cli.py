@@ -257,7 +257,8 @@ def _verify_request(row: Mapping[str, Any]) -> VerifyRow:
     prompt, response = row.get("prompt"), row.get("response")
     if not isinstance(prompt, str) or not isinstance(response, str):
         raise ValueError("expected 'prompt' and 'response' as strings")
-    samples, logprobs = row.get("samples") or [], row.get("logprobs")
+    samples, logprobs = row.get("samples"), row.get("logprobs")
+    samples = [] if samples is None else samples
     if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
         raise ValueError("'samples' must be a list of strings (other answers to the prompt)")
     if logprobs is not None and not (

@@ -30,9 +30,10 @@ from router.answers import (
     NUMBER,
     agreement,
     chosen_options,
-    final_answer,
+    final_number,
     is_math_prompt,
     is_mc_prompt,
+    parse_number,
 )
 from router.arithmetic import check_arithmetic
 from router.errors import RoutingError
@@ -343,19 +344,14 @@ def _arithmetic_features(prompt: str, answer: str) -> dict[str, float]:
     question = _numbers(_last_block(prompt))
     if question:
         features["math_unused_numbers"] = len(question - _numbers(head)) / len(question)
-    final = final_answer(prompt, head)
-    if final is not None:
-        value = float(final)
-        results = {_number(m) for m in _STEP_RESULT.findall(head)}
+    value = final_number(head)
+    if value is not None:
+        results = {parse_number(m) for m in _STEP_RESULT.findall(head)}
         derived = value in results or value in question
         features["math_final_not_derived"] = float(bool(results) and not derived)
         counts = bool(_COUNT_QUESTION.search(_last_block(prompt)))
         features["math_fractional_count"] = float(counts and value != round(value))
     return features
-
-
-def _number(text: str) -> float:
-    return float(text.replace(",", "").replace("$", ""))
 
 
 def _last_block(prompt: str) -> str:

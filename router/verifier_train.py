@@ -130,7 +130,8 @@ def _gsm8k_examples(path: Path, limit: int | None) -> Iterator[Example]:
 
 def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
     """Every model's answer, each with one other model's answer as its second opinion
-    (picked by a hash, so the pairs are fixed and cover every pairing evenly)."""
+    (picked by a hash of the prompt and the model: fixed from run to run, and spread
+    over the other models about evenly)."""
     source = path.stem
     for row in _read_rows(path, limit):
         names = sorted(row["models"])
@@ -298,17 +299,19 @@ def evaluate(
     verifier: Verifier, examples: Sequence[Example], features: NDArray[np.float64]
 ) -> dict[str, dict[str, float]]:
     """Held-out ROC-AUC and accept precision, per source and pooled: without second
-    opinions (as a cascade that asks for none), and with one where the answer has it
-    (groups suffixed ``+opinion``)."""
+    opinions (as a cascade that asks for none), then, on the answers whose second
+    opinion can be compared (a final answer on both sides), without and with it
+    (groups suffixed ``comparable`` and ``comparable +opinion``: the same rows)."""
     agreement = FEATURE_NAMES.index(SAMPLE_AGREEMENT)
     alone = features.copy()
     alone[:, agreement] = np.nan
     opinion = ~np.isnan(features[:, agreement])
     report = _metrics(verifier, examples, alone)
     if opinion.any():
-        with_opinion = [e for e, o in zip(examples, opinion, strict=True) if o]
-        for group, metrics in _metrics(verifier, with_opinion, features[opinion]).items():
-            report[f"{group} +opinion"] = metrics
+        comparable = [e for e, o in zip(examples, opinion, strict=True) if o]
+        for suffix, rows in (("comparable", alone), ("comparable +opinion", features)):
+            for group, metrics in _metrics(verifier, comparable, rows[opinion]).items():
+                report[f"{group} {suffix}"] = metrics
     return report
 
 
@@ -439,7 +442,9 @@ the option letter, the final number) equals this answer's; unknown (neutral) whe
 are none or nothing to compare (free text, code). It is learned: each RouterBench answer
 is paired with one other model's answer to its prompt (fixed by a hash), and fitted twice
 at half weight, with and without it, so the same weights serve cascades with and
-without second opinions. Groups marked `+opinion` below are scored with it.
+without second opinions. Below, `comparable` rows are the answers whose second opinion
+has a final answer to compare (multiple choice, maths), scored without it, and
+`comparable +opinion` the same rows scored with it.
 
 ## Data
 `shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)

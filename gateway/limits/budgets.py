@@ -5,7 +5,8 @@ The worst case is reserved before the upstream call: prompt tokens (counted with
 tokenizer) plus the request's `max_completion_tokens`/`max_tokens` (else the route's
 `max_output_tokens`), times `n`, priced at the most expensive deployment the plan may
 call; a cascade may pay for one answer per tier, so it is the sum over the tiers it may
-try (plus one answer per second opinion, when it verifies any answer), and a hedged
+try (plus one answer per second opinion when it has a tier to escalate to, even for a
+prompt that turns out to get none: the hold errs high), and a hedged
 route may pay for `1 + max_hedges` answers at once.
 """
 
@@ -47,7 +48,8 @@ def worst_case_nanos(
         else [candidates]
     )
     per_answer = (max(d.price.cost_nanos(prompt, output) for d in group) for group in groups)
-    # Second opinions are asked when a cascade verifies an answer, i.e. has a second tier.
+    # Second opinions may be asked when a cascade verifies an answer, i.e. has a second
+    # tier; held whether or not this prompt gets them (the hold errs high, never low).
     opinions = route.second_opinions if len(groups) > 1 else ()
     return copies * sum(per_answer) + sum(d.price.cost_nanos(prompt, output) for d in opinions)
 

@@ -81,6 +81,26 @@ def test_policy_explain_says_what_the_sla_does_live() -> None:
     assert "500 ms TTFT SLA" in live[0] and "after 250 ms" in live[1]
 
 
+def test_policy_explain_says_whether_second_opinions_are_asked() -> None:
+    policy = str(POLICIES / "examples" / "cascade-second-opinion.yaml")
+    env = {**os.environ, "LOCAL_URL": "http://a/v1", "OPINION_URL": "http://b/v1"}
+    env["OPENAI_API_KEY"] = "sk-test-not-a-secret"
+    question = "Which gas do plants absorb?\nA) oxygen\nB) carbon dioxide\nAnswer:"
+
+    def opinion_reason(prompt: str, env: dict[str, str]) -> str:
+        result = run("policy", "explain", policy, "--prompt", prompt, "--model", "exam", env=env)
+        assert result.returncode == 0, result.stderr
+        [reason] = [r for r in json.loads(result.stdout)["reasons"] if "second opinion" in r]
+        return reason
+
+    assert opinion_reason(question, env).startswith("second opinions from opinion asked")
+    assert "no final answer to compare" in opinion_reason("Write a poem.", env)
+    alone = {k: v for k, v in env.items() if k != "OPENAI_API_KEY"}  # premium unavailable
+    assert "no tier to escalate to" in opinion_reason(question, alone)
+    unset = {k: v for k, v in env.items() if k != "OPINION_URL"}
+    assert "none is available" in opinion_reason(question, unset)
+
+
 def test_keys_new_and_hash_agree() -> None:
     made = json.loads(run("keys", "new").stdout)
     assert made["hash"] == hash_key(made["key"])

@@ -183,7 +183,8 @@ def test_bad_classifier_tiers_are_refused(tiers: list[dict[str, object]], messag
 
 def cascade_with(second_opinions: list[str], strategy: str = "cascade") -> dict[str, Any]:
     deployments = {"a": {"model": "m", "api_base": "http://127.0.0.1:9/v1"}}
-    deployments["b"] = {**deployments["a"], "tier": "premium"}
+    deployments["b"] = {**deployments["a"], "model": "big", "tier": "premium"}
+    deployments["c"] = {**deployments["a"], "api_base": "http://127.0.0.1:8/v1"}
     route = {"strategy": strategy, "deployments": ["a", "b"], "second_opinions": second_opinions}
     return minimal(deployments=deployments, routes={"careful": route})
 
@@ -207,9 +208,14 @@ def test_a_cascade_takes_second_opinions_from_its_deployments_or_others() -> Non
             "second_opinions name 'b' more than once; each deployment gives one opinion",
         ),
         (
-            cascade_with(["a", "gpt-x"]),
+            cascade_with(["b", "gpt-x"]),
             "second_opinions of route 'careful' names deployment 'gpt-x', which is not "
-            "declared; declared: a, b",
+            "declared; declared: a, b, c",
+        ),
+        (  # another replica of the cheap model: it would agree with itself
+            cascade_with(["c"]),
+            "second_opinions of route 'careful': 'c' serves m, the model of the route's "
+            "first tier, and a model agrees with itself; ask another model",
         ),
     ],
 )

@@ -66,3 +66,32 @@ def test_no_opinion_is_nan() -> None:
     assert math.isnan(agreement(MC, "B", ["hmm"]))
     assert math.isnan(agreement(MC, "no idea", ["B"]))  # the answer itself commits to nothing
     assert math.isnan(agreement("Tell me a story.", "Once upon a time", ["Long ago"]))
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("It takes 10-12 days; the answer is 12", "12"),  # a range's hyphen is no sign
+        ("Steps 1,2,3 and then 7", "7"),  # not thousands
+        ("He owes -5 dollars", "-5"),
+        ("The answer is 1234567", "1234567"),  # every digit counts, not 6 significant
+        ("The answer is 12,445.67", "12445.67"),
+        ("The answer is " + "9" * 400, None),  # overflows: no number to compare
+    ],
+)
+def test_odd_numbers(answer: str, expected: str | None) -> None:
+    assert final_answer(MATH, answer) == expected
+
+
+def test_close_but_different_numbers_disagree() -> None:
+    assert agreement(MATH, "The answer is 1234567", ["The answer is 1234569"]) == 0.0
+
+
+def test_hostile_text_is_read_in_linear_time() -> None:
+    """Runs of whitespace once made these patterns quadratic (minutes at this size);
+    each call must come back at once."""
+    blank = "\n" * 200_000
+    assert final_answer(blank + "How many? 3 + 4", "answer" + " " * 100_000) is None
+    assert final_answer(MC + blank, "answer" + " " * 100_000) is None
+    assert final_answer(MC + blank, "B") == "B"
+    assert agreement(blank, "B", ["B"]) != agreement(blank, "B", ["B"])  # NaN: no kind
