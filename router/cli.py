@@ -10,12 +10,16 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.errors import RoutingError
+
+if TYPE_CHECKING:
+    from router.classifier_train import CascadeReport
+    from router.evaluation import Curve
 
 # Optional request fields a score row may carry, with their JSON type.
 REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
@@ -192,15 +196,22 @@ def run_eval(args: argparse.Namespace) -> int:
         for report in reports:
             path = args.plot / f"{report.name}.png"
             title = f"held-out {report.name} ({report.rows} prompts)"
-            cascade = next(
-                (c for c in cascades if c.name == report.name and not c.second_opinion), None
-            )
-            if cascade is not None:
-                title += f"; cascade: {cascade.rows} verifier-held-out"
-            curve = cascade.curve if cascade is not None else None
-            plot_curves(report.curves, title, path, cascade=curve)
+            plot_curves(report.curves, title, path, cascades=_cascade_lines(cascades, report.name))
             print(f"wrote {path}")
     return 0
+
+
+def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Curve]:
+    """The curves to draw next to a dataset's routers: the verifier's cascade and, where
+    second opinions were tried, the best of them (labelled as picked on these rows)."""
+    mine = [c for c in cascades if c.name == name]
+    lines = {f"cascade (verifier, {c.rows} rows)": c.curve for c in mine if not c.second_opinion}
+    opinions = [c for c in mine if c.second_opinion]
+    if opinions:
+        best = max(opinions, key=lambda c: c.metrics.apgr)
+        label = f"cascade + {best.second_opinion.split('/')[-1]} (best of {len(opinions)})"
+        lines[label] = best.curve
+    return lines
 
 
 def _read_rows(path: Path, parse: Any) -> Iterator[tuple[Any, Any]]:

@@ -162,13 +162,16 @@ def _trapezoid(y: FloatArray, x: FloatArray) -> float:
 
 
 def plot_curves(
-    curves: Mapping[str, Curve], title: str, path: Path, cascade: Curve | None = None
+    curves: Mapping[str, Curve],
+    title: str,
+    path: Path,
+    cascades: Mapping[str, Curve] | None = None,
 ) -> None:
     """Write a PNG of quality vs strong-call share, one line per router.
 
-    `cascade`, when given, is drawn too (x = escalation share); it may cover fewer rows
-    than the routers (the verifier's held-out rows only), so its own weak / strong
-    levels differ slightly from the reference lines.
+    `cascades` (label -> curve), when given, are drawn too, dash-dotted (x = escalation
+    share); a cascade may cover other rows than the routers, so its own weak / strong
+    levels can differ slightly from the reference lines.
     """
     import matplotlib  # imported here: only `router eval` draws
 
@@ -178,14 +181,14 @@ def plot_curves(
     figure, axes = pyplot.subplots(figsize=(6, 4.5))
     for name, curve in curves.items():
         axes.plot(curve.share * 100, curve.quality * 100, marker="o", markersize=3, label=name)
-    if cascade is not None:
+    for label, cascade in (cascades or {}).items():
         axes.plot(
             cascade.share * 100,
             cascade.quality * 100,
             marker="s",
             markersize=3,
             linestyle="-.",
-            label="cascade (verifier)",
+            label=label,
         )
     first = next(iter(curves.values()))
     axes.axhline(first.weak_quality * 100, color="grey", linestyle=":", label="weak model")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router import verifier_train
+from router import cli, verifier_train
 from router.classifier_train import (
     STRONG_MODEL,
     WEAK_MODEL,
@@ -122,3 +122,27 @@ def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None
     assert not {r.second_opinion for r in opinions} & {WEAK_MODEL, STRONG_MODEL}
     for report in opinions:
         assert report.cost[0] > plain[report.name].cost[0]
+
+
+@pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
+def test_router_eval_prints_the_tables_and_draws_every_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`router eval --plot`: both tables, and a PNG per dataset with the cascades drawn
+    (the best second opinion labelled as picked on those rows)."""
+    data, plots = tmp_path / "data", tmp_path / "plots"
+    _sample_data(DEFAULT_DATA_DIR, data, every=8)
+    assert cli.main(["eval", "--data", str(data), "--plot", str(plots)]) == 0
+    printed = capsys.readouterr().out
+    assert "| mmlu |" in printed and "| classifier |" in printed
+    assert "cascade + 2nd opinion" in printed
+    for name in DATASETS.values():
+        assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    reports = run_cascade_evaluation(data)
+    lines = cli._cascade_lines(reports, "arc_challenge")
+    [plain, best] = lines
+    assert plain.startswith("cascade (verifier, ")
+    opinions = [r for r in reports if r.name == "arc_challenge" and r.second_opinion]
+    assert best.startswith("cascade + ") and best.endswith(f"(best of {len(opinions)})")
+    assert cli._cascade_lines(reports, "mmlu") == {}  # no answers in the data: no cascade
