@@ -7,8 +7,9 @@ once: every verified answer of the request is judged against the same opinions. 
 first verification waits for them, at most half the time left before the request's
 deadline (the escalation they may lead to needs the rest); an opinion not in by then
 is cancelled and counts as absent, as does one that failed (logged, never an error
-of the request). Every opinion that answered is priced once, as
-`<request_id>:o<n>` (n its place among those asked); a cancelled one is not.
+of the request). Every opinion is priced once, as `<request_id>:o<n>` (n its place
+among those asked): for its answer, or, cut off in flight, for its prompt (status
+`partial`, as a losing hedge); a failed one is not.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from gateway.accounting import Accountant, Call, reply_usage
+from gateway.accounting import Accountant, Call, counted_usage, reply_usage
 from gateway.errors import GatewayError
 from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
+from gateway.ledger.record import StatusType
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime
 from gateway.scoring import answer_parts, prompt_text
@@ -125,13 +127,26 @@ class SecondOpinions:
                 )
 
     def _price(self) -> None:
+        """Price each opinion once: its answer's usage if it answered; its prompt if it
+        was cut off in flight (running, or cancelled by us: the upstream had it, as a
+        losing hedge is charged); nothing if it failed."""
         for task, (label, deployment) in self._asked.items():
-            if label in self._priced or not _answered(task):
+            if label in self._priced:
+                continue
+            if _answered(task):
+                reply = task.result().reply.body
+                usage = reply_usage(deployment, self._endpoint, self._body, reply)
+                status: StatusType = "ok"
+            elif not task.done() or task.cancelled():
+                model = deployment.target.model
+                usage, status = counted_usage(model, self._endpoint, self._body, ()), "partial"
+            else:
                 continue
             self._priced.add(label)
-            reply = task.result().reply.body
-            usage = reply_usage(deployment, self._endpoint, self._body, reply)
-            self.records.append(self._accountant.settle(self._call, deployment, usage, label=label))
+            record = self._accountant.settle(
+                self._call, deployment, usage, status=status, label=label
+            )
+            self.records.append(record)
 
 
 def _outcome(mine: str | None, theirs: str | None) -> OutcomeType:

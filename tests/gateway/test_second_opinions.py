@@ -212,9 +212,16 @@ async def test_a_failing_first_tier_fails_the_request_without_waiting_for_opinio
     assert time.monotonic() - started < 4.0  # the slow opinion was cancelled, not awaited
     assert "x-cascade-second-opinions" not in response.headers
     assert len(judge.requests) == 1
-    await asyncio.sleep(0.2)
+    # Cut off in flight, it is charged its prompt, once, as a losing hedge is.
+    opinion = await wait_for_record(ledger_store, f"{response.headers['x-request-id']}:o1")
+    assert (opinion.deployment, opinion.status, opinion.completion_tokens) == (
+        "judge",
+        "partial",
+        0,
+    )
+    await asyncio.sleep(0.2)  # records are written in batches: give a stray one time to land
     events = await ledger_store.events()
-    assert not any(r.deployment == "judge" for r in events)
+    assert [r.record_id for r in events if r.deployment == "judge"] == [opinion.record_id]
 
 
 async def test_a_buffered_stream_is_verified_with_second_opinions(
@@ -328,7 +335,14 @@ async def test_a_slow_opinion_is_cancelled_when_the_first_tier_fails() -> None:
     result, ledger, _, client = await run_cascade({"cheap": fails(), "judge": says("B", 5.0)})
     assert isinstance(result, GatewayError)
     assert sorted(client.calls) == ["cheap", "judge"]
-    assert list(ledger) == []  # cancelled: nothing answered, nothing priced
+    # Cut off in flight: charged its prompt, as a losing hedge is.
+    [opinion] = ledger
+    assert (opinion.record_id, opinion.status, opinion.completion_tokens) == (
+        "req_1:o1",
+        "partial",
+        0,
+    )
+    assert opinion.prompt_tokens > 0
     assert leftover_tasks() == set()
 
 
@@ -346,7 +360,12 @@ async def test_an_opinion_later_than_half_the_time_left_counts_as_absent() -> No
     assert 0.4 < time.monotonic() - started < 2.5  # waited half of the 1 s, not 5 s
     assert verifier.samples == [()]  # judged without it, so rejected and escalated
     assert result.second_opinions == (0, 0) and result.escalations == 1
-    assert [r.record_id for r in ledger] == ["req_1", "req_1:1"]
+    assert [(r.record_id, r.status) for r in ledger] == [
+        ("req_1", "ok"),
+        ("req_1:1", "ok"),
+        ("req_1:o1", "partial"),  # cut off: charged its prompt
+    ]
+    assert result.cost_nanos == sum(r.cost_nanos for r in ledger)
     assert leftover_tasks() == set()
 
 
