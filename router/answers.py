@@ -17,7 +17,6 @@ they could), and option lines are matched within one line (``[ \\t]``, not ``\\s
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Sequence
@@ -41,17 +40,19 @@ _MARKED_NUMBER = re.compile(
     rf"(?:####|\\boxed\{{|answer(?: is)?\s*+[:\-]?\s*+)({_NUMBER_TEXT})", re.IGNORECASE
 )
 MAX_SCANNED_CHARS = 8000  # final answers are looked for in the head of long answers
+MAX_QUESTION_CHARS = 8000  # a prompt's kind is read from its end, where the question is
 
 PromptKind = Literal["mc", "math"] | None
 
 
-@functools.lru_cache(maxsize=256)
 def prompt_kind(prompt: str) -> PromptKind:
-    """ "mc" (lettered options and an "answer" cue), "math" (numbers and a question for
-    a quantity) or None; cached, since a cascade asks it of one prompt many times."""
-    if MC_OPTION.search(prompt) and "answer" in prompt.lower():
+    """The kind of question: "mc" (lettered options and an "answer" cue), "math"
+    (numbers and a question for a quantity) or None, read from the prompt's last
+    ``MAX_QUESTION_CHARS`` (the question: long context before it costs nothing)."""
+    question = prompt[-MAX_QUESTION_CHARS:]
+    if MC_OPTION.search(question) and "answer" in question.lower():
         return "mc"
-    if _MATH_PROMPT.search(prompt) and any(c.isdigit() for c in prompt):
+    if _MATH_PROMPT.search(question) and any(c.isdigit() for c in question):
         return "math"
     return None
 

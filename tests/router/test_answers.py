@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from router.answers import agreement, final_answer, is_math_prompt, is_mc_prompt
+from router.answers import MC_OPTION, agreement, final_answer, is_math_prompt, is_mc_prompt
 
 MC = "Which is a gas at room temperature?\nA) iron\nB) oxygen\nC) wood\nAnswer:"
 MATH = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
@@ -92,6 +92,7 @@ def test_hostile_text_is_read_in_linear_time() -> None:
     each call must come back at once."""
     blank = "\n" * 200_000
     assert final_answer(blank + "How many? 3 + 4", "answer" + " " * 100_000) is None
-    assert final_answer(MC + blank, "answer" + " " * 100_000) is None
-    assert final_answer(MC + blank, "B") == "B"
+    assert final_answer(blank + MC, "answer" + " " * 100_000) is None
+    assert final_answer(blank + MC, "B") == "B"  # the question is read from the end
+    assert MC_OPTION.search(blank + "x") is None
     assert agreement(blank, "B", ["B"]) != agreement(blank, "B", ["B"])  # NaN: no kind
