@@ -12,7 +12,7 @@ import datetime
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -262,6 +262,9 @@ class CascadeReport:
     cost: np.ndarray  # relative to always-strong, aligned with curve.share
     cost_source: str
     second_opinion: str = ""  # the model asked for a second opinion, if any
+    # The second opinion this dataset would be given without looking at it: the best
+    # by mean APGR on the other datasets (``choose_opinions``).
+    chosen_elsewhere: bool = False
 
 
 def run_cascade_evaluation(
@@ -303,7 +306,33 @@ def run_cascade_evaluation(
                 for row in rows
             ]
             reports.append(_cascade_report(name, rows, judged, verifiers, opinion=opinion))
-    return reports
+    return choose_opinions(reports)
+
+
+def choose_opinions(reports: Sequence[CascadeReport]) -> list[CascadeReport]:
+    """``reports`` with, per dataset, the second opinion an operator would pick without
+    its rows marked ``chosen_elsewhere``: the model with the best mean APGR as second
+    opinion on the other datasets (so its figure on this one is held out, not the best
+    of several picked on the very rows it is judged on)."""
+    apgrs: dict[str, dict[str, float]] = {}
+    for r in reports:
+        if r.second_opinion and not np.isnan(r.metrics.apgr):
+            apgrs.setdefault(r.second_opinion, {})[r.name] = r.metrics.apgr
+    chosen: dict[str, str] = {}
+    for name in {r.name for r in reports if r.second_opinion}:
+        elsewhere = {
+            model: float(np.mean([v for d, v in by_dataset.items() if d != name]))
+            for model, by_dataset in apgrs.items()
+            if any(d != name for d in by_dataset)
+        }
+        if elsewhere:
+            chosen[name] = max(sorted(elsewhere), key=lambda model: elsewhere[model])
+    return [
+        replace(r, chosen_elsewhere=True)
+        if r.second_opinion and chosen.get(r.name) == r.second_opinion
+        else r
+        for r in reports
+    ]
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -403,7 +432,8 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
 def _cascade_label(report: CascadeReport) -> str:
     if not report.second_opinion:
         return "cascade (verifier)"
-    return f"cascade + 2nd opinion {report.second_opinion.split('/')[-1]}"
+    label = f"cascade + 2nd opinion {report.second_opinion.split('/')[-1]}"
+    return label + " (chosen on the other tasks)" if report.chosen_elsewhere else label
 
 
 def _cascade_metrics(curve: Curve) -> Metrics:

@@ -203,14 +203,14 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Curve]:
     """The curves to draw next to a dataset's routers: the verifier's cascade and, where
-    second opinions were tried, the best of them (labelled as picked on these rows)."""
-    mine = [c for c in cascades if c.name == name]
-    lines = {f"cascade (verifier, {c.rows} rows)": c.curve for c in mine if not c.second_opinion}
-    opinions = [c for c in mine if c.second_opinion]
-    if opinions:
-        best = max(opinions, key=lambda c: c.metrics.apgr)
-        label = f"cascade + {best.second_opinion.split('/')[-1]} (best of {len(opinions)})"
-        lines[label] = best.curve
+    second opinions were tried, the one chosen on the other datasets."""
+    lines = {}
+    for c in cascades:
+        if c.name == name and not c.second_opinion:
+            lines[f"cascade (verifier, {c.rows} rows)"] = c.curve
+        elif c.name == name and c.chosen_elsewhere:
+            opinion = c.second_opinion.split("/")[-1]
+            lines[f"cascade + {opinion} (chosen on other tasks)"] = c.curve
     return lines
 
 
