@@ -152,6 +152,7 @@ class Cascade:
             samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
             score = self._verify(call, endpoint, body, done.reply.body, samples)
             scores.append(score)
+            self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
             if score >= call.route.verify_threshold:
                 break
         assert final is not None  # the first group either answered or raised

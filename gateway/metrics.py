@@ -75,6 +75,14 @@ class Metrics:
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
             registry=r,
         )
+        self.verifier_score = Histogram(
+            "cascade_verifier_score",
+            "Cascade verifier scores of the answers it judged (below verify_threshold "
+            "escalates), by route",
+            ["route"],
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
         self.escalations = Counter(
             "cascade_escalations",
             "Cascade escalations: answers the verifier rejected, by route",

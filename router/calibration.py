@@ -1,8 +1,12 @@
-"""Thresholds for a classifier route from a sample of traffic: the score cut-offs that
-send a target share of requests to each tier, cheapest first.
+"""Thresholds from a sample of traffic: for a classifier route, the score cut-offs that
+send a target share of requests to each tier, cheapest first;
 
     tiers = calibrate(scores, {"local-small": 0.6, "local-large": 0.3, "premium": 0.1})
     # -> [Threshold("local-small", 0.21), Threshold("local-large", 0.47), Threshold("premium")]
+
+and for a cascade route, the verifier threshold that escalates a target share of answers:
+
+    verify_threshold(verifier_scores, escalate=0.2)  # -> 0.63
 """
 
 from __future__ import annotations
@@ -27,6 +31,19 @@ def calibrate(scores: Sequence[float], shares: Mapping[str, float]) -> list[Thre
     names = list(shares)
     tiers = [Threshold(name, round(float(cut), 4)) for name, cut in zip(names, cuts, strict=False)]
     return [*tiers, Threshold(names[-1])]
+
+
+def verify_threshold(scores: Sequence[float], escalate: float) -> float:
+    """The cascade `verify_threshold` at which about `escalate` of a sample's answers
+    (their verifier scores) fall below it, and so escalate."""
+    if not scores:
+        raise RoutingError("calibration needs at least one scored answer")
+    if not 0.0 <= escalate <= 1.0:
+        raise RoutingError(f"--escalate must be a share in [0, 1], got {escalate}")
+    values = np.asarray(scores, dtype=float)
+    if escalate >= 1.0:
+        return 1.0  # nothing scores 1 or above: every answer escalates
+    return round(float(np.quantile(values, escalate)), 4)
 
 
 def tiers_yaml(tiers: Sequence[Threshold]) -> str:

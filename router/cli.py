@@ -63,6 +63,16 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     )
     calibrate.set_defaults(func=run_calibrate)
 
+    calibrate_verify = commands.add_parser(
+        "calibrate-verify",
+        help="the cascade verify_threshold that escalates a target share of a sample's answers",
+    )
+    calibrate_verify.add_argument("input", type=Path, metavar="IN.jsonl", help="rows as for verify")
+    calibrate_verify.add_argument(
+        "--escalate", type=float, required=True, help="share of answers to escalate, e.g. 0.2"
+    )
+    calibrate_verify.set_defaults(func=run_calibrate_verify)
+
     evaluate = commands.add_parser("eval", help="held-out APGR / CPT table and plots")
     evaluate.add_argument("--data", type=Path, default=None, help="routing data directory")
     evaluate.add_argument("--plot", type=Path, default=None, help="directory for PNG plots")
@@ -119,20 +129,41 @@ def _parse_shares(text: str) -> dict[str, float]:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from router.classifier import Classifier
-    from router.verifier import Verifier
-
     try:
         rows = list(_read_rows(args.input, _verify_request))
-        verifier = Verifier.load()
-        classifier = Classifier.load()
+        scores = _verifier_scores([row for _, row in rows])
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    # The verifier weighs the classifier's view of the prompt, as the gateway's cascade does.
-    priors = classifier.score_batch([{"messages": [_user(r.prompt)]} for _, r in rows])
-    for (row_id, row), prior in zip(rows, priors, strict=True):
-        score = verifier.score(
+    for (row_id, _), score in zip(rows, scores, strict=True):
+        print(json.dumps({"id": row_id, "score": round(float(score), 6)}))
+    return 0
+
+
+def run_calibrate_verify(args: argparse.Namespace) -> int:
+    from router.calibration import verify_threshold
+
+    try:
+        scores = _verifier_scores([row for _, row in _read_rows(args.input, _verify_request)])
+        threshold = verify_threshold(scores, args.escalate)
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    below = sum(score < threshold for score in scores) / len(scores)
+    print(f"verify_threshold: {threshold}  # escalates {below:.1%} of {len(scores)} answers")
+    return 0
+
+
+def _verifier_scores(rows: Sequence[VerifyRow]) -> list[float]:
+    """The shipped verifier's score of each row, with the shipped classifier's score of
+    its prompt as the prior, as the gateway's cascade does."""
+    from router.classifier import Classifier
+    from router.verifier import Verifier
+
+    verifier, classifier = Verifier.load(), Classifier.load()
+    priors = classifier.score_batch([{"messages": [_user(r.prompt)]} for r in rows])
+    return [
+        verifier.score(
             row.prompt,
             row.response,
             logprobs=row.logprobs,
@@ -141,8 +172,8 @@ def run_verify(args: argparse.Namespace) -> int:
             prompt_score=prior,
             samples=row.samples,
         )
-        print(json.dumps({"id": row_id, "score": round(float(score), 6)}))
-    return 0
+        for row, prior in zip(rows, priors, strict=True)
+    ]
 
 
 def _user(text: str) -> dict[str, str]:

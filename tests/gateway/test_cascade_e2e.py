@@ -92,6 +92,10 @@ async def test_a_rejected_answer_escalates_and_both_are_priced(
     assert escalated.escalations == 1
     total = cheap.cost_nanos + escalated.cost_nanos
     assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(total / 1e9)
+    # The verifier judged one answer (the refusal, capped at 0.2): counted under 0.2.
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'cascade_verifier_score_count{route="careful"} 1.0' in metrics
+    assert 'cascade_verifier_score_bucket{le="0.2",route="careful"} 1.0' in metrics
 
 
 def test_invalid_json_in_json_mode_escalates(

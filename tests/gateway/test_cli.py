@@ -244,6 +244,35 @@ def test_router_verify_weighs_second_opinions(tmp_path: Path) -> None:
     assert result.stdout == ""
 
 
+def test_router_calibrate_verify_prints_the_threshold(tmp_path: Path) -> None:
+    """The `verify_threshold` a cascade needs to escalate a target share of answers."""
+    maths = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
+    answers = [
+        "3 * 12 = 36 eggs. 36 - 5 = 31 eggs are left.\n#### 31",
+        "3 * 12 = 36, 36 - 5 = 33\n#### 33",  # a wrong step
+        "I am sorry, I cannot help with that.",
+        "Tom has 31 eggs left.",
+    ]
+    rows = tmp_path / "answers.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps({"id": i, "prompt": maths, "response": a}) + "\n"
+            for i, a in enumerate(answers)
+        )
+    )
+    result = run("router", "calibrate-verify", str(rows), "--escalate", "0.5")
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith("verify_threshold: ") and line.endswith("escalates 50.0% of 4 answers")
+    threshold = float(line.split()[1])
+    verified = run("router", "verify", str(rows)).stdout.splitlines()
+    scores = [json.loads(r)["score"] for r in verified]
+    assert sum(s < threshold for s in scores) == 2
+
+    bad = run("router", "calibrate-verify", str(rows), "--escalate", "2")
+    assert bad.returncode == 1 and "--escalate must be a share" in bad.stderr
+
+
 def test_router_calibrate_prints_a_tiers_block(tmp_path: Path) -> None:
     rows = tmp_path / "sample.jsonl"
     prompts = ["hi", "what time is it?", "Prove the theorem step by step.", "Write a compiler."]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.calibration import calibrate, tiers_yaml
+from router.calibration import calibrate, tiers_yaml, verify_threshold
 from router.errors import RoutingError
 from router.planner import Threshold, choose_tier
 
@@ -29,3 +29,15 @@ def test_yaml_block_and_bad_input() -> None:
         calibrate([], {"a": 1})
     with pytest.raises(RoutingError):
         calibrate([0.1], {"a": -1, "b": 1})
+
+
+def test_verify_threshold_escalates_the_target_share() -> None:
+    scores = [i / 100 for i in range(100)]
+    threshold = verify_threshold(scores, 0.2)
+    assert sum(s < threshold for s in scores) == 20
+    assert verify_threshold(scores, 0.0) == 0.0  # nothing scores below the lowest
+    assert verify_threshold(scores, 1.0) == 1.0  # everything escalates
+    with pytest.raises(RoutingError, match="--escalate must be a share"):
+        verify_threshold(scores, 1.5)
+    with pytest.raises(RoutingError, match="at least one scored answer"):
+        verify_threshold([], 0.2)
