@@ -80,7 +80,8 @@ class Metrics:
             "Cascade verifier scores of the answers it judged (below verify_threshold "
             "escalates), by route",
             ["route"],
-            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            # Finer near 1, where thresholds of confident verifiers sit.
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0),
             registry=r,
         )
         self.escalations = Counter(

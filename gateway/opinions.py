@@ -15,6 +15,7 @@ among those asked): for its answer, or, cut off in flight, for its prompt (statu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -78,8 +79,11 @@ class SecondOpinions:
 
     def ask(self, deployments: Sequence[DeploymentRuntime], deadline_s: float) -> None:
         for n, deployment in enumerate(deployments, start=1):
+            # One attempt, no retries: an opinion late from a backoff is no use, and a
+            # task still running is then always a request the upstream has (see _price).
+            once = dataclasses.replace(deployment, max_retries=0)
             task = asyncio.create_task(
-                self._executor.complete([deployment], self._endpoint, self._body, deadline_s)
+                self._executor.complete([once], self._endpoint, self._body, deadline_s)
             )
             self._asked[task] = (f"o{n}", deployment)
 
@@ -111,11 +115,12 @@ class SecondOpinions:
 
     async def close(self) -> None:
         """Cancel the opinions still running, wait for them, price those that answered."""
-        self._price()  # before any await: a cancelled request may not get past the next one
+        # Priced before any await (a cancelled request may not get past the next one):
+        # one still running is charged its prompt, even if it answers as it is cancelled.
+        self._price()
         for task in self._asked:
             task.cancel()
         await asyncio.gather(*self._asked, return_exceptions=True)
-        self._price()  # one that finished as it was cancelled
         for task, (_, deployment) in self._asked.items():
             if not task.cancelled() and (error := task.exception()) is not None:
                 log.warning(
@@ -128,8 +133,9 @@ class SecondOpinions:
 
     def _price(self) -> None:
         """Price each opinion once: its answer's usage if it answered; its prompt if it
-        was cut off in flight (running, or cancelled by us: the upstream had it, as a
-        losing hedge is charged); nothing if it failed."""
+        was cut off in flight (running, or cancelled by us: with no retries, its one
+        request was with the upstream, and a losing hedge is charged so too); nothing if
+        it failed."""
         for task, (label, deployment) in self._asked.items():
             if label in self._priced:
                 continue

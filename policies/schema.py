@@ -416,8 +416,10 @@ class Policy(_Section):
 
     def _opinion_problems(self, route_name: str, route: Route) -> Iterator[tuple[Loc, str]]:
         owner = f"second_opinions of route '{route_name}'"
-        first = [self.deployments[d] for d in route.deployments if d in self.deployments]
-        cheap = {d.model for d in first if d.tier == first[0].tier} if first else set()
+        served = [self.deployments[d] for d in route.deployments if d in self.deployments]
+        # Every tier but the last may have its answer verified (an earlier one can be
+        # unavailable, or ejected, and the next then answers first).
+        cheap = {d.model for d in served if d.tier != served[-1].tier} if served else set()
         for index, deployment in enumerate(route.second_opinions):
             loc: Loc = ("routes", route_name, "second_opinions", index)
             if deployment not in self.deployments:
@@ -429,8 +431,8 @@ class Policy(_Section):
                     loc,
                     (
                         f"{owner}: '{deployment}' serves {self.deployments[deployment].model}, "
-                        "the model of the route's first tier, and a model agrees with itself; "
-                        "ask another model"
+                        "the model of a tier whose answers the cascade verifies, and a model "
+                        "agrees with itself; ask another model"
                     ),
                 )
 

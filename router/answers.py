@@ -24,20 +24,31 @@ from typing import Literal
 
 MC_OPTION = re.compile(r"^[ \t]*+\(?([A-E])[.):][ \t]++\S", re.MULTILINE)
 _MC_ANSWER = re.compile(
-    r"^\W*+\(?([A-E])\)?(?:[.):]|\s*+$)|(?i:answer)(?: is)?\s*+[:\-]?\s*+\(?([A-E])\b"
+    r"^\W*+\(?([A-E])\)?\**(?:[.):]|\s*+$)"  # "B", "(B)", "B.", "**B**"
+    r"|(?i:answer(?: is)?)\s*+[:\-]?\s*+\**\(?([A-E])\b"  # "The answer is (B)", "ANSWER: C"
 )
 # A number as written: an optional sign (not a hyphen joining two numbers, "10-12"),
-# an optional $, thousands in groups of three ("12,345") or plain digits, decimals.
-_NUMBER_TEXT = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})++(?!\d)|\d++)(?:\.\d++)?"
+# an optional $, thousands in groups of three ("12,345"; a bounded run, so a long
+# comma chain is not rescanned from every group) or plain digits, decimals (".5" too).
+_NUMBER_TEXT = r"(?:(?<![\w.])-)?\$?(?:(?:\d{1,3}(?:,\d{3}){1,6}+(?!\d)|\d++)(?:\.\d++)?|\.\d++)"
+# A value: a number, or a fraction of two ("1/2", and LaTeX's \frac{1}{2} rewritten so).
+_VALUE_TEXT = rf"{_NUMBER_TEXT}(?:[ \t]*+/[ \t]*+\d++(?:\.\d++)?)?"
 NUMBER = re.compile(_NUMBER_TEXT)
+_VALUE = re.compile(_VALUE_TEXT)
+_LATEX_FRACTION = re.compile(r"\\d?frac\{(-?\d++(?:\.\d++)?)\}\{(\d++(?:\.\d++)?)\}")
 _MATH_PROMPT = re.compile(
     r"\b(how many|how much|how long|how far|how old|what is the (?:total|sum|value|"
     r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^][ \t]*+\d",
     re.IGNORECASE,
 )
-# Where an answer states its result: GSM8K's "#### 42", LaTeX's \boxed{42}, "answer is 42".
-_MARKED_NUMBER = re.compile(
-    rf"(?:####|\\boxed\{{|answer(?: is)?\s*+[:\-]?\s*+)({_NUMBER_TEXT})", re.IGNORECASE
+# Where an answer states its result: GSM8K's "#### 42", LaTeX's \boxed{42}, "answer is
+# 42" (a hyphen there is a dash unless a digit follows). A marked value that starts an
+# expression ("the answer is 2^10 = 1024") is no result (atomic: not "2.5^2" read as
+# "2"); the last value is taken instead.
+_MARKED_VALUE = re.compile(
+    rf"(?:####|\\boxed\{{|answer(?: is)?\s*+(?::|-(?![\d$.]))?\s*+)((?>{_VALUE_TEXT}))"
+    r"(?![ \t]*+[\^*+\u00d7])",  # ^, *, +, the multiplication sign
+    re.IGNORECASE,
 )
 MAX_SCANNED_CHARS = 8000  # final answers are looked for in the head of long answers
 MAX_QUESTION_CHARS = 8000  # a prompt's kind is read from its end, where the question is
@@ -89,19 +100,29 @@ def final_answer(prompt: str, answer: str) -> str | None:
 
 
 def final_number(answer: str) -> float | None:
-    """The number an answer ends on: the last one it marks as the answer ("####",
-    \\boxed, "answer is"), else its last number; None when it has none or it overflows."""
-    head = answer[:MAX_SCANNED_CHARS]
-    numbers = _MARKED_NUMBER.findall(head) or NUMBER.findall(head)
-    if not numbers:
+    """The value an answer ends on: the last one it marks as the answer ("####",
+    \\boxed, "answer is"), else its last value; None when it has none or it overflows."""
+    head = _LATEX_FRACTION.sub(r"\1/\2", answer[:MAX_SCANNED_CHARS])
+    values = _MARKED_VALUE.findall(head) or _VALUE.findall(head)
+    if not values:
         return None
-    value = parse_number(numbers[-1])
-    return value if math.isfinite(value) else None
+    value = parse_value(values[-1])
+    return value if value is not None and math.isfinite(value) else None
 
 
 def parse_number(text: str) -> float:
     """A number as ``NUMBER`` matches it ("$1,250.00" -> 1250.0)."""
     return float(text.replace("$", "").replace(",", ""))
+
+
+def parse_value(text: str) -> float | None:
+    """A value as ``_VALUE`` matches it: a number or a fraction ("3/4" -> 0.75); None
+    for a fraction over zero."""
+    numerator, _, denominator = text.partition("/")
+    if not denominator:
+        return parse_number(numerator)
+    below = float(denominator)
+    return parse_number(numerator.strip()) / below if below else None
 
 
 def agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from router.answers import prompt_kind
 from router.classifier import Classifier
 from router.dataset import (
     STRONG_MODEL,
@@ -320,10 +321,11 @@ def choose_opinions(reports: Sequence[CascadeReport]) -> list[CascadeReport]:
             apgrs.setdefault(r.second_opinion, {})[r.name] = r.metrics.apgr
     chosen: dict[str, str] = {}
     for name in {r.name for r in reports if r.second_opinion}:
+        # Candidates: the models tried on this dataset that were tried elsewhere too.
         elsewhere = {
             model: float(np.mean([v for d, v in by_dataset.items() if d != name]))
             for model, by_dataset in apgrs.items()
-            if any(d != name for d in by_dataset)
+            if name in by_dataset and len(by_dataset) > 1
         }
         if elsewhere:
             chosen[name] = max(sorted(elsewhere), key=lambda model: elsewhere[model])
@@ -363,7 +365,7 @@ def _cascade_report(
 ) -> CascadeReport:
     """The cascade curve of one dataset's rows, each cheap answer in ``judged`` (aligned
     with ``rows``) scored by its cross-fitted verifier; a second opinion's cost is added
-    to the cheap call's."""
+    to the cheap call's where the gateway would ask it (a prompt with a final answer)."""
     from router import verifier_train
 
     verified = verifier_train.cross_fitted_scores(
@@ -374,7 +376,9 @@ def _cascade_report(
     for row, answer in zip(rows, judged, strict=True):
         if priced:
             models = row["models"]
-            extra = float(models[opinion]["cost_usd"]) if opinion in models else 0.0
+            # The gateway asks opinions only where there is a final answer to compare.
+            asked = opinion in models and prompt_kind(str(row["prompt"])) is not None
+            extra = float(models[opinion]["cost_usd"]) if asked else 0.0
             weak_cost.append(float(models[WEAK_MODEL]["cost_usd"]) + extra)
             strong_cost.append(float(models[STRONG_MODEL]["cost_usd"]))
         else:
@@ -410,6 +414,9 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
         "mean cost per query relative to always-strong, cheap call on every row plus strong "
         f"call when escalated (RouterBench: per-row cost_usd of {WEAK_MODEL} / "
         f"{STRONG_MODEL}; GSM8K: no prices, weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong); "
+        "a 2nd opinion: another model's answer compared on the final answer (option, "
+        "number), its cost_usd added on the prompts the gateway asks it for (multiple "
+        "choice, maths); the one marked was chosen by its APGR on the other tasks; "
         "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
         "spread the escalation share",
         "",

@@ -151,6 +151,12 @@ def run_calibrate_verify(args: argparse.Namespace) -> int:
         return 1
     below = sum(score < threshold for score in scores) / len(scores)
     print(f"verify_threshold: {threshold}  # escalates {below:.1%} of {len(scores)} answers")
+    if abs(below - args.escalate) > 0.05:
+        print(
+            f"warning: tied scores: the nearest share to {args.escalate:.1%} this sample "
+            f"allows is {below:.1%}",
+            file=sys.stderr,
+        )
     return 0
 
 

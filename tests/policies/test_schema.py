@@ -189,6 +189,20 @@ def cascade_with(second_opinions: list[str], strategy: str = "cascade") -> dict[
     return minimal(deployments=deployments, routes={"careful": route})
 
 
+def test_no_verified_tier_may_give_its_own_model_a_second_opinion() -> None:
+    """A middle tier's answer is verified too (and answers first when the cheap tier is
+    down): its model may not be an opinion; the last tier's, never verified, may."""
+    data = cascade_with([])
+    data["deployments"]["mid"] = {**data["deployments"]["a"], "model": "mid", "tier": "mid"}
+    data["deployments"]["mid-2"] = {**data["deployments"]["mid"], "tier": "other"}
+    data["routes"]["careful"]["deployments"] = ["a", "mid", "b"]
+    data["routes"]["careful"]["second_opinions"] = ["mid-2"]
+    with pytest.raises(ValidationError, match="'mid-2' serves mid, the model of a tier"):
+        Policy.model_validate(data)
+    data["routes"]["careful"]["second_opinions"] = ["b"]
+    assert Policy.model_validate(data).routes["careful"].second_opinions == ["b"]
+
+
 def test_a_cascade_takes_second_opinions_from_its_deployments_or_others() -> None:
     route = Policy.model_validate(cascade_with(["b"])).routes["careful"]
     assert route.second_opinions == ["b"]
@@ -214,8 +228,8 @@ def test_a_cascade_takes_second_opinions_from_its_deployments_or_others() -> Non
         ),
         (  # another replica of the cheap model: it would agree with itself
             cascade_with(["c"]),
-            "second_opinions of route 'careful': 'c' serves m, the model of the route's "
-            "first tier, and a model agrees with itself; ask another model",
+            "second_opinions of route 'careful': 'c' serves m, the model of a tier whose "
+            "answers the cascade verifies, and a model agrees with itself; ask another model",
         ),
     ],
 )

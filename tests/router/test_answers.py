@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from router.answers import MC_OPTION, agreement, final_answer, is_math_prompt, is_mc_prompt
+from router.answers import MC_OPTION, NUMBER, agreement, final_answer, is_math_prompt, is_mc_prompt
 
 MC = "Which is a gas at room temperature?\nA) iron\nB) oxygen\nC) wood\nAnswer:"
 MATH = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
@@ -19,6 +19,9 @@ MATH = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
         ("B\n", "B"),
         ("(B)", "B"),
         ("The answer is C.", "C"),
+        ("The answer is **B**", "B"),
+        ("**B**", "B"),
+        ("ANSWER IS C", "C"),
         ("Answer: A", "A"),
         ("A or B, hard to say", None),  # no commitment
         ("Oxygen is a gas.", None),
@@ -77,6 +80,13 @@ def test_no_opinion_is_nan() -> None:
         ("The answer is 1234567", "1234567"),  # every digit counts, not 6 significant
         ("The answer is 12,445.67", "12445.67"),
         ("The answer is " + "9" * 400, None),  # overflows: no number to compare
+        ("The answer is -5", "-5"),  # a sign after "answer is", not a dash
+        ("The answer is 1/3.", "0.3333333333333333"),  # a fraction, not its numerator
+        ("\\boxed{\\frac{3}{2}}", "1.5"),
+        ("The answer is 2^10 = 1024", "1024"),  # an expression after the marker
+        ("The answer is 2.5^2 = 6.25", "6.25"),
+        ("So x = .5", "0.5"),
+        ("The answer is 3/0", None),
     ],
 )
 def test_odd_numbers(answer: str, expected: str | None) -> None:
@@ -95,4 +105,7 @@ def test_hostile_text_is_read_in_linear_time() -> None:
     assert final_answer(blank + MC, "answer" + " " * 100_000) is None
     assert final_answer(blank + MC, "B") == "B"  # the question is read from the end
     assert MC_OPTION.search(blank + "x") is None
+    commas = "111," * 50_000 + "1111"  # a comma chain that ends badly
+    assert final_answer(MATH, commas) is not None
+    assert NUMBER.findall(commas)[-1] == "1111"
     assert agreement(blank, "B", ["B"]) != agreement(blank, "B", ["B"])  # NaN: no kind
