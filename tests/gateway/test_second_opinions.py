@@ -379,6 +379,27 @@ async def test_every_verified_step_is_judged_against_the_same_opinions() -> None
     assert result.cost_nanos == sum(r.cost_nanos for r in ledger)
 
 
+async def test_an_opinion_is_asked_once_without_retries() -> None:
+    """A deployment that retries (max_retries 2) gives its opinion in one attempt: a
+    failed one is absent, not retried past the cheap answer, and not priced."""
+    metrics, ledger, verifier = Metrics(), Ledger(), Verifier()
+    client = ScriptedClient({"cheap": says("B"), "mid": says("B"), "judge": fails()})
+    cascade = Cascade(
+        Executor({"openai": client}, metrics), Accountant(ledger, metrics), verifier, metrics
+    )
+    retrying = dataclasses.replace(JUDGE, max_retries=2, retry_backoff_s=0.01)
+    route = RouteRuntime(
+        "careful", "cascade", ("cheap", "mid"), "mid-model", MID.price,
+        verify_threshold=0.5, max_escalations=1, second_opinions=(retrying,),
+    )  # fmt: skip
+    call = Call("req_1", "team", "key", route, False, time.perf_counter())
+    result = await cascade.run(call, [CHEAP, MID], "chat", MC_BODY, 10.0, [retrying])
+    assert client.calls.count("judge") == 1
+    assert result.second_opinions == (0, 0) and verifier.samples[0] == ()
+    assert not any(r.deployment == "judge" for r in ledger)
+    assert leftover_tasks() == set()
+
+
 def test_second_opinions_resolve_to_deployments_and_are_reserved_for() -> None:
     policy = Policy.model_validate(
         {
