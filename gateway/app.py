@@ -26,7 +26,7 @@ from gateway.executor import Executor
 from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
 from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
-from gateway.proxy import Proxy, new_request_id
+from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
 from gateway.runtime import build_runtime
 from gateway.services import Services
 from gateway.settings import Settings
@@ -45,6 +45,9 @@ STOP_MARGIN_S = 5.0  # beyond shutdown_grace_s, for a component's own flush time
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    # Set here, in every worker process (uvicorn's workers do not inherit the CLI's setup).
+    decisions_level = logging.INFO if settings.log_decisions else logging.WARNING
+    logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

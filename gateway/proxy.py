@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.accounting import Accountant, Call, Usage, choice_texts, counted_usage, reported_usage
 from gateway.auth import Principal
-from gateway.cascade import Cascade
+from gateway.cascade import Cascade, CascadeResult
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.executor import Executor, Hedge, Loser, Opened
 from gateway.ledger.record import StatusType, usd
@@ -35,6 +35,8 @@ from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply,
 from router import SCORED_STRATEGIES
 
 log = logging.getLogger(__name__)
+DECISIONS_LOGGER = "gateway.decisions"
+decisions = logging.getLogger(DECISIONS_LOGGER)  # one line per request when enabled
 
 # 429s that mean the route's upstreams could not take the request in time.
 SLA_FAILURES = frozenset({"upstream_rate_limited", "sla_unmeetable"})
@@ -104,7 +106,7 @@ class Proxy:
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
         try:
             candidates = self._select(
-                route, self._candidates(runtime, route, score, strategy), strategy
+                route, self._candidates(runtime, route, score, strategy, request_id), strategy
             )
         except GatewayError as error:
             self._count_sla_failure(route, error)
@@ -153,9 +155,16 @@ class Proxy:
             self._guard.count_missed(route)
 
     def _candidates(
-        self, runtime: Runtime, route: RouteRuntime, score: float | None, strategy: str
+        self,
+        runtime: Runtime,
+        route: RouteRuntime,
+        score: float | None,
+        strategy: str,
+        request_id: str,
     ) -> list[DeploymentRuntime]:
         plan = runtime.plan(route, score, strategy)
+        if decisions.isEnabledFor(logging.INFO):
+            decisions.info("%s %s", request_id, "; ".join(plan.reasons()))
         if not plan.steps:
             reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
             raise UpstreamUnavailable(
@@ -209,6 +218,8 @@ class Proxy:
         if result.second_opinions is not None:
             agreeing, answered = result.second_opinions
             headers["x-cascade-second-opinions"] = f"{agreeing}/{answered}"
+        if decisions.isEnabledFor(logging.INFO):
+            decisions.info("%s %s", call.request_id, cascade_verdict(call.route, result))
         if call.stream:
             wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = completion_events(final.reply.body, wants_usage)
@@ -430,6 +441,20 @@ def loser_usage(
         first, _ = result
         return counted_usage(model, endpoint, body, _stream_texts(first)), "partial"
     return counted_usage(model, endpoint, body, ()), "partial"
+
+
+def cascade_verdict(route: RouteRuntime, result: CascadeResult) -> str:
+    """What the cascade decided, for the decisions log."""
+    scores = ", ".join(f"{s:.3f}" for s in result.scores) or "none (one tier)"
+    verdict = (
+        f"cascade: verifier scores {scores} against {route.verify_threshold}; "
+        f"{result.escalations} escalation(s); answered by '{result.final.deployment.name}' "
+        f"(tier {result.final.deployment.tier})"
+    )
+    if result.second_opinions is not None:
+        agreeing, answered = result.second_opinions
+        verdict += f"; second opinions: {agreeing} of {answered} agreeing"
+    return verdict
 
 
 def effective_strategy(route: RouteRuntime, stream: bool) -> str:

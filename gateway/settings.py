@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     port: int = 8080
     workers: int = 1
     log_level: str = "info"
+    # One INFO line per request on the `gateway.decisions` logger: the route, its plan
+    # and why (the score, tiers, skipped deployments), and a cascade's verdicts. Off by
+    # default: per-request logging costs more than the proxying itself.
+    log_decisions: bool = False
     redis_url: str | None = Field(
         default=None, validation_alias=AliasChoices("CASCADE_REDIS_URL", "REDIS_URL")
     )

@@ -4,6 +4,8 @@ answer is priced in the ledger, the rejected ones too."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,3 +243,30 @@ def test_only_openai_compatible_upstreams_return_logprobs() -> None:
     llama = "meta-llama/Llama-3.1-8B-Instruct"
     assert not returns_logprobs(Deployment(model=llama, cascade_logprobs=False), {})
     assert returns_logprobs(Deployment(model="o3-mini", cascade_logprobs=True), {})
+
+
+def test_decisions_are_logged_when_asked(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """CASCADE_LOG_DECISIONS=true: one line for the plan and one for the cascade's
+    verdict, under the request's id; off (the default), nothing."""
+    fake_openai.reply_text, premium.reply_text = REFUSAL, GOOD
+    env = {"CHEAP_URL": fake_openai.url, "PREMIUM_URL": premium.url}
+    base = start_gateway(POLICY, CASCADE_LOG_DECISIONS="true", **env).url
+    with caplog.at_level(logging.INFO, logger="gateway.decisions"):
+        response = ask(base)
+    request_id = response.headers["x-request-id"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.decisions"]
+    assert len(lines) == 2 and all(line.startswith(request_id) for line in lines)
+    assert "route 'careful' uses strategy 'cascade'" in lines[0]
+    assert "try 'cheap' (tier local-small)" in lines[0]
+    assert re.search(r"verifier scores 0\.\d{3} against 0\.5; 1 escalation\(s\)", lines[1])
+    assert "answered by 'premium' (tier premium)" in lines[1]
+
+    logging.getLogger("gateway.decisions").setLevel(logging.WARNING)  # as by default
+    caplog.clear()
+    ask(base)
+    assert not [r for r in caplog.records if r.name == "gateway.decisions"]
