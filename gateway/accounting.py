@@ -19,7 +19,7 @@ from gateway.ledger import CostLedger, SpendRecord
 from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
 from gateway.pricing import TokenPrice
-from gateway.runtime import DeploymentRuntime, RouteRuntime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
 from gateway.tokens import count_prompt, count_text
 from gateway.upstreams.base import EndpointType
 
@@ -78,12 +78,6 @@ def reply_usage(
     return reported_usage(reply) or counted_usage(
         deployment.target.model, endpoint, request, choice_texts(reply)
     )
-
-
-def _sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
-    if route.sla is None:
-        return None
-    return route.sla.met(total_s if ttft_s is None else ttft_s, total_s)
 
 
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
@@ -165,7 +159,7 @@ class Accountant:
             escalations=attempt,
             score=call.score,
             # A hedge that lost the race answered nobody: it is priced, not judged.
-            sla_met=None if label else _sla_met(route, ttft_s, latency_ms / 1000),
+            sla_met=None if label else sla_met(route, ttft_s, latency_ms / 1000),
         )
         self._observe(record, deployment)
         self._ledger.submit(record)

@@ -133,8 +133,9 @@ async def stop_services(services: Services) -> None:
     """Stop everything, in order; each step is bounded, so one stuck component (a Redis
     that stopped answering, say) cannot keep the process from exiting."""
     grace = services.settings.shutdown_grace_s
+    reloader = [("policy reloader", services.reloader.stop)] if services.reloader else []
     steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-        ("policy reloader", services.reloader.stop if services.reloader else _nothing),
+        *reloader,
         ("SLA guard", services.guard.stop),
         ("limits", lambda: services.limits.stop(grace)),
         ("ledger", lambda: services.ledger.stop(grace)),
@@ -147,10 +148,6 @@ async def stop_services(services: Services) -> None:
                 await stop()
         except TimeoutError:
             log.error("stopping the %s took over %.0f s; going on without it", name, grace)
-
-
-async def _nothing() -> None:
-    return None
 
 
 def error_response(request: Request, error: GatewayError) -> Response:

@@ -138,11 +138,11 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 
 def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
     """Whether the cascade asks its second opinions for this prompt, and why."""
-    from gateway.opinions import worth_asking
+    from gateway.opinions import configured, worth_asking
 
     if not route.second_opinions:
         return []
-    usable = [d.name for d in route.second_opinions if d.unavailable_reason is None]
+    usable = [d.name for d in configured(route)]
     names = ", ".join(d.name for d in route.second_opinions)
     tiers = {s.tier for s in plan.steps}
     if len(tiers) < 2 or route.max_escalations == 0:

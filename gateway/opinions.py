@@ -27,7 +27,7 @@ from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
 from gateway.ledger.record import StatusType
 from gateway.metrics import Metrics
-from gateway.runtime import DeploymentRuntime
+from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.scoring import answer_parts, prompt_text
 from gateway.upstreams.base import EndpointType
 from router.answers import final_answer, is_math_prompt, is_mc_prompt
@@ -35,6 +35,11 @@ from router.answers import final_answer, is_math_prompt, is_mc_prompt
 log = logging.getLogger(__name__)
 
 OutcomeType = Literal["agree", "disagree", "no_answer", "failed"]
+
+
+def configured(route: RouteRuntime) -> list[DeploymentRuntime]:
+    """The route's second opinions that can be called: their settings (env vars) set."""
+    return [d for d in route.second_opinions if d.unavailable_reason is None]
 
 
 def worth_asking(endpoint: EndpointType, body: dict[str, Any]) -> bool:

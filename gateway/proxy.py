@@ -20,7 +20,15 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.accounting import Accountant, Call, Usage, choice_texts, counted_usage, reported_usage
+from gateway.accounting import (
+    Accountant,
+    Call,
+    Usage,
+    choice_texts,
+    counted_usage,
+    reply_usage,
+    reported_usage,
+)
 from gateway.auth import Principal
 from gateway.cascade import Cascade, CascadeResult
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
@@ -28,6 +36,7 @@ from gateway.executor import Executor, Hedge, Loser, Opened
 from gateway.ledger.record import StatusType, usd
 from gateway.limits import UNLIMITED, Admission, Limiter
 from gateway.metrics import Metrics
+from gateway.opinions import configured
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.scoring import AnswerVerifier, RequestScorer
 from gateway.sla import SlaGuard
@@ -186,9 +195,7 @@ class Proxy:
         )
         await self._settle_hedges(call, done.losers, endpoint, body, done.hedges, done.won_by_hedge)
         reply = done.reply.body
-        usage = reported_usage(reply) or counted_usage(
-            done.deployment.target.model, endpoint, body, choice_texts(reply)
-        )
+        usage = reply_usage(done.deployment, endpoint, body, reply)
         record = self._accountant.settle(call, done.deployment, usage)
         self._observe(call, done.deployment, "200")
         headers = cascade_headers(call, done.deployment, done.attempts)
@@ -233,7 +240,7 @@ class Proxy:
         """The route's second opinions that may be asked now: configured (their env
         vars set) and not ejected by their breaker. An opinion is optional: the others
         are skipped, never tried as a last resort."""
-        usable = [d for d in route.second_opinions if d.unavailable_reason is None]
+        usable = configured(route)
         if self._guard is None:
             return usable
         return [d for d in usable if not self._guard.breakers.is_ejected(d.name)]
@@ -308,7 +315,7 @@ class Proxy:
         m.child(m.tier_requests, call.route.name, deployment.tier).inc()
         m.child(m.latency, call.route.name, deployment.name).observe(elapsed)
         if self._guard is not None:
-            self._guard.count_outcome(call.route, elapsed if ttft_s is None else ttft_s, elapsed)
+            self._guard.count_outcome(call.route, ttft_s, elapsed)
 
 
 class StreamSettlement:
@@ -433,10 +440,7 @@ def loser_usage(
     model = loser.deployment.target.model
     result = loser.result
     if isinstance(result, UpstreamReply):
-        reply = result.body
-        return reported_usage(reply) or counted_usage(
-            model, endpoint, body, choice_texts(reply)
-        ), "ok"
+        return reply_usage(loser.deployment, endpoint, body, result.body), "ok"
     if isinstance(result, tuple):  # a stream that opened too late: close it, count what came
         first, _ = result
         return counted_usage(model, endpoint, body, _stream_texts(first)), "partial"

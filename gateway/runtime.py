@@ -96,6 +96,14 @@ class RouteRuntime:
     second_opinions: tuple[DeploymentRuntime, ...] = ()
 
 
+def sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
+    """Did a request keep its route's SLA? `ttft_s` None: a non-streamed answer, whose
+    first token is the whole answer. None when the route promises no time."""
+    if route.sla is None:
+        return None
+    return route.sla.met(total_s if ttft_s is None else ttft_s, total_s)
+
+
 @dataclass(frozen=True)
 class Runtime:
     policy: Policy

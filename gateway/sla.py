@@ -26,7 +26,7 @@ from gateway.errors import RateLimited, UpstreamUnavailable
 from gateway.latency import LatencyModel
 from gateway.load import LoadView, ScrapeTarget, scrape_targets
 from gateway.metrics import Metrics
-from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, sla_met
 from gateway.upstreams.base import UpstreamFailure
 from policies.schema import Policy
 from router.selection import Health, SlaMissType, select
@@ -158,15 +158,17 @@ class SlaGuard:
     def count_missed(self, route: RouteRuntime) -> None:
         """A request on an SLA route that failed: a miss, whatever the clock said."""
         if route.sla is not None:
-            self._metrics.child(self._metrics.sla_requests, route.name, "missed").inc()
+            self._count(route, met=False)
 
-    def count_outcome(self, route: RouteRuntime, ttft_s: float, total_s: float) -> None:
-        met = None if route.sla is None else route.sla.met(ttft_s, total_s)
-        if met is None:
-            return
-        self._metrics.child(
-            self._metrics.sla_requests, route.name, "met" if met else "missed"
-        ).inc()
+    def count_outcome(self, route: RouteRuntime, ttft_s: float | None, total_s: float) -> None:
+        """An answered request (`ttft_s` None: non-streamed, see `runtime.sla_met`)."""
+        met = sla_met(route, ttft_s, total_s)
+        if met is not None:
+            self._count(route, met)
+
+    def _count(self, route: RouteRuntime, met: bool) -> None:
+        outcome = "met" if met else "missed"
+        self._metrics.child(self._metrics.sla_requests, route.name, outcome).inc()
 
     # Background work: engine scraping and shared breaker state.
 

@@ -1,7 +1,7 @@
 """SLA attainment per route, from the ledger's `sla_met` / `sla_missed` counters.
 
 Each record on a route with an SLA was judged when it was written (see
-`gateway.accounting.sla_met`): a stream by its first token against `ttft_ms`, a whole
+`gateway.runtime.sla_met`): a stream by its first token against `ttft_ms`, a whole
 answer against `timeout_ms`. Attainment is met / (met + missed); records judged
 against no target do not count either way.
 """
