@@ -4,6 +4,10 @@
     open ──(cooldown_s passed)──▶ half-open: `half_open_probes` requests let through
     half-open ──(a probe succeeds)──▶ closed;  ──(a probe fails)──▶ open again
 
+A probe slot belongs to the attempt `allows` gave it to (an `Admission`): the attempt
+keeps it across its retries and hands it back with `release` when it ends without a
+verdict. A request let through without a slot (a route's last resort) frees none.
+
 Each worker counts consecutive failures itself (successes are the common case and must
 not cost a Redis call); an ejection is shared: the worker that opens a breaker writes
 `<prefix>{breaker}:<deployment>` (string, the reopen time, expiring with the cooldown)
@@ -21,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -48,12 +52,21 @@ class BreakerSettings:
     half_open_probes: int = 1
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Admission:
+    """`allows`' yes: `probe` says it took a half-open probe slot, which the attempt
+    holds until a verdict or `release`. Compared by identity: each is one attempt's."""
+
+    deployment: str
+    probe: bool = False
+
+
 @dataclass(slots=True)
 class _Breaker:
     state: BreakerStateType = "closed"
     failures: int = 0
     open_until: float = 0.0  # wall-clock seconds (shared across hosts through Redis)
-    probes: int = 0  # half-open probes in flight
+    probes: set[Admission] = field(default_factory=set)  # half-open probes in flight
     probed_at: float = 0.0  # when the last probe went out
 
 
@@ -88,7 +101,7 @@ class CircuitBreakers:
         return self._get(deployment).state
 
     def is_ejected(self, deployment: str, now: float | None = None) -> bool:
-        """Would `allows` refuse now? (Takes no probe slot.)"""
+        """Would `allows` refuse now? (A pure read: takes and frees no probe slot.)"""
         breaker = self._breakers.get(deployment)
         if breaker is None or breaker.state == "closed":
             return False
@@ -97,32 +110,39 @@ class CircuitBreakers:
             return False  # due for a half-open probe
         return breaker.state == "open" or not self._probe_free(breaker, now)
 
-    def allows(self, deployment: str, now: float | None = None) -> bool:
-        """May a request go to `deployment` now? Takes a probe slot when half-open."""
+    def allows(self, deployment: str, now: float | None = None) -> Admission | None:
+        """May a request go to `deployment` now? None if not; when half-open the
+        admission holds a probe slot, which the caller hands back with `release`."""
         now = time.time() if now is None else now
         if self.is_ejected(deployment, now):
-            return False
+            return None
         breaker = self._breakers.get(deployment)
         if breaker is None or breaker.state == "closed":
-            return True
+            return Admission(deployment)
         if breaker.state == "open":  # its cooldown is over: probe it
             self._move(deployment, breaker, "half_open")
-        breaker.probes += 1
+        if self._stale(breaker, now):
+            breaker.probes.clear()
+        admission = Admission(deployment, probe=True)
+        breaker.probes.add(admission)
         breaker.probed_at = now
-        return True
+        return admission
 
-    def _probe_free(self, breaker: _Breaker, now: float) -> bool:
+    def _stale(self, breaker: _Breaker, now: float) -> bool:
         # A probe that never reported back (its request vanished) frees its slot after a
         # cooldown, so a half-open breaker can never wedge shut.
-        if breaker.probes and now - breaker.probed_at > self.settings.cooldown_s:
-            breaker.probes = 0
-        return breaker.probes < self.settings.half_open_probes
+        return bool(breaker.probes) and now - breaker.probed_at > self.settings.cooldown_s
 
-    def release(self, deployment: str) -> None:
-        """A probe ended with no verdict (busy, refused as a client error, cancelled)."""
-        breaker = self._breakers.get(deployment)
-        if breaker is not None and breaker.state == "half_open" and breaker.probes:
-            breaker.probes -= 1
+    def _probe_free(self, breaker: _Breaker, now: float) -> bool:
+        held = 0 if self._stale(breaker, now) else len(breaker.probes)
+        return held < self.settings.half_open_probes
+
+    def release(self, admission: Admission) -> None:
+        """The attempts `admission` let through are over. Frees its probe slot if it
+        still holds one: a verdict, a reopening or a stale reset already freed it."""
+        breaker = self._breakers.get(admission.deployment)
+        if breaker is not None:
+            breaker.probes.discard(admission)
 
     def reopens_in(self, deployments: Iterable[str], now: float | None = None) -> float:
         """Seconds until the first of `deployments` accepts a probe (for Retry-After)."""
@@ -136,14 +156,13 @@ class CircuitBreakers:
             return
         breaker.failures = 0
         if breaker.state != "closed":
-            breaker.probes = 0
+            breaker.probes.clear()
             self._move(deployment, breaker, "closed")
             self._share(self._clear, deployment)
 
     def record_failure(self, deployment: str, failure: UpstreamFailure) -> None:
         if not trips_breaker(failure):
-            self.release(deployment)
-            return
+            return  # busy or refused: no verdict; the attempt still holds its probe slot
         breaker = self._get(deployment)
         breaker.failures += 1
         # Open again from half-open, or from open (a request that went ahead anyway, as a
@@ -154,7 +173,7 @@ class CircuitBreakers:
 
     def _open(self, deployment: str, breaker: _Breaker, until: float) -> None:
         breaker.open_until = until
-        breaker.probes = 0
+        breaker.probes.clear()
         self._move(deployment, breaker, "open")
 
     def _move(self, deployment: str, breaker: _Breaker, state: BreakerStateType) -> None:

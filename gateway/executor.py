@@ -259,36 +259,39 @@ class Executor:
             last = position == len(candidates) - 1
             # Asked of the last one too (it moves an expired breaker to half-open), but the
             # last candidate is tried whatever the answer: there is nothing else.
-            if guard is not None and not guard.allows(deployment.name) and not last:
+            admission = guard.allows(deployment.name) if guard is not None else None
+            if guard is not None and admission is None and not last:
                 continue  # ejected meanwhile, or its half-open probe is taken
-            for retry in range(deployment.max_retries + 1):
-                run.attempts += 1
-                run.current[chain] = deployment
-                run.tried.add(deployment.name)
-                started = run.started[chain] = time.perf_counter()
-                try:
-                    result = await call(deployment)
-                except UpstreamFailure as failure:
-                    run.current.pop(chain, None)  # nothing in flight while it waits
-                    run.failures.append(failure)
-                    if guard is not None:
-                        guard.failed(deployment.name, failure)
-                    wait = self._next_wait(deployment, failure, retry, last)
-                    self._count(deployment, "retry" if wait is not None else "fallback")
-                    log.info("attempt %d failed: %s", run.attempts, failure.message)
-                    if wait is None:
-                        break
-                    await asyncio.sleep(wait)
-                except BaseException:  # cancelled (a lost race, the deadline) or a bug
-                    if guard is not None:
-                        guard.abandoned(deployment.name)
-                    raise
-                else:
-                    run.current.pop(chain, None)
-                    if guard is not None:
-                        guard.succeeded(deployment.name, time.perf_counter() - started)
-                    self._count(deployment, "ok")
-                    return deployment, result
+            try:
+                for retry in range(deployment.max_retries + 1):
+                    run.attempts += 1
+                    run.current[chain] = deployment
+                    run.tried.add(deployment.name)
+                    started = run.started[chain] = time.perf_counter()
+                    try:
+                        result = await call(deployment)
+                    except UpstreamFailure as failure:
+                        run.current.pop(chain, None)  # nothing in flight while it waits
+                        run.failures.append(failure)
+                        if guard is not None:
+                            guard.failed(deployment.name, failure)
+                        wait = self._next_wait(deployment, failure, retry, last)
+                        self._count(deployment, "retry" if wait is not None else "fallback")
+                        log.info("attempt %d failed: %s", run.attempts, failure.message)
+                        if wait is None:
+                            break
+                        await asyncio.sleep(wait)
+                    else:
+                        run.current.pop(chain, None)
+                        if guard is not None:
+                            guard.succeeded(deployment.name, time.perf_counter() - started)
+                        self._count(deployment, "ok")
+                        return deployment, result
+            finally:
+                # Retries keep the probe slot; only the one this request took goes back
+                # (a last resort tried without one frees nobody else's).
+                if guard is not None and admission is not None:
+                    guard.release(admission)
         run.current.pop(chain, None)
         raise final_error(candidates, run.failures)
 

@@ -2,9 +2,10 @@
 model, engine load, circuit breakers) and what the request path asks of it.
 
     guard.select(route, candidates)        # skip ejected / predicted-late deployments
-    guard.allows(deployment)               # per attempt: breaker (takes half-open probes)
+    guard.allows(deployment)               # per deployment: breaker (takes half-open probes)
     guard.succeeded(deployment, ttft_s)    # per attempt, from the executor
     guard.failed(deployment, failure)
+    guard.release(admission)               # done with the deployment: its probe slot back
     guard.count_outcome(route, ttft_s, total_s)
 
 Selection itself is the router's pure rule (`router.selection.select`); this module
@@ -21,7 +22,13 @@ from contextlib import suppress
 
 import redis.asyncio as aioredis
 
-from gateway.breaker import STATE_VALUES, BreakerSettings, BreakerStateType, CircuitBreakers
+from gateway.breaker import (
+    STATE_VALUES,
+    Admission,
+    BreakerSettings,
+    BreakerStateType,
+    CircuitBreakers,
+)
 from gateway.errors import RateLimited, UpstreamUnavailable
 from gateway.latency import LatencyModel
 from gateway.load import LoadView, ScrapeTarget, scrape_targets
@@ -121,7 +128,7 @@ class SlaGuard:
 
     # Per attempt, from the executor.
 
-    def allows(self, deployment: str) -> bool:
+    def allows(self, deployment: str) -> Admission | None:
         return self.breakers.allows(deployment)
 
     def succeeded(self, deployment: str, ttft_s: float) -> None:
@@ -136,10 +143,10 @@ class SlaGuard:
             wait = failure.retry_after_s if failure.retry_after_s is not None else BUSY_DEFAULT_S
             self.latency.mark_busy(deployment, min(wait, BUSY_MAX_S))
 
-    def abandoned(self, deployment: str) -> None:
-        """An attempt ended without an answer or a failure (cancelled): its half-open
-        probe slot, if it held one, is free again."""
-        self.breakers.release(deployment)
+    def release(self, admission: Admission) -> None:
+        """The attempts on a deployment are over (answered, failed, moved on, cancelled):
+        the half-open probe slot `admission` took, if it still holds one, is free again."""
+        self.breakers.release(admission)
 
     def lost_race(self, deployment: str) -> None:
         """A hedged attempt another deployment beat: its TTFT is unknown but late, so it

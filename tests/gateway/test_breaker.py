@@ -1,8 +1,10 @@
-"""Circuit breakers: transitions, half-open probes, and ejections shared through real
-Redis between two workers' breaker sets."""
+"""Circuit breakers: transitions, half-open probes (and the slots the executor's
+attempts hold), and ejections shared through real Redis between two workers' breaker
+sets."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,10 +13,21 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.breaker import BreakerSettings, CircuitBreakers
+from gateway.errors import RateLimited, UpstreamTimeout
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamStatus
+from tests.gateway.scripted import ScriptedClient
+from tests.gateway.test_hedging import (
+    BODY,
+    answers,
+    deployment,
+    ejected_then_expired,
+    executor,
+    fails,
+)
 
 BROKEN = UpstreamStatus("boom", status=500)
 BUSY = UpstreamStatus("queue full", status=503)
+SLOW_DOWN = UpstreamStatus("slow down", status=429, retry_after_s=0.1)
 
 
 def test_opens_after_consecutive_failures_only() -> None:
@@ -60,6 +73,67 @@ def test_a_failed_probe_reopens() -> None:
     breakers.record_failure("a", BROKEN)
     assert breakers.state("a") == "open"
     assert breakers.reopens_in(["a"]) == pytest.approx(10, abs=0.5)
+
+
+def test_is_ejected_only_reads() -> None:
+    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=10))
+    breakers.record_failure("a", BROKEN)
+    probed_at = time.time() + 11
+    assert breakers.allows("a", now=probed_at)
+    assert not breakers.is_ejected("a", now=probed_at + 11)  # that probe would be stale
+    assert breakers.is_ejected("a", now=probed_at + 1)  # ...but asking freed nothing
+
+
+def test_release_hands_back_only_the_slot_it_was_given() -> None:
+    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=10))
+    closed = breakers.allows("a")  # let through before the breaker opened: no slot
+    breakers.record_failure("a", BROKEN)
+    t = time.time() + 11
+    stale = breakers.allows("a", now=t)
+    fresh = breakers.allows("a", now=t + 11)  # stale never reported back: its slot is reused
+    assert closed and stale and fresh and not closed.probe and fresh.probe
+    breakers.release(closed)
+    breakers.release(stale)
+    assert breakers.is_ejected("a", now=t + 12)  # fresh still holds the slot
+    breakers.release(fresh)
+    assert not breakers.is_ejected("a", now=t + 12)
+
+
+def probe_taken() -> CircuitBreakers:
+    """a's breaker half-open, its one probe slot held by another request."""
+    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=30))
+    breakers.record_failure("a", BROKEN)
+    assert breakers.allows("a", now=time.time() + 31)
+    return breakers
+
+
+async def test_a_cancelled_last_resort_leaves_the_probe_slot_to_its_holder() -> None:
+    breakers = probe_taken()
+    run, _ = executor(ScriptedClient({"a": answers(1.0)}), breakers)
+    with pytest.raises(UpstreamTimeout):  # tried anyway, as the only deployment, then cancelled
+        await run.complete([deployment("a")], "chat", BODY, 0.05)
+    assert breakers.is_ejected("a")
+
+
+async def test_a_busy_last_resort_leaves_the_probe_slot_to_its_holder() -> None:
+    breakers = probe_taken()
+    client = ScriptedClient({"a": fails(SLOW_DOWN)})
+    run, _ = executor(client, breakers)
+    with pytest.raises(RateLimited):
+        await run.complete([deployment("a", retries=1)], "chat", BODY, 5.0)
+    assert client.calls == ["a", "a"] and breakers.is_ejected("a")
+
+
+async def test_a_probe_keeps_its_slot_while_it_waits_to_retry() -> None:
+    breakers = ejected_then_expired(0.2)
+    await asyncio.sleep(0.21)
+    run, _ = executor(ScriptedClient({"a": fails(SLOW_DOWN), "b": answers()}), breakers)
+    candidates = [deployment("a", retries=1), deployment("b")]
+    request = asyncio.create_task(run.complete(candidates, "chat", BODY, 5.0))
+    await asyncio.sleep(0.05)  # a answered busy; the request waits to ask it again
+    assert breakers.is_ejected("a")  # its probe is still out
+    assert (await request).deployment.name == "b"
+    assert breakers.state("a") == "half_open" and not breakers.is_ejected("a")
 
 
 @pytest.fixture
