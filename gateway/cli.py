@@ -151,13 +151,13 @@ def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
         return [f"second opinions ({names}) not asked: none is available"]
     if not worth_asking("chat", {"messages": [{"role": "user", "content": prompt}]}):
         return [
-            f"second opinions ({names}) not asked: the prompt has no final answer to "
-            "compare (not multiple choice or maths)"
+            f"second opinions ({names}) not asked: the prompt has no answer to compare "
+            "(not multiple choice, maths or code)"
         ]
     return [
         f"second opinions from {', '.join(usable)} asked alongside the first tier (unless "
-        "ejected by their breaker); the verifier compares their final answers with the "
-        "cheap answer (each priced)"
+        "ejected by their breaker); the verifier compares their final answers (or their "
+        "code) with the cheap answer (each priced)"
     ]
 
 

@@ -1,6 +1,6 @@
 """Second opinions: a cascade's question asked of other deployments too, so the verifier
-can compare final answers (`router.answers`): agreeing is strong evidence for an
-answer, disagreeing against it.
+can compare final answers, or how alike their code is (`router.answers`): agreeing is
+strong evidence for an answer, disagreeing against it.
 
 A route's `second_opinions` are asked when its first tier is, concurrently, and only
 once: every verified answer of the request is judged against the same opinions. The
@@ -30,7 +30,7 @@ from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.scoring import answer_parts, prompt_text
 from gateway.upstreams.base import EndpointType
-from router.answers import final_answer, is_math_prompt, is_mc_prompt
+from router.answers import agrees, prompt_kind
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ def configured(route: RouteRuntime) -> list[DeploymentRuntime]:
 
 
 def worth_asking(endpoint: EndpointType, body: dict[str, Any]) -> bool:
-    """Only questions with a comparable final answer (multiple choice, maths) get
-    second opinions: on any other prompt one is paid for and says nothing."""
-    prompt = prompt_text(endpoint, body)
-    return is_mc_prompt(prompt) or is_math_prompt(prompt)
+    """Only questions whose answers can be compared (multiple choice and maths by their
+    final answer, code by how alike it is) get second opinions: on any other prompt
+    one is paid for and says nothing."""
+    return prompt_kind(prompt_text(endpoint, body)) is not None
 
 
 class SecondOpinions:
@@ -105,14 +105,13 @@ class SecondOpinions:
 
     def _compare(self, answer: str) -> tuple[str, ...]:
         prompt = prompt_text(self._endpoint, self._body)
-        mine = final_answer(prompt, answer)
         texts: list[str] = []
         for task, (_, deployment) in self._asked.items():
             outcome: OutcomeType = "failed"
             if _answered(task):
                 text = answer_parts(task.result().reply.body)[0]
                 texts.append(text)
-                outcome = _outcome(mine, final_answer(prompt, text))
+                outcome = _outcome(agrees(prompt, answer, text))
                 self.agreeing += outcome == "agree"
             m = self._metrics
             m.child(m.second_opinions, self._call.route.name, deployment.name, outcome).inc()
@@ -160,10 +159,10 @@ class SecondOpinions:
             self.records.append(record)
 
 
-def _outcome(mine: str | None, theirs: str | None) -> OutcomeType:
-    if mine is None or theirs is None:
+def _outcome(agreed: bool | None) -> OutcomeType:
+    if agreed is None:
         return "no_answer"
-    return "agree" if theirs == mine else "disagree"
+    return "agree" if agreed else "disagree"
 
 
 def _answered(task: asyncio.Task[Completed]) -> bool:

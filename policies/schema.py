@@ -173,7 +173,8 @@ class Route(_Section):
     `max_escalations` times; streams are verified whole before they are sent
     (`stream_cascade: buffer`) or routed by the classifier's `tiers` instead).
     `second_opinions` (cascade only): deployments asked the same question alongside
-    the first tier; whether their final answers agree is evidence for the verifier."""
+    the first tier; whether their final answers (or their code) agree is evidence for
+    the verifier."""
 
     strategy: RouteStrategyType = "fallback"
     deployments: Annotated[list[str], Field(min_length=1)]

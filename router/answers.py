@@ -4,11 +4,13 @@ Two answers to the same multiple-choice or maths question can be compared by the
 final answer (the option letter, the final number) whatever the words around it. The
 cascade uses this as a second opinion: when another model (or another sample of the
 same one) reaches the same final answer, the cheap answer is much more likely right;
-when they differ, one of them is wrong. Free text and code have no final answer to
-compare, so they get no opinion (NaN) rather than a noisy one.
+when they differ, one of them is wrong. Code has no final answer, but right solutions
+to one task look alike (``code_agreement``: token trigrams in common). Free text has
+nothing to compare, so it gets no opinion (NaN) rather than a noisy one.
 
     final_answer(prompt, "The answer is (B).")      # "B" on a multiple-choice prompt
     agreement(prompt, answer, [other_answer])       # share of others agreeing, or NaN
+    code_agreement(prompt, code, [other_code])      # how alike two answers' code is
 
 Every pattern here runs on untrusted text inside the request path, so each is linear:
 no two adjacent quantifiers can trade the same characters (possessive ``*+`` where
@@ -50,19 +52,36 @@ _MARKED_VALUE = re.compile(
     r"(?![ \t]*+[\^*+\u00d7])",  # ^, *, +, the multiplication sign
     re.IGNORECASE,
 )
+# Asks for code: before maths, since "write a function to compute ..." wants a function.
+_CODE_PROMPT = re.compile(
+    r"\b(write|implement|create|complete|fix)\b.{0,40}\b(function|program|script|class|"
+    r"method|code)\b|\bpython\b|```",
+    re.IGNORECASE | re.DOTALL,
+)
+_CODE_TOKEN = re.compile(r"[A-Za-z_]\w*+|\d++|[^\s\w]")
+_PYTHON_TAGS = re.compile(r"\[/?PYTHON\]")  # Code Llama's fences
+_FENCE_INFO = re.compile(r"```[ \t]*+[\w+#.-]*+")  # a fence and its language name
+MAX_CODE_CHARS = 8000  # code is compared on the head of long answers
+# Two code answers "agree" (for the metric and header) from this similarity: about the
+# median between two right answers to one task in the shared MBPP data (0.09 when one
+# of them is wrong). The verifier takes the similarity itself.
+CODE_AGREES = 0.15
 MAX_SCANNED_CHARS = 8000  # final answers are looked for in the head of long answers
 MAX_QUESTION_CHARS = 8000  # a prompt's kind is read from its end, where the question is
 
-PromptKind = Literal["mc", "math"] | None
+PromptKind = Literal["mc", "math", "code"] | None
 
 
 def prompt_kind(prompt: str) -> PromptKind:
-    """The kind of question: "mc" (lettered options and an "answer" cue), "math"
-    (numbers and a question for a quantity) or None, read from the prompt's last
+    """The kind of question: "mc" (lettered options and an "answer" cue), "code" (asks
+    for a function, a program, Python), "math" (numbers and a question for a quantity)
+    or None, read from the prompt's last
     ``MAX_QUESTION_CHARS`` (the question: long context before it costs nothing)."""
     question = prompt[-MAX_QUESTION_CHARS:]
     if MC_OPTION.search(question) and "answer" in question.lower():
         return "mc"
+    if _CODE_PROMPT.search(question):
+        return "code"
     if _MATH_PROMPT.search(question) and any(c.isdigit() for c in question):
         return "math"
     return None
@@ -129,9 +148,45 @@ def agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:
     """The share of ``samples`` (other answers to ``prompt``) whose final answer equals
     ``answer``'s; NaN when either side has none to compare (no opinion, not a vote
     against: a second opinion that rambled says nothing about the first)."""
+    if not samples:
+        return math.nan
     mine = final_answer(prompt, answer)
     if mine is None:
         return math.nan
     theirs = [final_answer(prompt, sample) for sample in samples]
     votes = [other == mine for other in theirs if other is not None]
     return sum(votes) / len(votes) if votes else math.nan
+
+
+def agrees(prompt: str, answer: str, other: str) -> bool | None:
+    """Whether another answer to ``prompt`` agrees with ``answer``: the same final answer,
+    or code at least ``CODE_AGREES`` alike; None when there is nothing to compare."""
+    if prompt_kind(prompt) == "code":
+        similarity = code_agreement(prompt, answer, [other])
+        return None if math.isnan(similarity) else similarity >= CODE_AGREES
+    mine, theirs = final_answer(prompt, answer), final_answer(prompt, other)
+    return None if mine is None or theirs is None else mine == theirs
+
+
+def code_agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:
+    """How alike ``answer``'s code is to the samples' (mean Jaccard similarity of token
+    trigrams): right solutions to one task converge, wrong ones wander. NaN when the
+    prompt asks for no code or either side has none."""
+    if not samples or prompt_kind(prompt) != "code":
+        return math.nan
+    mine = _code_trigrams(answer)
+    if not mine:
+        return math.nan
+    theirs = [t for t in (_code_trigrams(s) for s in samples) if t]
+    if not theirs:
+        return math.nan
+    return sum(len(mine & t) / len(mine | t) for t in theirs) / len(theirs)
+
+
+def _code_trigrams(answer: str) -> set[tuple[str, ...]]:
+    """The token trigrams of an answer's code: its fenced blocks, else the whole text."""
+    text = _FENCE_INFO.sub("```", _PYTHON_TAGS.sub("```", answer[:MAX_CODE_CHARS]))
+    parts = text.split("```")
+    code = "\n".join(parts[1::2]) if len(parts) > 1 else text
+    tokens = _CODE_TOKEN.findall(code)
+    return set(zip(tokens, tokens[1:], tokens[2:], strict=False))

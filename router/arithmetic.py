@@ -37,6 +37,16 @@ _TIMES_X = re.compile(r"(?<=[\d)])\s*x\s*(?=[\d(])")
 _PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)%")
 _HAS_DIGIT = re.compile(r"\d")
 _HAS_OPERATOR = re.compile(r"[\d)%]\s*[-+*/]")
+# A first side that starts with an operator was cut from a longer expression (a variable
+# or a word before it: "y + 7 = 13"): what it equals is unknown.
+_CUT_START = re.compile(r"^\s*(?:[+*/)]|-\s)")
+# A unit between a number and the next operator, "15 floors * 8 units/floor = 120":
+# dropped, so the step is checked (one or two words; "x" is a times sign, not a unit).
+_UNIT = re.compile(
+    r"(?<=\d)(%?)[ \t]+(?!x\b)[A-Za-z]+(?:/[A-Za-z]+)?(?:[ \t]+(?!x\b)[A-Za-z]+(?:/[A-Za-z]+)?)?"
+    r"(?=[ \t]*[-+*/\u00d7\u00f7=]|[ \t]+x[ \t]+\$?\d)"
+)
+_LEADING_NUMBER = re.compile(r"^\s*\(?\s*(-?\d+(?:\.\d+)?)")
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -49,16 +59,47 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
 def check_arithmetic(text: str) -> tuple[int, int]:
     """``(checked, wrong)``: the arithmetic steps found in ``text``, and how many are false."""
     text = text.replace("<<", " ; ").replace(">>", " ; ").replace("\\*", "*")
+    text = _UNIT.sub(r"\1", text)
     checked = wrong = 0
     for chain in _CHAIN.findall(text)[:MAX_CHAINS]:
-        sides = [_side(part) for part in chain.split("=")]
-        for left, right in itertools.pairwise(sides):
+        parts = chain.split("=")
+        sides = [None if _CUT_START.match(parts[0]) else _side(parts[0])]
+        sides += [_side(part) for part in parts[1:]]
+        for (left, right), right_text in zip(itertools.pairwise(sides), parts[1:], strict=True):
             if left is None or right is None or (left.rounding and right.rounding):
                 continue  # unparsed, or two bare numbers: nothing was computed
-            checked += 1
-            tolerance = max(left.rounding, right.rounding, EXACT_TOLERANCE * abs(left.value))
-            wrong += abs(left.value - right.value) > tolerance + 1e-12
+            if _equal(left, right):
+                checked += 1
+            elif not _carried_on(left, right_text):
+                checked += 1
+                wrong += 1
     return checked, wrong
+
+
+def _equal(left: _Side, right: _Side) -> bool:
+    """The two sides agree, within a bare number's rounding; a bare percentage also
+    stands for its number of hundredths ("0.5 * 100 = 50%")."""
+    if _close(left.value, right.value, max(left.rounding, right.rounding)):
+        return True
+    return any(
+        side.percent and _close(side.value * 100.0, other.value, side.rounding * 100.0)
+        for side, other in ((left, right), (right, left))
+    )
+
+
+def _close(a: float, b: float, rounding: float) -> bool:
+    return abs(a - b) <= max(rounding, EXACT_TOLERANCE * abs(a)) + 1e-12
+
+
+def _carried_on(left: _Side, right_text: str) -> bool:
+    """A running chain, "90 / 450 = 0.2 * 100 = 20": the right side starts with the
+    left's result and goes on computing; the next link checks what follows."""
+    match = _LEADING_NUMBER.match(right_text.replace(",", "").replace("$", ""))
+    if match is None or not _HAS_OPERATOR.search(right_text):
+        return False
+    leading = match.group(1)
+    rounding = 0.5 * 10.0 ** -len(leading.partition(".")[2])
+    return _close(left.value, float(leading), max(left.rounding, rounding))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +108,7 @@ class _Side:
     # A bare number stands for anything it rounds from ("1/3 = 0.33", "100/3 = 33"):
     # half a unit of its last digit. 0.0 for an expression, which is exact.
     rounding: float
+    percent: bool = False  # a bare percentage: 0.5 or 50 ("= 50%") both match it
 
 
 def _side(text: str) -> _Side | None:
@@ -84,7 +126,7 @@ def _side(text: str) -> _Side | None:
         return _Side(value, 0.0)
     decimals = len(source.rstrip("%").partition(".")[2].strip())
     percent = 0.01 if source.endswith("%") else 1.0  # "66.7%" rounds in hundredths
-    return _Side(value, 0.5 * 10.0**-decimals * percent)
+    return _Side(value, 0.5 * 10.0**-decimals * percent, source.endswith("%"))
 
 
 def _evaluate(node: ast.AST) -> float:

@@ -365,7 +365,7 @@ def _cascade_report(
 ) -> CascadeReport:
     """The cascade curve of one dataset's rows, each cheap answer in ``judged`` (aligned
     with ``rows``) scored by its cross-fitted verifier; a second opinion's cost is added
-    to the cheap call's where the gateway would ask it (a prompt with a final answer)."""
+    to the cheap call's where the gateway would ask it (answers that can be compared)."""
     from router import verifier_train
 
     verified = verifier_train.cross_fitted_scores(
@@ -376,7 +376,7 @@ def _cascade_report(
     for row, answer in zip(rows, judged, strict=True):
         if priced:
             models = row["models"]
-            # The gateway asks opinions only where there is a final answer to compare.
+            # The gateway asks opinions only where answers can be compared (worth_asking).
             asked = opinion in models and prompt_kind(str(row["prompt"])) is not None
             extra = float(models[opinion]["cost_usd"]) if asked else 0.0
             weak_cost.append(float(models[WEAK_MODEL]["cost_usd"]) + extra)
@@ -415,8 +415,9 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
         f"call when escalated (RouterBench: per-row cost_usd of {WEAK_MODEL} / "
         f"{STRONG_MODEL}; GSM8K: no prices, weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong); "
         "a 2nd opinion: another model's answer compared on the final answer (option, "
-        "number), its cost_usd added on the prompts the gateway asks it for (multiple "
-        "choice, maths); the one marked was chosen by its APGR on the other tasks; "
+        "number) or on how alike the code is, its cost_usd added on the prompts the "
+        "gateway asks it for (multiple choice, maths, code); the one marked was chosen "
+        "by its APGR on the other tasks; "
         "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
         "spread the escalation share",
         "",

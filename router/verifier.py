@@ -30,10 +30,11 @@ from router.answers import (
     NUMBER,
     agreement,
     chosen_options,
+    code_agreement,
     final_number,
     is_math_prompt,
-    is_mc_prompt,
     parse_number,
+    prompt_kind,
 )
 from router.arithmetic import check_arithmetic
 from router.errors import RoutingError
@@ -76,6 +77,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "math_fractional_count",
     "prompt_difficulty",
     "sample_agreement",
+    "code_agreement",
 )
 
 # Hard rules: when the feature is set, the score is at most this value.
@@ -121,11 +123,6 @@ _PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _STEP_RESULT = re.compile(r"=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")  # what a worked step computed
 _COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
-_CODE_PROMPT = re.compile(
-    r"\b(write|implement|create|complete|fix)\b.{0,40}\b(function|program|script|class|"
-    r"method|code)\b|\bpython\b|```",
-    re.IGNORECASE | re.DOTALL,
-)
 _CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
 _FENCE_LANGUAGE = re.compile(r"```\s*([A-Za-z+#]+)")
 _JSON_PROMPT = re.compile(r"\bjson\b", re.IGNORECASE)
@@ -168,6 +165,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         "prompt_difficulty": _logit(signals.prompt_score),
         # NaN (neutral) without samples, or when no final answers can be compared.
         "sample_agreement": agreement(prompt, answer, signals.samples),
+        "code_agreement": code_agreement(prompt, answer, signals.samples),
     }
     return {name: features[name] for name in FEATURE_NAMES}
 
@@ -278,9 +276,8 @@ def _is_json_type(value: Any, name: str) -> bool:
 
 
 def _format_features(prompt: str, answer: str) -> dict[str, float]:
-    mc = is_mc_prompt(prompt)
-    math_prompt = is_math_prompt(prompt)
-    code = not mc and bool(_CODE_PROMPT.search(prompt))
+    kind = prompt_kind(prompt)
+    mc, math_prompt, code = kind == "mc", kind == "math", kind == "code"
     return {
         "mc_prompt": float(mc),
         "mc_no_clear_option": float(mc and len(chosen_options(answer)) != 1),

@@ -51,7 +51,8 @@ SIGNIFICANT_DIGITS = 6
 # Features the training data never shows (no logprobs, no finish_reason, no JSON
 # requests), so their weights are set by hand, in logits per unit of the raw feature.
 PROMPT_PRIOR = "prompt_difficulty"
-SAMPLE_AGREEMENT = "sample_agreement"
+# Unknown (NaN) without second opinions.
+OPINION_FEATURES = ("sample_agreement", "code_agreement")
 PRIOR_COEFFICIENTS: dict[str, float] = {
     "finish_length": -2.0,
     "json_requested": 0.0,
@@ -221,20 +222,29 @@ def _signals(example: Example) -> Signals:
     return Signals(prompt_score=example.prompt_score, samples=example.samples)
 
 
+def without_opinions(
+    features: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """``features`` as without second opinions (their columns unknown: NaN), and which
+    rows had one that could be compared."""
+    columns = [FEATURE_NAMES.index(name) for name in OPINION_FEATURES]
+    opinion = np.asarray(~np.isnan(features[:, columns]).all(axis=1), dtype=np.bool_)
+    alone = features.copy()
+    alone[:, columns] = np.nan
+    return alone, opinion
+
+
 def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
     """Logistic regression on the learnable columns, each source weighted equally.
 
     An answer with a second opinion is fitted twice at half weight, with and without
     it, so the weights serve both cascades that ask for second opinions and those that
-    do not (without, the agreement column is unknown: NaN, standardised to 0)."""
+    do not (without, the opinion columns are unknown: NaN, standardised to 0)."""
     from sklearn.linear_model import LogisticRegression
 
     learned = [i for i, name in enumerate(FEATURE_NAMES) if name not in PRIOR_COEFFICIENTS]
-    agreement = FEATURE_NAMES.index(SAMPLE_AGREEMENT)
-    opinion = ~np.isnan(features[:, agreement])
-    alone = features[opinion].copy()
-    alone[:, agreement] = np.nan
-    rows = np.vstack([features, alone])
+    without, opinion = without_opinions(features)
+    rows = np.vstack([features, without[opinion]])
     weights = _source_weights(examples)
     weights[opinion] /= 2.0
     weights = np.concatenate([weights, weights[opinion]])
@@ -300,12 +310,9 @@ def evaluate(
 ) -> dict[str, dict[str, float]]:
     """Held-out ROC-AUC and accept precision, per source and pooled: without second
     opinions (as a cascade that asks for none), then, on the answers whose second
-    opinion can be compared (a final answer on both sides), without and with it
+    opinion can be compared (final answers or code on both sides), without and with it
     (groups suffixed ``comparable`` and ``comparable +opinion``: the same rows)."""
-    agreement = FEATURE_NAMES.index(SAMPLE_AGREEMENT)
-    alone = features.copy()
-    alone[:, agreement] = np.nan
-    opinion = ~np.isnan(features[:, agreement])
+    alone, opinion = without_opinions(features)
     report = _metrics(verifier, examples, alone)
     if opinion.any():
         comparable = [e for e, o in zip(examples, opinion, strict=True) if o]
@@ -439,12 +446,15 @@ In training each prompt's score comes from a classifier that never saw its datas
 `sample_agreement` is the share of second opinions (other answers to the same prompt:
 another model's, where the route asks for them) whose final answer (`router/answers.py`:
 the option letter, the final number) equals this answer's; unknown (neutral) when there
-are none or nothing to compare (free text, code). It is learned: each RouterBench answer
-is paired with one other model's answer to its prompt (fixed by a hash), and fitted twice
-at half weight, with and without it, so the same weights serve cascades with and
-without second opinions. Below, `comparable` rows are the answers whose second opinion
-has a final answer to compare (multiple choice, maths), scored without it, and
-`comparable +opinion` the same rows scored with it.
+are none or nothing to compare (free text, code). `code_agreement` is, on questions that
+ask for code, how alike this answer's code is to the opinions' (mean Jaccard similarity
+of token trigrams: right solutions to one task converge, wrong ones wander). Both are
+learned: each RouterBench answer is paired with one other model's answer to its prompt
+(fixed by a hash), and fitted twice at half weight, with and without it, so the same
+weights serve cascades with and without second opinions. Below, `comparable` rows are
+the answers whose second opinion can be compared (a final answer on multiple choice and
+maths, code on code), scored without it, and `comparable +opinion` the same rows scored
+with it.
 
 ## Data
 `shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)

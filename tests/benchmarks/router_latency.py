@@ -47,6 +47,18 @@ MATHS_ANSWER = (
     "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
     "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer's market.\n#### 18"
 )
+CODE_BODY = {
+    "model": "auto",
+    "messages": [{"role": "user", "content": "Write a python function to pack consecutive "
+                  "duplicates of a given list's elements into sublists."}],
+}  # fmt: skip
+CODE_ANSWER = (
+    "Here is a function:\n\n```python\ndef pack(items):\n    packed = []\n"
+    "    for item in items:\n        if packed and packed[-1][0] == item:\n"
+    "            packed[-1].append(item)\n        else:\n            packed.append([item])\n"
+    "    return packed\n```\n\nIt walks the list once and starts a new sublist whenever "
+    "the element changes."
+)
 SPEC_VIEWS = (DeploymentView("local", "local-small"), DeploymentView("gpt", "premium"))
 TIERS = (Threshold("local-small", 0.5), Threshold("premium"))
 
@@ -73,6 +85,7 @@ def main() -> None:
     scorer, verifier = RequestScorer(), AnswerVerifier()
     answer = {"choices": [{"message": {"content": "Returns are free within 30 days. " * 6}}]}
     maths = {"choices": [{"message": {"content": MATHS_ANSWER}}]}
+    code = {"choices": [{"message": {"content": CODE_ANSWER}}]}
     scorer("chat", BODY)  # load the models before timing
     verifier("chat", BODY, answer)
 
@@ -86,6 +99,9 @@ def main() -> None:
         "cascade verifier (one answer)": timed(lambda: verifier("chat", BODY, answer), n),
         "verifier, maths + 2nd opinion": timed(
             lambda: verifier("chat", MATHS_BODY, maths, samples=[MATHS_ANSWER]), n
+        ),
+        "verifier, code + 2nd opinion": timed(
+            lambda: verifier("chat", CODE_BODY, code, samples=[CODE_ANSWER]), n
         ),
     }
     base_p50 = statistics.median(rows["baseline: orjson.loads(body)"])

@@ -94,7 +94,9 @@ def test_policy_explain_says_whether_second_opinions_are_asked() -> None:
         return reason
 
     assert opinion_reason(question, env).startswith("second opinions from opinion asked")
-    assert "no final answer to compare" in opinion_reason("Write a poem.", env)
+    assert "no answer to compare" in opinion_reason("Write a poem.", env)
+    code = "Write a python function to reverse a string."
+    assert opinion_reason(code, env).startswith("second opinions from opinion asked")
     alone = {k: v for k, v in env.items() if k != "OPENAI_API_KEY"}  # premium unavailable
     assert "no tier to escalate to" in opinion_reason(question, alone)
     unset = {k: v for k, v in env.items() if k != "OPINION_URL"}

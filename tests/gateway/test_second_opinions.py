@@ -250,6 +250,37 @@ def test_a_question_without_a_final_answer_gets_no_opinions(
     assert judge.requests == []
 
 
+CODE_QUESTION = {"role": "user", "content": "Write a python function to reverse a string."}
+CHEAP_CODE = "```python\ndef reverse(text):\n    return text[::-1]\n```"
+
+
+@pytest.mark.parametrize(
+    ("opinion", "outcome"),
+    [
+        ("Sure:\n```python\ndef reverse(text):\n    return text[::-1]\n```", "agree"),
+        ("```python\nclass Stack:\n    def push(self, item):\n        pass\n```", "disagree"),
+    ],
+)
+async def test_a_code_question_is_compared_by_how_alike_the_code_is(
+    start: Callable[..., str],
+    fake_openai: FakeOpenAI,
+    judge: FakeOpenAI,
+    ledger_store: RedisStore,
+    opinion: str,
+    outcome: str,
+) -> None:
+    judge.reply_text = opinion
+    base = start()
+    fake_openai.reply_text = CHEAP_CODE
+    response = ask(base, CODE_QUESTION)
+    assert response.status_code == 200
+    agreeing = "1/1" if outcome == "agree" else "0/1"
+    assert response.headers["x-cascade-second-opinions"] == agreeing
+    assert opinions_counted(base, outcome) == 1
+    opinion_record = await wait_for_record(ledger_store, f"{response.headers['x-request-id']}:o1")
+    assert opinion_record.deployment == "judge" and opinion_record.cost_nanos > 0
+
+
 # The cascade in-process, with scripted upstreams: when opinions are cancelled, which
 # are priced, and that no task outlives the request.
 

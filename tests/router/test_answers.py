@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
-from router.answers import MC_OPTION, NUMBER, agreement, final_answer, is_math_prompt, is_mc_prompt
+from router.answers import (
+    MC_OPTION,
+    NUMBER,
+    agreement,
+    agrees,
+    code_agreement,
+    final_answer,
+    is_math_prompt,
+    is_mc_prompt,
+    prompt_kind,
+)
 
 MC = "Which is a gas at room temperature?\nA) iron\nB) oxygen\nC) wood\nAnswer:"
 MATH = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
@@ -109,3 +120,55 @@ def test_hostile_text_is_read_in_linear_time() -> None:
     assert final_answer(MATH, commas) is not None
     assert NUMBER.findall(commas)[-1] == "1111"
     assert agreement(blank, "B", ["B"]) != agreement(blank, "B", ["B"])  # NaN: no kind
+
+
+CODE = "Write a function to remove all whitespaces from the given string."
+SPLIT_JOIN = "Here:\n```python\ndef remove_spaces(text):\n    return ''.join(text.split())\n```"
+SAME_IDEA = "```python\ndef remove_spaces(s):\n    return ''.join(s.split())\n```\nDone."
+ELSEWHERE = (
+    "```python\nimport re\n\ndef strip_all(value):\n    result = []\n    for ch in value:\n"
+    "        if not ch.isspace():\n            result.append(ch)\n    return result\n```"
+)
+
+
+def test_a_prompt_that_asks_for_code_is_of_the_code_kind() -> None:
+    assert prompt_kind(CODE) == "code"
+    # Code first: a function that computes a quantity is still asked for as code.
+    assert prompt_kind("Write a python function to compute the sum of 3 and 4.") == "code"
+    assert prompt_kind(MATH) == "math" and prompt_kind(MC) == "mc"
+    assert prompt_kind("Write a haiku about the sea.") is None
+
+
+def test_code_agreement_is_how_alike_the_code_is() -> None:
+    alike = code_agreement(CODE, SPLIT_JOIN, [SAME_IDEA])
+    apart = code_agreement(CODE, SPLIT_JOIN, [ELSEWHERE])
+    assert 0.0 <= apart < alike <= 1.0
+    assert code_agreement(CODE, SPLIT_JOIN, [SPLIT_JOIN]) == 1.0
+    assert code_agreement(CODE, SPLIT_JOIN, [SAME_IDEA, ELSEWHERE]) == pytest.approx(
+        (alike + apart) / 2
+    )
+    # Code Llama's [PYTHON] tags are fences too.
+    tagged = "[PYTHON]\ndef remove_spaces(text):\n    return ''.join(text.split())\n[/PYTHON]"
+    assert code_agreement(CODE, tagged, [SPLIT_JOIN]) == 1.0
+
+
+def test_code_agreement_is_unknown_without_code_to_compare() -> None:
+    assert math.isnan(code_agreement(CODE, SPLIT_JOIN, []))
+    assert math.isnan(code_agreement(CODE, "", [SPLIT_JOIN]))
+    assert math.isnan(code_agreement(MC, "B", ["B"]))  # not a code question
+
+
+def test_agrees_compares_what_each_kind_of_answer_has() -> None:
+    assert agrees(MC, "B", "The answer is B") is True
+    assert agrees(MC, "B", "C") is False
+    assert agrees(MC, "B", "no idea") is None
+    assert agrees(CODE, SPLIT_JOIN, SAME_IDEA) is True
+    assert agrees(CODE, SPLIT_JOIN, ELSEWHERE) is False
+    assert agrees("Write a haiku.", "Waves.", "Foam.") is None
+
+
+def test_code_agreement_is_bounded_on_hostile_input() -> None:
+    started = time.perf_counter()
+    huge = "```\n" + "a(b)" * 200_000 + "\n```"
+    assert 0.0 <= code_agreement(CODE, huge, [huge, "```" + "x " * 100_000]) <= 1.0
+    assert time.perf_counter() - started < 5.0

@@ -30,6 +30,19 @@ from router.arithmetic import check_arithmetic
         ("2/3 = 66.7%", (1, 0)),  # a bare percentage rounds in hundredths
         ("2/3 = 60%", (1, 1)),
         ("(-8)^0.5 = 2.83", (0, 0)),  # no real value: skipped, not a crash
+        # A percentage is also its number of hundredths.
+        ("(6 / 12) x 100 = 50%.", (1, 0)),
+        ("0.5 * 100 = 40%", (1, 1)),
+        # A running chain goes on from the last result: the next link is checked.
+        ("90 / 450 = 0.2 * 100 = 20", (1, 0)),
+        ("90 / 450 = 0.3 * 100 = 30", (2, 1)),
+        # Units between a number and its operator are dropped.
+        ("15 floors * 8 units/floor = 120 units", (1, 0)),
+        ("15 floors * 8 units/floor * 3/4 = 36", (1, 1)),
+        ("$5 per hour x 3 hours = $15", (1, 0)),
+        # A side cut from a longer expression ("y + 7") is not known.
+        ("y + 7 = 13", (0, 0)),
+        ("3y - 4 = 5 * 20 - 4 = 96", (1, 0)),
         # Nothing to check: bare numbers, prose, a date, a ratio written as a label.
         ("The answer = 42", (0, 0)),
         ("x = 5 and y = 6", (0, 0)),
@@ -50,4 +63,6 @@ def test_hostile_input_is_bounded() -> None:
     # Long runs are scanned once, not from every position.
     assert check_arithmetic("9" * 8000 + "*2 = 3") == (0, 0)
     assert check_arithmetic("1 " * 40_000) == (0, 0)
+    assert check_arithmetic(("1" + " " * 5000 + "a" * 5000) * 4) == (0, 0)
+    assert check_arithmetic("1 apples " * 20_000) == (0, 0)
     assert time.perf_counter() - start < 5.0
