@@ -76,7 +76,7 @@ class SecondOpinions:
         self._samples: tuple[str, ...] | None = None
         self._priced: set[str] = set()  # labels of the opinions priced
         self.records: list[SpendRecord] = []
-        self.agreeing = 0  # opinions whose final answer is the first verified answer's
+        self.agreeing = 0  # opinions that agree with the first verified answer (agrees)
 
     @property
     def answered(self) -> int:

@@ -52,12 +52,21 @@ _MARKED_VALUE = re.compile(
     r"(?![ \t]*+[\^*+\u00d7])",  # ^, *, +, the multiplication sign
     re.IGNORECASE,
 )
-# Asks for code: before maths, since "write a function to compute ..." wants a function.
+# Asks for code. An explicit request ("write a function ...") is code even when it names
+# a quantity ("... to compute the area"); the looser cues (a fence, "python", "fix the
+# code") only when the prompt is no maths question ("a python eats 3 mice a day").
+_EXPLICIT_CODE_PROMPT = re.compile(
+    r"\b(?:write|implement)\b[^.?!\n]{0,30}?\b(?:function|program|script|method)\b"
+    r"|\bpython (?:function|program|script|code)\b",
+    re.IGNORECASE,
+)
 _CODE_PROMPT = re.compile(
     r"\b(write|implement|create|complete|fix)\b.{0,40}\b(function|program|script|class|"
     r"method|code)\b|\bpython\b|```",
     re.IGNORECASE | re.DOTALL,
 )
+# Code in an answer without fences (prose compared as code would only look unlike).
+_CODE_SIGN = re.compile(r"\bdef \w++\(|\breturn\b|^[ \t]*+(?:import|from) \w", re.MULTILINE)
 _CODE_TOKEN = re.compile(r"[A-Za-z_]\w*+|\d++|[^\s\w]")
 _PYTHON_TAGS = re.compile(r"\[/?PYTHON\]")  # Code Llama's fences
 _FENCE_INFO = re.compile(r"```[ \t]*+[\w+#.-]*+")  # a fence and its language name
@@ -80,10 +89,12 @@ def prompt_kind(prompt: str) -> PromptKind:
     question = prompt[-MAX_QUESTION_CHARS:]
     if MC_OPTION.search(question) and "answer" in question.lower():
         return "mc"
-    if _CODE_PROMPT.search(question):
+    if _EXPLICIT_CODE_PROMPT.search(question):
         return "code"
     if _MATH_PROMPT.search(question) and any(c.isdigit() for c in question):
         return "math"
+    if _CODE_PROMPT.search(question):
+        return "code"
     return None
 
 
@@ -184,9 +195,15 @@ def code_agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:
 
 
 def _code_trigrams(answer: str) -> set[tuple[str, ...]]:
-    """The token trigrams of an answer's code: its fenced blocks, else the whole text."""
+    """The token trigrams of an answer's code: its fenced blocks, else the whole text if
+    it looks like code; none for prose."""
     text = _FENCE_INFO.sub("```", _PYTHON_TAGS.sub("```", answer[:MAX_CODE_CHARS]))
     parts = text.split("```")
-    code = "\n".join(parts[1::2]) if len(parts) > 1 else text
+    if len(parts) > 1:
+        code = "\n".join(parts[1::2])
+    elif _CODE_SIGN.search(text):
+        code = text
+    else:
+        return set()  # prose: nothing to compare
     tokens = _CODE_TOKEN.findall(code)
     return set(zip(tokens, tokens[1:], tokens[2:], strict=False))

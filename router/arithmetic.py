@@ -40,13 +40,22 @@ _HAS_OPERATOR = re.compile(r"[\d)%]\s*[-+*/]")
 # A first side that starts with an operator was cut from a longer expression (a variable
 # or a word before it: "y + 7 = 13"): what it equals is unknown.
 _CUT_START = re.compile(r"^\s*(?:[+*/)]|-\s)")
-# A unit between a number and the next operator, "15 floors * 8 units/floor = 120":
-# dropped, so the step is checked (one or two words; "x" is a times sign, not a unit).
-_UNIT = re.compile(
-    r"(?<=\d)(%?)[ \t]+(?!x\b)[A-Za-z]+(?:/[A-Za-z]+)?(?:[ \t]+(?!x\b)[A-Za-z]+(?:/[A-Za-z]+)?)?"
-    r"(?=[ \t]*[-+*/\u00d7\u00f7=]|[ \t]+x[ \t]+\$?\d)"
+# Units between a number and an operator, "15 floors * 8 units/floor = 120": dropped,
+# so the step is checked (one or two words; "x" is a times sign, not a unit). Before an
+# operator for any number not part of a time or a decimal ("5:00 pm - 3 hours"); before
+# "=" only for a number that an operator leads to, since "Day 1 total = 3 * 4" is a
+# label, not a side.
+_UNIT_WORD = r"[ \t]++(?!x\b)[A-Za-z]++(?:/[A-Za-z]++)?+"  # "units/floor" is one word
+_UNIT_WORDS = rf"{_UNIT_WORD}(?:{_UNIT_WORD})?+"
+_NUMBER_BEFORE_UNIT = r"(?<![\d.:,])(\$?\d[\d,]*+(?:\.\d+)?%?)"
+_UNIT_BEFORE_OPERATOR = re.compile(
+    rf"{_NUMBER_BEFORE_UNIT}{_UNIT_WORDS}(?=[ \t]*[-+*/\u00d7\u00f7]|[ \t]+x[ \t]+\$?\d)"
 )
-_LEADING_NUMBER = re.compile(r"^\s*\(?\s*(-?\d+(?:\.\d+)?)")
+_UNIT_BEFORE_EQUALS = re.compile(
+    rf"([-+*/\u00d7\u00f7x][ \t]*+){_NUMBER_BEFORE_UNIT}{_UNIT_WORDS}(?=[ \t]*=)"
+)
+# The number a side starts with (possessive: no two quantifiers trade the same spaces).
+_LEADING_NUMBER = re.compile(r"^\s*+(?:\(\s*+)?(-?\d++(?:\.\d++)?)")
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -59,7 +68,7 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
 def check_arithmetic(text: str) -> tuple[int, int]:
     """``(checked, wrong)``: the arithmetic steps found in ``text``, and how many are false."""
     text = text.replace("<<", " ; ").replace(">>", " ; ").replace("\\*", "*")
-    text = _UNIT.sub(r"\1", text)
+    text = _UNIT_BEFORE_EQUALS.sub(r"\1\2", _UNIT_BEFORE_OPERATOR.sub(r"\1", text))
     checked = wrong = 0
     for chain in _CHAIN.findall(text)[:MAX_CHAINS]:
         parts = chain.split("=")

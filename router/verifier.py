@@ -143,7 +143,7 @@ class Signals:
     # nothing (a bare option letter), how hard the question is decides the order.
     prompt_score: float | None = None
     # Other answers to the same request (second opinions, or more samples of the same
-    # model): agreeing on the final answer is strong evidence the answer is right.
+    # model): agreeing on the final answer (or code alike) is evidence the answer is right.
     samples: Sequence[str] = ()
 
 

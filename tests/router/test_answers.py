@@ -137,6 +137,9 @@ def test_a_prompt_that_asks_for_code_is_of_the_code_kind() -> None:
     assert prompt_kind("Write a python function to compute the sum of 3 and 4.") == "code"
     assert prompt_kind(MATH) == "math" and prompt_kind(MC) == "mc"
     assert prompt_kind("Write a haiku about the sea.") is None
+    # Loose cues give way to a maths question.
+    assert prompt_kind("A python at the zoo eats 3 mice a day. How many in 7 days?") == "math"
+    assert prompt_kind("Sam must complete a 12-week program. How many days is it?") == "math"
 
 
 def test_code_agreement_is_how_alike_the_code_is() -> None:
@@ -156,6 +159,10 @@ def test_code_agreement_is_unknown_without_code_to_compare() -> None:
     assert math.isnan(code_agreement(CODE, SPLIT_JOIN, []))
     assert math.isnan(code_agreement(CODE, "", [SPLIT_JOIN]))
     assert math.isnan(code_agreement(MC, "B", ["B"]))  # not a code question
+    # Prose is not code: it would only look unlike (and escalate) for nothing.
+    assert math.isnan(code_agreement(CODE, "Use str.replace.", ["Split, then join."]))
+    unfenced = "def remove_spaces(text):\n    return ''.join(text.split())"
+    assert code_agreement(CODE, unfenced, [SPLIT_JOIN]) == 1.0
 
 
 def test_agrees_compares_what_each_kind_of_answer_has() -> None:

@@ -40,6 +40,11 @@ from router.arithmetic import check_arithmetic
         ("15 floors * 8 units/floor = 120 units", (1, 0)),
         ("15 floors * 8 units/floor * 3/4 = 36", (1, 1)),
         ("$5 per hour x 3 hours = $15", (1, 0)),
+        # ...but a number before "=" that no operator leads to is a label, not a side.
+        ("Day 1 total = 3 * 4 = 12 apples", (1, 0)),
+        ("Becky's 10 slices + Jake's 7 slices + Silvia's 14 slices = 10 + 7 + 14 = 31", (1, 0)),
+        ("20% of 20 students = 0.20 * 20 = 4 students", (1, 0)),
+        ("5:00 pm - 3 hours = 2:00 pm", (0, 0)),  # a time of day, not a number
         # A side cut from a longer expression ("y + 7") is not known.
         ("y + 7 = 13", (0, 0)),
         ("3y - 4 = 5 * 20 - 4 = 96", (1, 0)),
@@ -65,4 +70,7 @@ def test_hostile_input_is_bounded() -> None:
     assert check_arithmetic("1 " * 40_000) == (0, 0)
     assert check_arithmetic(("1" + " " * 5000 + "a" * 5000) * 4) == (0, 0)
     assert check_arithmetic("1 apples " * 20_000) == (0, 0)
+    assert check_arithmetic("* 1 ab cd" * 20_000) == (0, 0)
+    # A right side's leading number is found without rescanning its spaces.
+    assert check_arithmetic("2+2 =" + " " * 8000 + "-(5+1)") == (1, 1)
     assert time.perf_counter() - start < 5.0
