@@ -111,7 +111,7 @@ async def test_dashboard_renders_filters_and_exports_what_the_api_serves(
     page = tab.page
     await page.goto(f"{filled.url}/dashboard/")
     assert await page.is_visible("#login-form")
-    await sign_in(page, "sk-wrong-key")
+    await sign_in(page, "fake-wrong-key")
     await page.wait_for_function("document.getElementById('login-error').textContent !== ''")
     assert "invalid" in await page.text_content("#login-error")
     tab.problems.clear()  # the browser logs the 401 above, as it should

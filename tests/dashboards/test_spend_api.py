@@ -142,7 +142,7 @@ def test_bad_parameters_are_openai_400s_naming_the_parameter(
 def test_only_finance_and_admin_keys_read_spend(filled: FilledGateway) -> None:
     url = f"{filled.url}/v1/spend"
     assert httpx.get(url).status_code == 401  # anonymous callers get no spend
-    assert httpx.get(url, headers=finance_headers("sk-nope")).status_code == 401
+    assert httpx.get(url, headers=finance_headers("fake-nope-key")).status_code == 401
     client = httpx.get(url, headers=finance_headers(CLIENT_KEYS["sales-1"][0]))
     assert client.status_code == 403
     assert client.json()["error"]["code"] == "finance_key_required"

@@ -159,11 +159,11 @@ async def test_openai_reset_mid_stream(fake_openai: FakeOpenAI) -> None:
 
 
 async def test_openai_api_key_knob(fake_openai: FakeOpenAI) -> None:
-    fake_openai.api_key = "sk-right"
+    fake_openai.api_key = "fake-right-key"
     async with httpx.AsyncClient(base_url=fake_openai.url) as client:
         wrong = await client.post("/chat/completions", json=CHAT)
         right = await client.post(
-            "/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-right"}
+            "/chat/completions", json=CHAT, headers={"authorization": "Bearer fake-right-key"}
         )
     assert wrong.status_code == 401
     assert wrong.json()["error"]["code"] == "invalid_api_key"

@@ -11,17 +11,17 @@ from policies import hash_key
 CLIENT = Principal("app", "research", frozenset({"auto"}))
 ANONYMOUS = Principal("anonymous", "default", None)
 TABLE = KeyTable(
-    principals={hash_key("sk-app"): CLIENT},
-    admin_hashes=frozenset({hash_key("sk-admin")}),
+    principals={hash_key("fake-app-key"): CLIENT},
+    admin_hashes=frozenset({hash_key("fake-admin-key")}),
     anonymous=ANONYMOUS,
 )
 
 
 def test_bearer_key_maps_to_its_principal() -> None:
-    assert TABLE.authenticate("Bearer sk-app", "10.1.2.3") is CLIENT
-    assert TABLE.authenticate("bearer  sk-app ", "10.1.2.3") is CLIENT
+    assert TABLE.authenticate("Bearer fake-app-key", "10.1.2.3") is CLIENT
+    assert TABLE.authenticate("bearer  fake-app-key ", "10.1.2.3") is CLIENT
     with pytest.raises(AuthenticationFailed):
-        TABLE.authenticate("Bearer sk-admin", "127.0.0.1")  # admin keys are not client keys
+        TABLE.authenticate("Bearer fake-admin-key", "127.0.0.1")  # admin keys are not client keys
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "127.8.9.10"])
@@ -37,7 +37,7 @@ def test_anonymous_is_refused_from_elsewhere(host: str | None) -> None:
 
 
 def test_admin_key() -> None:
-    TABLE.authenticate_admin("Bearer sk-admin")
-    for header in (None, "Bearer sk-app", "Token sk-admin"):
+    TABLE.authenticate_admin("Bearer fake-admin-key")
+    for header in (None, "Bearer fake-app-key", "Token fake-admin-key"):
         with pytest.raises(AuthenticationFailed):
             TABLE.authenticate_admin(header)

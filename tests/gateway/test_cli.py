@@ -84,7 +84,7 @@ def test_policy_explain_says_what_the_sla_does_live() -> None:
 def test_policy_explain_says_whether_second_opinions_are_asked() -> None:
     policy = str(POLICIES / "examples" / "cascade-second-opinion.yaml")
     env = {**os.environ, "LOCAL_URL": "http://a/v1", "OPINION_URL": "http://b/v1"}
-    env["OPENAI_API_KEY"] = "sk-test-not-a-secret"
+    env["OPENAI_API_KEY"] = "fake-openai-key"
     question = "Which gas do plants absorb?\nA) oxygen\nB) carbon dioxide\nAnswer:"
 
     def opinion_reason(prompt: str, env: dict[str, str]) -> str:

@@ -87,7 +87,9 @@ def test_missing_and_bad_keys(base: str) -> None:
     response = httpx.post(f"{base}/v1/chat/completions", json=chat())
     assert assert_error(response, 401)["code"] == "missing_api_key"
     response = httpx.post(
-        f"{base}/v1/chat/completions", json=chat(), headers={"authorization": "Bearer sk-nope"}
+        f"{base}/v1/chat/completions",
+        json=chat(),
+        headers={"authorization": "Bearer fake-nope-key"},
     )
     assert assert_error(response, 401)["code"] == "invalid_api_key"
     response = httpx.post(

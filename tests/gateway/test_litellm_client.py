@@ -167,12 +167,12 @@ async def test_stream_failure_before_first_chunk(
 async def test_bad_key_is_not_retryable(
     client: LiteLLMClient, fake_anthropic: FakeAnthropic
 ) -> None:
-    target = anthropic_target(fake_anthropic, api_key="sk-ant-wrong")
+    target = anthropic_target(fake_anthropic, api_key="fake-anthropic-wrong")
     with pytest.raises(UpstreamStatus) as caught:
         await client.complete(target, "chat", dict(CHAT))
     assert caught.value.status == 401
     assert not caught.value.retryable
-    assert "sk-ant-wrong" not in str(caught.value)
+    assert "fake-anthropic-wrong" not in str(caught.value)
 
 
 async def test_closed_port_is_connect_failure(client: LiteLLMClient) -> None:
@@ -215,7 +215,9 @@ async def test_completions_endpoint_is_refused(
 
 
 async def test_embeddings_through_litellm(client: LiteLLMClient, fake_openai: FakeOpenAI) -> None:
-    target = UpstreamTarget("emb", "openai", "text-embedding-3-small", fake_openai.url, "sk-x")
+    target = UpstreamTarget(
+        "emb", "openai", "text-embedding-3-small", fake_openai.url, "fake-x-key"
+    )
     reply = await client.complete(target, "embeddings", {"model": "e", "input": ["a b", "c"]})
     assert reply.body["object"] == "list"
     assert len(reply.body["data"]) == 2

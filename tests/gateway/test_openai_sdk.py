@@ -159,7 +159,7 @@ async def test_completions_embeddings_and_models(
 
 def test_sdk_errors(gateway_url: str) -> None:
     with (
-        sdk(gateway_url, key="sk-wrong") as wrong,
+        sdk(gateway_url, key="fake-wrong-key") as wrong,
         pytest.raises(openai.AuthenticationError) as auth,
     ):
         wrong.chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}])

@@ -57,7 +57,11 @@ def test_default_policy_works_without_keys() -> None:
 
 
 def test_default_policy_with_keys_set() -> None:
-    env = {"OPENAI_API_KEY": "sk-o", "ANTHROPIC_API_KEY": "sk-a", "LOCAL_ENGINE_URL": "http://e/v1"}
+    env = {
+        "OPENAI_API_KEY": "fake-o-key",
+        "ANTHROPIC_API_KEY": "fake-a-key",
+        "LOCAL_ENGINE_URL": "http://e/v1",
+    }
     policy = load_policy(DEFAULT_POLICY_PATH, env=env).policy
     assert all(d.unavailable_reason() is None for d in policy.deployments.values())
     assert policy.deployments["local-cpu"].api_base == "http://e/v1"
