@@ -30,7 +30,7 @@ from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.scoring import answer_parts, prompt_text
 from gateway.upstreams.base import EndpointType
-from router.answers import agrees, prompt_kind
+from router.answers import agrees, comparable
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def worth_asking(endpoint: EndpointType, body: dict[str, Any]) -> bool:
     """Only questions whose answers can be compared (multiple choice and maths by their
     final answer, code by how alike it is) get second opinions: on any other prompt
     one is paid for and says nothing."""
-    return prompt_kind(prompt_text(endpoint, body)) is not None
+    return comparable(prompt_text(endpoint, body))
 
 
 class SecondOpinions:

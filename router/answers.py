@@ -98,6 +98,12 @@ def prompt_kind(prompt: str) -> PromptKind:
     return None
 
 
+def comparable(prompt: str) -> bool:
+    """Whether two answers to ``prompt`` can be compared (``agrees``): multiple choice,
+    maths and code; free text cannot. Second opinions are asked only then."""
+    return prompt_kind(prompt) is not None
+
+
 def is_mc_prompt(prompt: str) -> bool:
     """Lettered options and an "answer" cue: a multiple-choice question."""
     return prompt_kind(prompt) == "mc"

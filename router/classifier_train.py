@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from router.answers import prompt_kind
+from router.answers import comparable
 from router.classifier import Classifier
 from router.dataset import (
     STRONG_MODEL,
@@ -377,7 +377,7 @@ def _cascade_report(
         if priced:
             models = row["models"]
             # The gateway asks opinions only where answers can be compared (worth_asking).
-            asked = opinion in models and prompt_kind(str(row["prompt"])) is not None
+            asked = opinion in models and comparable(str(row["prompt"]))
             extra = float(models[opinion]["cost_usd"]) if asked else 0.0
             weak_cost.append(float(models[WEAK_MODEL]["cost_usd"]) + extra)
             strong_cost.append(float(models[STRONG_MODEL]["cost_usd"]))

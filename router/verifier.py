@@ -28,11 +28,11 @@ from typing import Any
 from router.answers import (
     MC_OPTION,
     NUMBER,
+    PromptKind,
     agreement,
     chosen_options,
     code_agreement,
     final_number,
-    is_math_prompt,
     parse_number,
     prompt_kind,
 )
@@ -152,16 +152,17 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
     answer = response.strip()
     lowered = answer.lower().replace("\u2019", "'")
     words = _WORD.findall(lowered[:MAX_ANALYSED_CHARS])
+    kind = prompt_kind(prompt)
     features = {
         **_length_features(prompt, answer, len(words)),
         **_truncation_features(answer, len(words), signals.finish_reason),
         "refusal": float(bool(_REFUSAL.match(lowered) or _AS_AN_AI.search(lowered))),
         "hedge": float(bool(_HEDGE.search(lowered))),
         **_json_features(prompt, answer, signals.response_format),
-        **_format_features(prompt, answer),
+        **_format_features(prompt, answer, kind),
         **_repetition_features(words, lowered[:MAX_ANALYSED_CHARS]),
         **_logprob_features(signals.logprobs),
-        **_arithmetic_features(prompt, answer),
+        **_arithmetic_features(prompt, answer, kind),
         "prompt_difficulty": _logit(signals.prompt_score),
         # NaN (neutral) without samples, or when no final answers can be compared.
         "sample_agreement": agreement(prompt, answer, signals.samples),
@@ -275,8 +276,7 @@ def _is_json_type(value: Any, name: str) -> bool:
     return not (isinstance(value, bool) and name in ("number", "integer"))
 
 
-def _format_features(prompt: str, answer: str) -> dict[str, float]:
-    kind = prompt_kind(prompt)
+def _format_features(prompt: str, answer: str, kind: PromptKind) -> dict[str, float]:
     mc, math_prompt, code = kind == "mc", kind == "math", kind == "code"
     return {
         "mc_prompt": float(mc),
@@ -322,7 +322,7 @@ def _logprob_features(logprobs: Sequence[float] | None) -> dict[str, float]:
     }
 
 
-def _arithmetic_features(prompt: str, answer: str) -> dict[str, float]:
+def _arithmetic_features(prompt: str, answer: str, kind: PromptKind) -> dict[str, float]:
     """Worked steps checked (``router.arithmetic``) and, on maths questions: the share
     of the question's numbers the answer never uses (a skipped fact), a final answer
     that no step computed (worked steps, then a number from nowhere), and a fractional
@@ -336,7 +336,7 @@ def _arithmetic_features(prompt: str, answer: str) -> dict[str, float]:
         "math_final_not_derived": 0.0,
         "math_fractional_count": 0.0,
     }
-    if not is_math_prompt(prompt):
+    if kind != "math":
         return features
     question = _numbers(_last_block(prompt))
     if question:
