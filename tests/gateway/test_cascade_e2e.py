@@ -14,6 +14,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from gateway.runtime import build_runtime, returns_logprobs
+from gateway.scoring import AnswerVerifier
 from policies import DEFAULT_POLICY_PATH, load_policy
 from policies.schema import Deployment
 from tests.fakes.anthropic_upstream import FakeAnthropic
@@ -270,3 +271,43 @@ def test_decisions_are_logged_when_asked(
     caplog.clear()
     ask(base)
     assert not [r for r in caplog.records if r.name == "gateway.decisions"]
+
+
+UNITS_QUESTION = {
+    "role": "user",
+    "content": "A building has 15 floors with 8 units on each floor. How many units does it have?",
+}
+UNITS_RIGHT = "15 floors * 8 units/floor = 120 units.\n#### 120"
+UNITS_WRONG = "15 floors * 8 units/floor = 130 units.\n#### 130"
+
+
+@pytest.mark.parametrize(("answer", "escalated"), [(UNITS_RIGHT, False), (UNITS_WRONG, True)])
+async def test_a_wrong_step_written_with_units_escalates(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+    answer: str,
+    escalated: bool,
+) -> None:
+    """The verifier checks "15 floors * 8 units/floor = 130" as the step 15 * 8 = 130: a
+    threshold between its scores of the right and the wrong answer sends only the wrong
+    one on (the shipped weights are retrained now and then; the order is what counts)."""
+    verify, body = AnswerVerifier(), {"messages": [UNITS_QUESTION]}
+    right, wrong = (
+        verify("chat", body, {"choices": [{"message": {"content": text}}]})
+        for text in (UNITS_RIGHT, UNITS_WRONG)
+    )
+    assert wrong < right - 0.05, (wrong, right)
+    policy = POLICY.replace("verify_threshold: 0.5", f"verify_threshold: {(right + wrong) / 2:.4f}")
+    fake_openai.reply_text, premium.reply_text = answer, UNITS_RIGHT
+    url = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    body = {"model": "careful", "messages": [UNITS_QUESTION]}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-escalations"] == ("1" if escalated else "0")
+    assert response.json()["choices"][0]["message"]["content"] == UNITS_RIGHT
+    request_id = response.headers["x-request-id"]
+    assert (await wait_for_record(ledger_store, request_id)).deployment == "cheap"
+    if escalated:
+        assert (await wait_for_record(ledger_store, f"{request_id}:1")).deployment == "premium"
