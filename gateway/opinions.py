@@ -28,7 +28,7 @@ from gateway.ledger import SpendRecord
 from gateway.ledger.record import StatusType
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime
-from gateway.scoring import answer_parts, prompt_text
+from gateway.scoring import answer_parts, question_text
 from gateway.upstreams.base import EndpointType
 from router.answers import agrees, comparable
 
@@ -45,8 +45,9 @@ def configured(route: RouteRuntime) -> list[DeploymentRuntime]:
 def worth_asking(endpoint: EndpointType, body: dict[str, Any]) -> bool:
     """Only questions whose answers can be compared (multiple choice and maths by their
     final answer, code by how alike it is) get second opinions: on any other prompt
-    one is paid for and says nothing."""
-    return comparable(prompt_text(endpoint, body))
+    one is paid for and says nothing. The kind is the user's question's: a system
+    prompt that mentions code fences does not make every question on its route code."""
+    return comparable(question_text(endpoint, body))
 
 
 class SecondOpinions:
@@ -104,14 +105,14 @@ class SecondOpinions:
         return self._samples
 
     def _compare(self, answer: str) -> tuple[str, ...]:
-        prompt = prompt_text(self._endpoint, self._body)
+        question = question_text(self._endpoint, self._body)
         texts: list[str] = []
         for task, (_, deployment) in self._asked.items():
             outcome: OutcomeType = "failed"
             if _answered(task):
                 text = answer_parts(task.result().reply.body)[0]
                 texts.append(text)
-                outcome = _outcome(agrees(prompt, answer, text))
+                outcome = _outcome(agrees(question, answer, text))
                 self.agreeing += outcome == "agree"
             m = self._metrics
             m.child(m.second_opinions, self._call.route.name, deployment.name, outcome).inc()

@@ -8,7 +8,7 @@ them) and kept; both score in well under a millisecond, so they run inline.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.upstreams.base import EndpointType
@@ -50,8 +50,18 @@ class RequestScorer:
 
 def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
     """The conversation as one text, for the verifier."""
+    return _joined(request_messages(endpoint, body))
+
+
+def question_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
+    """The user's turns as one text: what kind of question a request asks is read from
+    them, not from the route's system prompt every request on it shares."""
+    return _joined(m for m in request_messages(endpoint, body) if m.get("role") == "user")
+
+
+def _joined(messages: Iterable[Mapping[str, Any]]) -> str:
     parts = []
-    for message in request_messages(endpoint, body):
+    for message in messages:
         content = message.get("content")
         if isinstance(content, list):
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
@@ -110,6 +120,7 @@ class AnswerVerifier:
             finish_reason=finish_reason if isinstance(finish_reason, str) else None,
             prompt_score=self._scorer(endpoint, body),  # the router's prior on the prompt
             samples=samples,
+            question=question_text(endpoint, body),
         )
 
 

@@ -36,6 +36,7 @@ _CHAIN = re.compile(rf"(?<!{_RUN})(?:{_RUN}+=)+{_RUN}+")
 _TIMES_X = re.compile(r"(?<=[\d)])\s*x\s*(?=[\d(])")
 _PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)%")
 _HAS_DIGIT = re.compile(r"\d")
+_SENTENCE_END = re.compile(r"^\.\s++")  # the full stop before a step: "... time. 2 * 3 = 6"
 _HAS_OPERATOR = re.compile(r"[\d)%]\s*[-+*/]")
 # A first side that starts with an operator was cut from a longer expression (a variable
 # or a word before it: "y + 7 = 13"): what it equals is unknown.
@@ -54,6 +55,56 @@ _UNIT_BEFORE_OPERATOR = re.compile(
 _UNIT_BEFORE_EQUALS = re.compile(
     rf"([-+*/\u00d7\u00f7x][ \t]*+){_NUMBER_BEFORE_UNIT}{_UNIT_WORDS}(?=[ \t]*=)"
 )
+# Quantities in two units of measure. A compound one, "3 hours 15 minutes", and a sum or
+# difference of two, "4 feet + 3 inches", "$2 + 50 cents": their numbers are not the
+# sides' values, so such a step is unknown, never a wrong step. Counted things are no
+# units: "10 players + 2 coaches = 12 people" is checked.
+_COMPOUND = re.compile(
+    r"(?<![\d.])\d++(?:\.\d++)?+[ \t]++([A-Za-z]++)(?:[ \t]++and)?+[ \t]++\d++(?:\.\d++)?+"
+    r"[ \t]++([A-Za-z]++)"
+)
+_UNIT_SUM = re.compile(
+    r"(?<![\d.,$])(\$?)\d[\d,]*+(?:\.\d++)?+(?:[ \t]++([A-Za-z]++))?+[ \t]*+([-+])[ \t]*+"
+    r"(\$?)\d[\d,]*+(?:\.\d++)?+(?:[ \t]++([A-Za-z]++))?+"
+)
+_MEASURES = {
+    "second": "seconds secs sec",
+    "minute": "minutes mins min",
+    "hour": "hours hrs hr",
+    "day": "days",
+    "week": "weeks",
+    "month": "months",
+    "year": "years yrs",
+    "inch": "inches",
+    "foot": "feet ft",
+    "yard": "yards yd yds",
+    "mile": "miles",
+    "meter": "meters metre metres m",
+    "centimeter": "centimeters cm",
+    "millimeter": "millimeters mm",
+    "kilometer": "kilometers km",
+    "ounce": "ounces oz",
+    "pound": "pounds lb lbs",
+    "gram": "grams g",
+    "kilogram": "kilograms kg",
+    "cent": "cents",
+    "dollar": "dollars",
+    "quarter": "quarters",
+    "dime": "dimes",
+    "nickel": "nickels",
+    "penny": "pennies",
+    "cup": "cups",
+    "pint": "pints",
+    "quart": "quarts",
+    "gallon": "gallons",
+    "liter": "liters litre litres",
+    "milliliter": "milliliters ml",
+    "dozen": "dozens",
+}
+_UNIT_OF: dict[str, str] = {
+    alias: unit for unit, aliases in _MEASURES.items() for alias in (unit, *aliases.split())
+}
+_NOT_ARITHMETIC = "%%"  # an operator that stays in the run but never parses
 # The number a side starts with (possessive: no two quantifiers trade the same spaces).
 _LEADING_NUMBER = re.compile(r"^\s*+(?:\(\s*+)?(-?\d++(?:\.\d++)?)")
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
@@ -68,6 +119,7 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
 def check_arithmetic(text: str) -> tuple[int, int]:
     """``(checked, wrong)``: the arithmetic steps found in ``text``, and how many are false."""
     text = text.replace("<<", " ; ").replace(">>", " ; ").replace("\\*", "*")
+    text = _UNIT_SUM.sub(_mixed_sum_cut, _COMPOUND.sub(_compound_cut, text))
     text = _UNIT_BEFORE_EQUALS.sub(r"\1\2", _UNIT_BEFORE_OPERATOR.sub(r"\1", text))
     checked = wrong = 0
     for chain in _CHAIN.findall(text)[:MAX_CHAINS]:
@@ -83,6 +135,31 @@ def check_arithmetic(text: str) -> tuple[int, int]:
                 checked += 1
                 wrong += 1
     return checked, wrong
+
+
+def _unit(dollar: str, word: str | None) -> str | None:
+    """The unit of measure of a quantity ("$" for a dollar sign), None for a count."""
+    return "dollar" if dollar else _UNIT_OF.get((word or "").lower())
+
+
+def _two_units(first: str | None, second: str | None) -> bool:
+    return first is not None and second is not None and first != second
+
+
+def _compound_cut(match: re.Match[str]) -> str:
+    """ "3 hours 15 minutes" as a word: neither of its numbers is a side's value."""
+    if _two_units(_unit("", match.group(1)), _unit("", match.group(2))):
+        return "quantity"
+    return match.group(0)
+
+
+def _mixed_sum_cut(match: re.Match[str]) -> str:
+    """ "4 feet + 3 inches" with an operator that never parses: its side is unknown."""
+    if not _two_units(_unit(match.group(1), match.group(2)), _unit(match.group(4), match.group(5))):
+        return match.group(0)
+    at = match.start(3) - match.start()
+    whole = match.group(0)
+    return f"{whole[:at]}{_NOT_ARITHMETIC}{whole[at + 1 :]}"
 
 
 def _equal(left: _Side, right: _Side) -> bool:
@@ -124,6 +201,7 @@ def _side(text: str) -> _Side | None:
     """One side of an ``=``: its value and rounding; None when it is not arithmetic."""
     source = text.replace(",", "").replace("$", "").replace(TIMES, "*").replace(DIVIDE, "/")
     source = _TIMES_X.sub("*", source.replace("^", "**")).strip().rstrip(".").strip()
+    source = _SENTENCE_END.sub("", source)
     if len(source) > MAX_SIDE_CHARS or not _HAS_DIGIT.search(source):
         return None
     bare = not _HAS_OPERATOR.search(source)  # decided before "%" becomes "/100"

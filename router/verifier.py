@@ -145,6 +145,10 @@ class Signals:
     # Other answers to the same request (second opinions, or more samples of the same
     # model): agreeing on the final answer (or code alike) is evidence the answer is right.
     samples: Sequence[str] = ()
+    # The question itself (a chat's user turns), where its kind and numbers are read;
+    # None: the prompt. A route's system prompt ("put code in ``` fences") is shared by
+    # every request on the route and says nothing about what this one asks.
+    question: str | None = None
 
 
 def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, float]:
@@ -152,7 +156,8 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
     answer = response.strip()
     lowered = answer.lower().replace("\u2019", "'")
     words = _WORD.findall(lowered[:MAX_ANALYSED_CHARS])
-    kind = prompt_kind(prompt)
+    question = prompt if signals.question is None else signals.question
+    kind = prompt_kind(question)
     features = {
         **_length_features(prompt, answer, len(words)),
         **_truncation_features(answer, len(words), signals.finish_reason),
@@ -162,11 +167,11 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         **_format_features(prompt, answer, kind),
         **_repetition_features(words, lowered[:MAX_ANALYSED_CHARS]),
         **_logprob_features(signals.logprobs),
-        **_arithmetic_features(prompt, answer, kind),
+        **_arithmetic_features(question, answer, kind),
         "prompt_difficulty": _logit(signals.prompt_score),
         # NaN (neutral) without samples, or when no final answers can be compared.
-        "sample_agreement": agreement(prompt, answer, signals.samples),
-        "code_agreement": code_agreement(prompt, answer, signals.samples),
+        "sample_agreement": agreement(question, answer, signals.samples),
+        "code_agreement": code_agreement(question, answer, signals.samples),
     }
     return {name: features[name] for name in FEATURE_NAMES}
 
@@ -439,11 +444,13 @@ class Verifier:
         finish_reason: str | None = None,
         prompt_score: float | None = None,
         samples: Sequence[str] = (),
+        question: str | None = None,
     ) -> float:
         """The probability in [0, 1] that ``response`` is an acceptable answer to ``prompt``;
         ``prompt_score`` is the complexity classifier's score of the prompt, if known;
-        ``samples`` are other answers to the same prompt (second opinions), if any."""
-        signals = Signals(logprobs, response_format, finish_reason, prompt_score, samples)
+        ``samples`` are other answers to the same prompt (second opinions), if any;
+        ``question`` is the part of the prompt that asks (``Signals.question``)."""
+        signals = Signals(logprobs, response_format, finish_reason, prompt_score, samples, question)
         return self.score_features(extract_features(prompt, response, signals))
 
     def score_features(self, features: Mapping[str, float]) -> float:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gateway.scoring import AnswerVerifier, RequestScorer, shipped_verifier
+from gateway.scoring import (
+    AnswerVerifier,
+    RequestScorer,
+    prompt_text,
+    question_text,
+    shipped_verifier,
+)
+from router.answers import prompt_kind
+from router.verifier import Signals, extract_features
 
 QUESTION = (
     "Which gas do plants absorb?\nA) oxygen\nB) carbon dioxide\nC) nitrogen\nD) helium\nAnswer:"
@@ -24,3 +32,30 @@ def test_the_cascade_verifier_weighs_the_classifier_prior() -> None:
     assert AnswerVerifier()("chat", body, _reply("B")) == expected
     without_prior = shipped_verifier().score(QUESTION, "B", finish_reason="stop")
     assert expected != without_prior
+
+
+SYSTEM = {"role": "system", "content": "When you write a program, put it in ``` fences."}
+MATHS = "Tom has 3 bags of 12 apples and eats 5. How many apples are left?"
+
+
+def test_a_questions_kind_is_read_from_the_user_turns_not_the_system_prompt() -> None:
+    """A route's system prompt (every request on it shares it) asking for fenced code
+    does not make a maths question a code question: the answer is judged as maths."""
+    body = {"messages": [SYSTEM, {"role": "user", "content": MATHS}]}
+    assert question_text("chat", body) == MATHS
+    whole = prompt_text("chat", body)
+    assert whole.startswith(SYSTEM["content"]) and whole.endswith(MATHS)
+    assert prompt_kind(whole) == "code"  # what the kind was read from before
+    answer = "3 * 12 = 36 apples, 36 - 5 = 31.\n#### 31"
+    features = extract_features(whole, answer, Signals(question=question_text("chat", body)))
+    assert features["math_prompt"] == 1.0 and features["code_prompt"] == 0.0
+    assert features["code_missing"] == 0.0
+    as_code = extract_features(whole, answer, Signals())
+    assert as_code["code_missing"] == 1.0  # a maths answer judged as missing code
+    prior = RequestScorer()("chat", body)
+    expected = shipped_verifier().score(
+        whole, answer, finish_reason="stop", prompt_score=prior, question=MATHS
+    )
+    assert AnswerVerifier()("chat", body, _reply(answer)) == expected
+    misread = shipped_verifier().score(whole, answer, finish_reason="stop", prompt_score=prior)
+    assert expected > misread

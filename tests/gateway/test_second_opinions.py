@@ -250,6 +250,19 @@ def test_a_question_without_a_final_answer_gets_no_opinions(
     assert judge.requests == []
 
 
+def test_a_system_prompt_about_code_does_not_make_a_prose_question_comparable(
+    start: Callable[..., str], judge: FakeOpenAI
+) -> None:
+    """The kind is the user's question's: a route's system prompt that asks for fenced
+    programs would otherwise buy an opinion on every prose question."""
+    system = {"role": "system", "content": "When you write a program, put it in ``` fences."}
+    body = {"model": "careful", "messages": [system, {"role": "user", "content": "Hi there!"}]}
+    response = httpx.post(f"{start()}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200
+    assert "x-cascade-second-opinions" not in response.headers
+    assert judge.requests == []
+
+
 CODE_QUESTION = {"role": "user", "content": "Write a python function to reverse a string."}
 CHEAP_CODE = "```python\ndef reverse(text):\n    return text[::-1]\n```"
 

@@ -45,6 +45,19 @@ from router.arithmetic import check_arithmetic
         ("Becky's 10 slices + Jake's 7 slices + Silvia's 14 slices = 10 + 7 + 14 = 31", (1, 0)),
         ("20% of 20 students = 0.20 * 20 = 4 students", (1, 0)),
         ("5:00 pm - 3 hours = 2:00 pm", (0, 0)),  # a time of day, not a number
+        # Two units of measure in one quantity or sum: the step is unknown, not wrong.
+        ("4 feet + 3 inches = 51 inches", (0, 0)),
+        ("$2 + 50 cents = $2.50", (0, 0)),
+        ("1 hour + 30 minutes + 2 hours = 3.5 hours", (0, 0)),  # not "30 + 2"
+        ("2 hours 30 minutes + 45 minutes = 3 hours 15 minutes", (0, 0)),
+        ("5 feet 3 inches = 63 inches", (0, 0)),
+        # ...while one unit, or counted things, are checked.
+        ("4 hours + 2 hours = 7 hours", (1, 1)),
+        ("$5 + $3 = $9", (1, 1)),
+        ("10 players + 2 coaches = 12 people", (1, 0)),
+        ("220 pushups + 90 squats + 60 presses = 380 activities", (1, 1)),
+        # The full stop of the sentence before a step is not part of it.
+        ("It takes time. 2 * 3 = 7", (1, 1)),
         # A side cut from a longer expression ("y + 7") is not known.
         ("y + 7 = 13", (0, 0)),
         ("3y - 4 = 5 * 20 - 4 = 96", (1, 0)),
@@ -71,6 +84,9 @@ def test_hostile_input_is_bounded() -> None:
     assert check_arithmetic(("1" + " " * 5000 + "a" * 5000) * 4) == (0, 0)
     assert check_arithmetic("1 apples " * 20_000) == (0, 0)
     assert check_arithmetic("* 1 ab cd" * 20_000) == (0, 0)
+    assert check_arithmetic("1 hours 2 feet " * 20_000) == (0, 0)  # compound quantities
+    assert check_arithmetic("9" * 8000 + " feet") == (0, 0)
+    assert check_arithmetic("$1 feet + " * 20_000) == (0, 0)  # mixed sums
     # A right side's leading number is found without rescanning its spaces.
     assert check_arithmetic("2+2 =" + " " * 8000 + "-(5+1)") == (1, 1)
     assert time.perf_counter() - start < 5.0
