@@ -119,7 +119,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     score = None
     if route.strategy in SCORED_STRATEGIES:
         messages = [{"role": "user", "content": args.prompt}]
-        score = RequestScorer()("chat", {"messages": messages})
+        score = RequestScorer()("chat", {"messages": messages}, route.classifier)
     plan = runtime.plan(route, score)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
@@ -129,6 +129,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "tier": first.tier if first else None,
         "deployment": first.name if first else None,
         "score": score,
+        "classifier": route.classifier if score is not None else None,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
         "reasons": plan.reasons() + sla_reasons(route) + opinion_reasons(route, args.prompt, plan),
     }

@@ -111,7 +111,7 @@ class Proxy:
         strategy = effective_strategy(route, stream)
         score = None
         if strategy in SCORED_STRATEGIES:
-            score = self._scorer(endpoint, body)
+            score = await self._scorer.score(endpoint, body, route.classifier)
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
         try:
             candidates = self._select(

@@ -86,6 +86,7 @@ class RouteRuntime:
     max_body_bytes: int | None = None
     direct: bool = False  # `model` named a deployment, not a route
     tiers: tuple[Threshold, ...] = ()
+    classifier: str = "features"  # which model scores requests for `tiers`
     verify_threshold: float = 0.5
     max_escalations: int = 2
     stream_cascade: str = "buffer"
@@ -164,6 +165,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             reference_price=_reference_price(spec.reference_model, spec.deployments, deployments),
             max_body_bytes=spec.max_body_bytes,
             tiers=tuple(Threshold(t.tier, t.below) for t in spec.tiers),
+            classifier=spec.classifier,
             verify_threshold=spec.verify_threshold,
             max_escalations=spec.max_escalations,
             stream_cascade=spec.stream_cascade,

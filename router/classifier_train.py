@@ -235,13 +235,13 @@ def train(data_dir: Path | None, out: Path, examples: Sequence[Example]) -> list
     return reports
 
 
-def format_table(reports: Sequence[FoldReport]) -> str:
+def format_table(reports: Sequence[FoldReport], routers: Sequence[str] = ROUTERS) -> str:
     lines = [
         "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) |",
         "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in reports:
-        for router in ROUTERS:
+        for router in routers:
             m = r.metrics[router]
             lines.append(
                 f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "

@@ -10,7 +10,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 from router.errors import RoutingError
 
 if TYPE_CHECKING:
-    from router.classifier_train import CascadeReport
+    from router.classifier import Classifier
+    from router.classifier_train import CascadeReport, FoldReport
+    from router.dataset import Example
+    from router.embedding_classifier import EmbeddingClassifier
     from router.evaluation import Curve
 
 # Optional request fields a score row may carry, with their JSON type.
@@ -32,6 +35,7 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
 
     score = commands.add_parser("score", help="print {id, score} per JSONL row (prompt/messages)")
     score.add_argument("input", type=Path, metavar="IN.jsonl")
+    _classifier_option(score)
     score.set_defaults(func=run_score)
 
     verify = commands.add_parser(
@@ -45,6 +49,12 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     train = commands.add_parser("train", help="rebuild the shipped classifier and its card")
     train.add_argument("--data", type=Path, default=None, help="routing data directory")
     train.add_argument("--out", type=Path, default=None, help="model path (.json)")
+    train.add_argument(
+        "--embeddings",
+        action="store_true",
+        help="rebuild the embedding classifier (routes' `classifier: minilm`) instead; "
+        "needs the embeddings extra",
+    )
     train.set_defaults(func=run_train)
 
     train_verifier = commands.add_parser(
@@ -61,6 +71,7 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     calibrate.add_argument(
         "--shares", required=True, help="tier=share,... cheapest first, e.g. local=0.7,premium=0.3"
     )
+    _classifier_option(calibrate)
     calibrate.set_defaults(func=run_calibrate)
 
     calibrate_verify = commands.add_parser(
@@ -79,6 +90,25 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     evaluate.set_defaults(func=run_eval)
 
 
+def _classifier_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--classifier",
+        choices=("features", "minilm"),
+        default="features",
+        help="the model that scores (a route's `classifier`; minilm needs the embeddings extra)",
+    )
+
+
+def _load_classifier(name: str) -> Classifier | EmbeddingClassifier:
+    if name == "minilm":
+        from router.embedding_classifier import EmbeddingClassifier
+
+        return EmbeddingClassifier.load()
+    from router.classifier import Classifier
+
+    return Classifier.load()
+
+
 def run_train_verifier(args: argparse.Namespace) -> int:
     from router import verifier_train
 
@@ -87,11 +117,9 @@ def run_train_verifier(args: argparse.Namespace) -> int:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from router.classifier import Classifier
-
     try:
         rows = list(_read_rows(args.input, _score_request))
-        classifier = Classifier.load()
+        classifier = _load_classifier(args.classifier)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -103,12 +131,11 @@ def run_score(args: argparse.Namespace) -> int:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from router.calibration import calibrate, tiers_yaml
-    from router.classifier import Classifier
 
     try:
         shares = _parse_shares(args.shares)
         rows = list(_read_rows(args.input, _score_request))
-        scores = Classifier.load().score_batch([request for _, request in rows])
+        scores = _load_classifier(args.classifier).score_batch([request for _, request in rows])
         tiers = calibrate(scores, shares)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -187,18 +214,31 @@ def _user(text: str) -> dict[str, str]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from router.classifier import DEFAULT_PATH
-    from router.classifier_train import format_table, train
+    from router.classifier_train import format_table
     from router.dataset import load_examples
 
-    out = args.out or DEFAULT_PATH
+    routers: Sequence[str]
+    train: Callable[[Path | None, Path, Sequence[Example]], list[FoldReport]]
+    if args.embeddings:
+        from router import embedding_classifier, embedding_classifier_train
+
+        out = args.out or embedding_classifier.DEFAULT_PATH
+        routers, train = (
+            embedding_classifier_train.EMBEDDING_ROUTERS,
+            embedding_classifier_train.train,
+        )
+    else:
+        from router import classifier, classifier_train
+
+        out = args.out or classifier.DEFAULT_PATH
+        routers, train = classifier_train.ROUTERS, classifier_train.train
     try:
         reports = train(args.data, out, load_examples(args.data))
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out} and {out.with_suffix('.card.md')}")
-    print(format_table(reports))
+    print(format_table(reports, routers))
     return 0
 
 

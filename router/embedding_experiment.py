@@ -14,19 +14,17 @@ shipped recipe's dataset-balanced weights and "both wrong" rows left out of trai
 C for dense+emb and emb is chosen per evaluation fold by grouped 3-fold CV inside that
 fold's training rows only (groups: MMLU subject, or the whole dataset for the others;
 criterion: APGR per dataset in the validation part, averaged). The held-out rows are
-never used for any choice. Embeddings are cached under /tmp/emb/ (keyed by the data
-fingerprint and the truncation settings), so they are computed once.
+never used for any choice. Embeddings are cached (the trainer's `cached_embeddings`,
+keyed by the data fingerprint and the truncation settings), so they are computed once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import statistics
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -39,34 +37,15 @@ from router.classifier_train import (
     format_table,
     run_evaluation,
 )
-from router.dataset import Example, Fold, data_fingerprint, evaluation_folds, load_examples
+from router.dataset import Example, Fold, evaluation_folds, load_examples
+from router.embedding_classifier_train import CACHE_DIR, cached_embeddings
 from router.evaluation import Curve, Metrics, evaluate, route_curve
 
-CACHE_DIR = Path("/tmp/emb")
 C_GRID = (0.01, 0.1, 1.0)
 CV_SPLITS = 3
 THREADS = 2
 ROUTERS = ("classifier", "dense+emb", "emb", "random", "length")
 Matrix = npt.NDArray[np.float64]
-
-
-def cached_embeddings(examples: Sequence[Example]) -> dict[str, npt.NDArray[np.float32]]:
-    """Embedding of each example's prompt by id, computed once and kept in /tmp/emb/."""
-    key = hashlib.sha256(
-        f"{data_fingerprint()}|{embeddings.TAIL_CHARS}|{embeddings.MAX_TOKENS}".encode()
-    ).hexdigest()[:16]
-    path = CACHE_DIR / f"minilm-{key}.npy"
-    ids = [e.id for e in examples]
-    if path.is_file():
-        vectors = np.load(path)
-    else:
-        embeddings.load(THREADS)
-        start = time.perf_counter()
-        vectors = embeddings.embed([e.prompt for e in examples], batch_size=64)
-        print(f"embedded {len(examples)} prompts in {time.perf_counter() - start:.0f}s")
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        np.save(path, vectors)
-    return dict(zip(ids, vectors, strict=True))
 
 
 class Design:
@@ -193,14 +172,7 @@ def main() -> None:
 
 
 def _table(reports: Sequence[FoldReport]) -> str:
-    import router.classifier_train as train_module
-
-    saved = train_module.ROUTERS
-    train_module.ROUTERS = ROUTERS  # type: ignore[assignment]
-    try:
-        return format_table(reports)
-    finally:
-        train_module.ROUTERS = saved
+    return format_table(reports, ROUTERS)
 
 
 if __name__ == "__main__":

@@ -281,6 +281,17 @@ def extract(
     return RequestFeatures(np.array(dense), index, value)
 
 
+def extract_body(request: Mapping[str, Any]) -> RequestFeatures:
+    """`extract` of an OpenAI-style request body: `messages`, and the optional `tools`,
+    `response_format` and `max_tokens`."""
+    return extract(
+        request["messages"],
+        tools=request.get("tools"),
+        response_format=request.get("response_format"),
+        max_tokens=request.get("max_tokens"),
+    )
+
+
 def request_features(
     messages: Sequence[Message],
     *,

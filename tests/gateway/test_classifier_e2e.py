@@ -90,3 +90,34 @@ def test_a_failing_cheap_tier_escalates_not_the_other_way(
     response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
     assert response.status_code == 503  # a hard request never drops to the cheap tier
     assert len(fake_openai.requests) == cheap_calls
+
+
+async def test_a_route_with_the_embedding_classifier_routes_by_its_score(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+) -> None:
+    """`classifier: minilm`: the route's requests are scored by the embedding classifier
+    (in its worker thread), the tiers follow that score, and the ledger keeps it."""
+
+    def minilm(text: str) -> float:
+        body = {"messages": [{"role": "user", "content": text}]}
+        return RequestScorer()("chat", body, "minilm")
+
+    scores = {text: minilm(text) for text in (EASY, HARD)}
+    assert scores[EASY] != pytest.approx(score(EASY), abs=1e-3)  # not the default's score
+    low, high = sorted(scores, key=scores.__getitem__)
+    policy = POLICY.replace("THRESHOLD", f"{(scores[low] + scores[high]) / 2:.6f}").replace(
+        "strategy: classifier", "strategy: classifier\n    classifier: minilm"
+    )
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    for text, deployment in ((low, "cheap"), (high, "premium")):
+        body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+        assert response.headers["x-cascade-deployment"] == deployment
+        assert float(response.headers["x-cascade-score"]) == pytest.approx(scores[text], abs=1e-4)
+        record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        assert record.score == pytest.approx(scores[text], abs=1e-6)
+        assert record.deployment == deployment and record.cost_nanos > 0

@@ -17,6 +17,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from policies import hash_key
+from router.embedding_classifier import shipped
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import (
     CLIENT_KEY,
@@ -68,6 +69,29 @@ def test_policy_explain_names_route_deployment_and_reasons() -> None:
     assert decision["route"] == "auto"
     assert decision["deployment"] == "local-cpu"
     assert any("skip" in reason and "OPENAI_API_KEY" in reason for reason in decision["reasons"])
+
+
+def test_policy_explain_scores_with_the_routes_classifier(tmp_path: Path) -> None:
+    policy = tmp_path / "minilm.yaml"
+    policy.write_text(
+        """
+deployments:
+  cheap: {model: small, api_base: "http://127.0.0.1:9/v1", tier: cheap}
+  big: {model: large, api_base: "http://127.0.0.1:9/v1", tier: premium}
+routes:
+  auto:
+    strategy: classifier
+    classifier: minilm
+    deployments: [cheap, big]
+    tiers: [{tier: cheap, below: 0.5}, {tier: premium}]
+"""
+    )
+    result = run("policy", "explain", str(policy), "--prompt", "Prove that 7 is prime.")
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)
+    assert decision["classifier"] == "minilm"
+    expected = shipped().score([{"role": "user", "content": "Prove that 7 is prime."}])
+    assert decision["score"] == pytest.approx(expected, abs=1e-6)
 
 
 def test_policy_explain_says_what_the_sla_does_live() -> None:

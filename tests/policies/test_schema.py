@@ -237,3 +237,19 @@ def test_bad_second_opinions_are_refused(data: dict[str, Any], message: str) -> 
     with pytest.raises(ValidationError) as caught:
         Policy.model_validate(data)
     assert message in str(caught.value)
+
+
+def test_a_classifier_route_may_choose_the_embedding_classifier() -> None:
+    data = copy.deepcopy(CLASSIFIER_POLICY)
+    assert Policy.model_validate(data).routes["smart"].classifier == "features"  # default
+    data["routes"]["smart"]["classifier"] = "minilm"  # type: ignore[index]
+    assert Policy.model_validate(data).routes["smart"].classifier == "minilm"
+    data["routes"]["smart"]["classifier"] = "bert"  # type: ignore[index]
+    with pytest.raises(ValueError, match="'features' or 'minilm'"):
+        Policy.model_validate(data)
+
+
+def test_a_route_that_scores_nothing_takes_no_classifier() -> None:
+    data = minimal(routes={"r": {"deployments": ["a"], "classifier": "minilm"}})
+    with pytest.raises(ValueError, match="classifier applies to strategy 'classifier'"):
+        Policy.model_validate(data)

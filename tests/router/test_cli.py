@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from router.cli import add_router_commands
+from router.embedding_classifier import shipped
 
 
 def run(argv: list[str]) -> int:
@@ -34,6 +35,28 @@ def test_score_prints_one_line_per_row_in_order(
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["id"] for line in lines] == ["b", 7, "c"]
     assert all(set(line) == {"id", "score"} and 0 <= line["score"] <= 1 for line in lines)
+
+
+def test_score_and_calibrate_take_the_routes_classifier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--classifier minilm` scores as a route with `classifier: minilm` does, so
+    thresholds calibrated from a sample fit that route."""
+    prompts = ["hi, what's the capital of France?", "Prove that sqrt(2) is irrational."]
+    path = write_rows(
+        tmp_path / "in.jsonl", [{"id": i, "prompt": p} for i, p in enumerate(prompts)]
+    )
+    assert run(["router", "score", str(path), "--classifier", "minilm"]) == 0
+    scores = [json.loads(line)["score"] for line in capsys.readouterr().out.splitlines()]
+    model = shipped()
+    expected = [model.score([{"role": "user", "content": p}]) for p in prompts]
+    assert scores == pytest.approx(expected, abs=1e-6)
+    assert (
+        run(["router", "calibrate", str(path), "--shares", "a=0.5,b=0.5", "--classifier", "minilm"])
+        == 0
+    )
+    below = float(capsys.readouterr().out.split("below:")[1].split("}")[0])
+    assert min(scores) <= below <= max(scores)
 
 
 @pytest.mark.parametrize(
