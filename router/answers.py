@@ -200,16 +200,17 @@ def code_agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:
     return sum(len(mine & t) / len(mine | t) for t in theirs) / len(theirs)
 
 
-def _code_trigrams(answer: str) -> set[tuple[str, ...]]:
-    """The token trigrams of an answer's code: its fenced blocks, else the whole text if
-    it looks like code; none for prose."""
+def code_text(answer: str) -> str:
+    """An answer's code: its fenced blocks (Code Llama's ``[PYTHON]`` tags too), else the
+    whole text if it looks like code; "" for prose."""
     text = _FENCE_INFO.sub("```", _PYTHON_TAGS.sub("```", answer[:MAX_CODE_CHARS]))
     parts = text.split("```")
     if len(parts) > 1:
-        code = "\n".join(parts[1::2])
-    elif _CODE_SIGN.search(text):
-        code = text
-    else:
-        return set()  # prose: nothing to compare
-    tokens = _CODE_TOKEN.findall(code)
+        return "\n".join(parts[1::2])
+    return text if _CODE_SIGN.search(text) else ""
+
+
+def _code_trigrams(answer: str) -> set[tuple[str, ...]]:
+    """The token trigrams of an answer's code; none for prose (nothing to compare)."""
+    tokens = _CODE_TOKEN.findall(code_text(answer))
     return set(zip(tokens, tokens[1:], tokens[2:], strict=False))

@@ -32,6 +32,7 @@ from router.answers import (
     agreement,
     chosen_options,
     code_agreement,
+    code_text,
     final_number,
     parse_number,
     prompt_kind,
@@ -64,6 +65,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "code_prompt",
     "code_missing",
     "code_other_language",
+    "code_lines",
     "repetition",
     "degenerate_loop",
     "no_logprobs",
@@ -292,7 +294,14 @@ def _format_features(prompt: str, answer: str, kind: PromptKind) -> dict[str, fl
         "code_prompt": float(code),
         "code_missing": float(code and not _CODE_SIGNS.search(answer)),
         "code_other_language": float(code and _other_language(prompt, answer)),
+        # Long code is more often wrong (a harder task, or a detour): on the shared MBPP
+        # answers, 62% of those with <= 5 lines are right, 42% of those with > 12.
+        "code_lines": math.log1p(_lines(code_text(answer))) if code else 0.0,
     }
+
+
+def _lines(code: str) -> int:
+    return sum(1 for line in code.splitlines() if line.strip())
 
 
 def _other_language(prompt: str, answer: str) -> bool:

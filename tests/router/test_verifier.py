@@ -181,6 +181,22 @@ def test_code_prompt_without_code_is_flagged() -> None:
     assert (with_code["code_missing"], without["code_missing"]) == (0.0, 1.0)
 
 
+def test_the_length_of_an_answers_code_is_counted_on_code_prompts() -> None:
+    """Non-blank lines of the answer's code (fenced, or unfenced code), not its prose."""
+    prompt = "Write a python function to reverse a string."
+    short = "Use slicing:\n```python\ndef rev(s):\n\n    return s[::-1]\n```\nThat is all."
+    long = "```python\n" + "".join(f"x{i} = {i}\n" for i in range(20)) + "```"
+    unfenced = "def rev(s):\n    return s[::-1]"
+    lines = {
+        name: extract_features(prompt, answer, Signals())["code_lines"]
+        for name, answer in (("short", short), ("long", long), ("unfenced", unfenced))
+    }
+    assert lines == {"short": math.log1p(2), "long": math.log1p(20), "unfenced": math.log1p(2)}
+    assert extract_features(prompt, "Reverse it with slicing.", Signals())["code_lines"] == 0.0
+    maths = extract_features("How many is 3 + 4?", "def f():\n    return 7", Signals())
+    assert maths["code_lines"] == 0.0  # not a code question
+
+
 def test_degenerate_loop_is_capped(verifier: Verifier) -> None:
     loop = "\n".join(["The answer is the answer is the answer."] * 8)
     assert verifier.score("Tell me a story about a cat.", loop) <= 0.3
