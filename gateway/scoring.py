@@ -17,8 +17,7 @@ from typing import Any
 
 from gateway.upstreams.base import EndpointType
 from router import embedding_classifier
-from router.classifier import Classifier
-from router.embedding_classifier import EmbeddingClassifier
+from router.classifier import Classifier, RequestClassifier
 from router.verifier import Verifier
 
 
@@ -51,7 +50,7 @@ class RequestScorer:
     def __call__(
         self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
     ) -> float:
-        model: Classifier | EmbeddingClassifier = (
+        model: RequestClassifier = (
             embedding_classifier.shipped()
             if classifier == "minilm"
             else self._classifier or shipped_classifier()

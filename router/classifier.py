@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,6 +33,22 @@ from router.features import (
 FORMAT = "cascade-gateway/classifier"
 DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "classifier.json"
 SIGNIFICANT_DIGITS = 6  # coefficients are rounded so the file is small and reproducible
+
+
+class RequestClassifier(Protocol):
+    """What scores requests: this module's `Classifier` (the default) or
+    `router.embedding_classifier.EmbeddingClassifier` (a route's `classifier: minilm`)."""
+
+    def score(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[object] | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        max_tokens: int | None = None,
+    ) -> float: ...
+
+    def score_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[float]: ...
 
 
 @dataclass(frozen=True, eq=False)

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 from router.errors import RoutingError
 
 if TYPE_CHECKING:
-    from router.classifier import Classifier
+    from router.classifier import RequestClassifier
     from router.classifier_train import CascadeReport, FoldReport
     from router.dataset import Example
-    from router.embedding_classifier import EmbeddingClassifier
     from router.evaluation import Curve
 
 # Optional request fields a score row may carry, with their JSON type.
@@ -99,7 +98,7 @@ def _classifier_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_classifier(name: str) -> Classifier | EmbeddingClassifier:
+def _load_classifier(name: str) -> RequestClassifier:
     if name == "minilm":
         from router.embedding_classifier import EmbeddingClassifier
 
