@@ -197,6 +197,12 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger_scores(route: str, last: int) -> list[float]:
+    from gateway.traffic import ledger_scores
+
+    return ledger_scores(route, last)
+
+
 def cmd_spend_report(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -289,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_keys_hash
     )
 
-    add_router_commands(sub)
+    add_router_commands(sub, ledger_scores=_ledger_scores)
     add_engine_commands(sub)
 
     spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(

@@ -27,7 +27,16 @@ if TYPE_CHECKING:
 REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
 
 
-def add_router_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+# The scores of a route's recent requests, from the gateway's ledger: (route, how many
+# of the latest records to read) -> scores. The gateway passes it; `router/` reads no
+# ledger itself.
+LedgerScores = Callable[[str, int], list[float]]
+
+
+def add_router_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    ledger_scores: LedgerScores | None = None,
+) -> None:
     """Register the `router` command group on the main parser's subparsers."""
     router = subparsers.add_parser("router", help="score, verify, train and evaluate the router")
     commands = router.add_subparsers(dest="router_command", required=True)
@@ -66,12 +75,25 @@ def add_router_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     calibrate = commands.add_parser(
         "calibrate", help="tier thresholds that give each tier a target share of a sample"
     )
-    calibrate.add_argument("input", type=Path, metavar="IN.jsonl", help="rows as for score")
+    calibrate.add_argument(
+        "input", type=Path, nargs="?", metavar="IN.jsonl", help="rows as for score"
+    )
+    calibrate.add_argument(
+        "--from-ledger",
+        metavar="ROUTE",
+        help="instead of IN.jsonl: the scores ROUTE's recent requests got (REDIS_URL)",
+    )
+    calibrate.add_argument(
+        "--last",
+        type=int,
+        default=10_000,
+        help="with --from-ledger: how many of the ledger's latest records (all routes) to read",
+    )
     calibrate.add_argument(
         "--shares", required=True, help="tier=share,... cheapest first, e.g. local=0.7,premium=0.3"
     )
     _classifier_option(calibrate)
-    calibrate.set_defaults(func=run_calibrate)
+    calibrate.set_defaults(func=run_calibrate, ledger_scores=ledger_scores)
 
     calibrate_verify = commands.add_parser(
         "calibrate-verify",
@@ -133,14 +155,28 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     try:
         shares = _parse_shares(args.shares)
-        rows = list(_read_rows(args.input, _score_request))
-        scores = _load_classifier(args.classifier).score_batch([request for _, request in rows])
+        scores = _calibration_sample(args)
         tiers = calibrate(scores, shares)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(tiers_yaml(tiers), end="")
     return 0
+
+
+def _calibration_sample(args: argparse.Namespace) -> list[float]:
+    """Scores of IN.jsonl's rows, or those of a route's requests in the ledger."""
+    if (args.input is None) == (args.from_ledger is None):
+        raise RoutingError("give IN.jsonl or --from-ledger ROUTE (one of the two)")
+    if args.from_ledger is None:
+        rows = list(_read_rows(args.input, _score_request))
+        return _load_classifier(args.classifier).score_batch([request for _, request in rows])
+    if args.ledger_scores is None:
+        raise RoutingError("--from-ledger needs the gateway: run `cascade-gateway router ...`")
+    if args.last <= 0:
+        raise RoutingError(f"--last must be positive, got {args.last}")
+    scores: list[float] = args.ledger_scores(args.from_ledger, args.last)
+    return scores
 
 
 def _parse_shares(text: str) -> dict[str, float]:

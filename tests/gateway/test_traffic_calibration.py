@@ -1,0 +1,126 @@
+"""Tier thresholds from the gateway's own traffic: `cascade-gateway router calibrate
+--from-ledger ROUTE` reads the scores the route's requests got from the Redis ledger
+(`gateway.traffic`). Through the running gateway and the real CLI, on real Redis."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import httpx
+import pytest
+
+from gateway.ledger import RedisStore
+from gateway.scoring import RequestScorer
+from gateway.traffic import recent_scores
+from router.calibration import calibrate, tiers_yaml
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.ledger_fixtures import make_record
+from tests.gateway.test_classifier_e2e import POLICY
+from tests.gateway.test_cli import EXE
+
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+PROMPTS = [
+    "hi there",
+    "What is the capital of France?",
+    "Summarise the plot of Hamlet in two sentences.",
+    "Prove that the square root of 2 is irrational.",
+    "Write a Python function that merges two sorted lists, with tests.",
+    "Solve step by step: 3x + 7 = 22, then compute x squared minus 4.",
+]
+
+
+def calibrate_cli(
+    *args: str, redis_url: str | None, prefix: str
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CASCADE_REDIS_URL")}
+    if redis_url is not None:
+        env["REDIS_URL"] = redis_url
+    env["CASCADE_REDIS_PREFIX"] = prefix
+    return subprocess.run(
+        [EXE, "router", "calibrate", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+async def test_thresholds_come_from_the_scores_of_the_routes_own_requests(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    ledger_store: RedisStore,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    policy = POLICY.replace("THRESHOLD", "0.5").replace("${PREMIUM_URL}", "${CHEAP_URL}")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url).url
+    for prompt in PROMPTS:
+        body = {"model": "auto", "messages": [{"role": "user", "content": prompt}]}
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+        await wait_for_record(ledger_store, response.headers["x-request-id"])
+    result = calibrate_cli(
+        "--from-ledger",
+        "auto",
+        "--shares",
+        "local-small=0.5,premium=0.5",
+        redis_url=redis_url,
+        prefix=redis_prefix,
+    )
+    assert result.returncode == 0, result.stderr
+    scorer = RequestScorer()
+    scores = [scorer("chat", {"messages": [{"role": "user", "content": p}]}) for p in PROMPTS]
+    expected = calibrate(scores, {"local-small": 0.5, "premium": 0.5})
+    assert result.stdout == tiers_yaml(expected)
+    below = expected[0].below
+    assert below is not None and sum(s < below for s in scores) == len(PROMPTS) // 2
+
+
+async def test_one_score_per_request_of_that_route(ledger_store: RedisStore) -> None:
+    """Escalations and retries repeat a request's score; other routes and unscored
+    requests are not in the sample."""
+    records = [
+        make_record(1, route="auto", score=0.2),
+        make_record(2, route="auto", score=0.6),
+        make_record(2, route="auto", score=0.6, record_id="req-2:1"),  # its escalation
+        make_record(3, route="code", score=0.9),
+        make_record(4, route="auto", score=None),
+    ]
+    for record in records:
+        await ledger_store.record(record)
+    assert await recent_scores(ledger_store, "auto", 100) == [0.2, 0.6]
+    assert await recent_scores(ledger_store, "auto", 1) == []  # only the latest record read
+
+
+@pytest.mark.parametrize(
+    ("args", "redis", "message"),
+    [
+        (["--from-ledger", "nowhere"], True, "no scored requests of route 'nowhere'"),
+        (["--from-ledger", "auto"], False, "set REDIS_URL"),
+        ([], True, "give IN.jsonl or --from-ledger ROUTE"),
+        (["--from-ledger", "auto", "--last", "0"], True, "--last must be positive"),
+    ],
+)
+def test_a_sample_that_cannot_be_read_is_a_clear_error(
+    args: list[str], redis: bool, message: str, redis_url: str, redis_prefix: str
+) -> None:
+    result = calibrate_cli(
+        *args,
+        "--shares",
+        "a=0.5,b=0.5",
+        redis_url=redis_url if redis else None,
+        prefix=redis_prefix,
+    )
+    assert result.returncode == 1
+    assert message in result.stderr and result.stdout == ""
+
+
+def test_an_unreachable_ledger_is_a_clear_error(redis_prefix: str) -> None:
+    result = calibrate_cli(
+        "--from-ledger",
+        "auto",
+        "--shares",
+        "a=0.5,b=0.5",
+        redis_url="redis://127.0.0.1:1/0",
+        prefix=redis_prefix,
+    )
+    assert result.returncode == 1
+    assert "the ledger is unreachable" in result.stderr and "Traceback" not in result.stderr
