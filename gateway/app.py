@@ -28,6 +28,7 @@ from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
 from gateway.runtime import build_runtime
+from gateway.scoring import warm
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.sla import build_guard
@@ -117,6 +118,7 @@ async def start_services(settings: Settings) -> Services:
         limits=limits,
         clients=clients,
     )
+    warm(services.runtime.routes.values())
     services.reloader = PolicyReloader(
         settings.policy,
         services.apply,

@@ -107,6 +107,13 @@ class LimitsUnavailable(GatewayError):
     default_code = "limits_unavailable"
 
 
+class ClassifierUnavailable(GatewayError):
+    """The route's classifier cannot score here (its model failed to load)."""
+
+    status = 503
+    default_code = "classifier_unavailable"
+
+
 class UpstreamError(GatewayError):
     status = 502
     type = "upstream_error"

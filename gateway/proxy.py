@@ -123,6 +123,9 @@ class Proxy:
         deadline_s = runtime.request_timeout_s
         if route.sla is not None and route.sla.timeout_s is not None:
             deadline_s = min(deadline_s, route.sla.timeout_s)
+        # Time spent deciding counts: a request queued for the embedding classifier
+        # has that much less for its upstreams.
+        deadline_s = max(0.001, deadline_s - (time.perf_counter() - started))
         admission = await self._limits.admit(
             runtime, principal, route, endpoint, body, candidates, strategy, request_id
         )

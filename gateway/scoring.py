@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from gateway.errors import ClassifierUnavailable
+from gateway.runtime import RouteRuntime
 from gateway.upstreams.base import EndpointType
 from router import embedding_classifier
 from router.classifier import Classifier, RequestClassifier
+from router.errors import RoutingError
 from router.verifier import Verifier
 
 
@@ -34,6 +38,8 @@ def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[di
     return [{"role": "user", "content": text}]
 
 
+log = logging.getLogger(__name__)
+
 # One thread: an embedding is CPU-bound (torch spreads one call over its own threads),
 # so requests queue for it rather than oversubscribe the cores.
 _EMBEDDING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm")
@@ -45,7 +51,7 @@ class RequestScorer:
     `minilm`: tens of ms, so the proxy calls it from a worker thread)."""
 
     def __init__(self, classifier: Classifier | None = None) -> None:
-        self._classifier = classifier
+        self._classifier = classifier  # the `features` model (default: the shipped one)
 
     def __call__(
         self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
@@ -68,11 +74,30 @@ class RequestScorer:
     async def score(
         self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
     ) -> float:
-        """The score, from the event loop: inline, or in the embedding thread."""
+        """The score, from the event loop: inline, or in the embedding thread (where a
+        request waits its turn; the proxy counts the wait against its deadline)."""
         if classifier == "features":
             return self(endpoint, body)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_EMBEDDING_THREAD, self, endpoint, body, classifier)
+        try:
+            return await loop.run_in_executor(_EMBEDDING_THREAD, self, endpoint, body, classifier)
+        except RoutingError as exc:  # the policy passed the check, then the model failed
+            raise ClassifierUnavailable(f"the route's classifier '{classifier}': {exc}") from exc
+
+
+def warm(routes: Iterable[RouteRuntime]) -> None:
+    """Load the embedding classifier in its thread, off the event loop, when a route
+    uses it: a policy (re)load then never blocks, and the first request waits only for
+    what is left. A failure is logged here and answered 503 on the route's requests."""
+    if any(route.classifier == "minilm" for route in routes):
+        _EMBEDDING_THREAD.submit(_load_embedding_classifier)
+
+
+def _load_embedding_classifier() -> None:
+    try:
+        embedding_classifier.shipped()
+    except RoutingError as exc:
+        log.error("the embedding classifier (classifier: minilm) cannot load: %s", exc)
 
 
 def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
@@ -82,8 +107,10 @@ def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
 
 def question_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
     """The user's turns as one text: what kind of question a request asks is read from
-    them, not from the route's system prompt every request on it shares."""
-    return _joined(m for m in request_messages(endpoint, body) if m.get("role") == "user")
+    them, not from the route's system prompt every request on it shares; the whole
+    conversation when no user turn says anything."""
+    users = _joined(m for m in request_messages(endpoint, body) if m.get("role") == "user")
+    return users or prompt_text(endpoint, body)
 
 
 def _joined(messages: Iterable[Mapping[str, Any]]) -> str:

@@ -13,6 +13,7 @@ from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy
 from gateway.runtime import Runtime, build_runtime
+from gateway.scoring import warm
 from gateway.settings import Settings
 from gateway.sla import SlaGuard
 from gateway.upstreams.base import UpstreamClient
@@ -38,6 +39,7 @@ class Services:
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
         self.runtime = build_runtime(loaded)
+        warm(self.runtime.routes.values())
         self.guard.configure(loaded.policy)
         self.metrics.policy_reloads.labels("ok").inc()
         log.info("policy reloaded (digest %s)", loaded.digest[:12])

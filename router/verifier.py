@@ -148,8 +148,8 @@ class Signals:
     # model): agreeing on the final answer (or code alike) is evidence the answer is right.
     samples: Sequence[str] = ()
     # The question itself (a chat's user turns), where its kind and numbers are read;
-    # None: the prompt. A route's system prompt ("put code in ``` fences") is shared by
-    # every request on the route and says nothing about what this one asks.
+    # None or empty: the prompt. A route's system prompt ("put code in ``` fences") is
+    # shared by every request on the route and says nothing about what this one asks.
     question: str | None = None
 
 
@@ -158,7 +158,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
     answer = response.strip()
     lowered = answer.lower().replace("\u2019", "'")
     words = _WORD.findall(lowered[:MAX_ANALYSED_CHARS])
-    question = prompt if signals.question is None else signals.question
+    question = signals.question or prompt
     kind = prompt_kind(question)
     features = {
         **_length_features(prompt, answer, len(words)),

@@ -4,13 +4,17 @@ records the tier each was priced at."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.ledger import RedisStore
 from gateway.scoring import RequestScorer
+from router import embedding_classifier, embeddings
+from router.errors import RoutingError
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
 
@@ -121,3 +125,49 @@ async def test_a_route_with_the_embedding_classifier_routes_by_its_score(
         record = await wait_for_record(ledger_store, response.headers["x-request-id"])
         assert record.score == pytest.approx(scores[text], abs=1e-6)
         assert record.deployment == deployment and record.cost_nanos > 0
+
+
+MINILM_POLICY = POLICY.replace("THRESHOLD", "0.5").replace(
+    "strategy: classifier", "strategy: classifier\n    classifier: minilm"
+)
+
+
+def test_the_embedding_classifier_runs_in_its_own_thread(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never on the event loop: the sentence model runs in the `minilm` worker thread."""
+    threads: list[str] = []
+    real_embed = embeddings.embed
+
+    def spied(texts: Sequence[str], batch_size: int = 32) -> Any:
+        threads.append(threading.current_thread().name)
+        return real_embed(texts, batch_size)
+
+    monkeypatch.setattr(embeddings, "embed", spied)
+    base = start_gateway(MINILM_POLICY, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    body = {"model": "auto", "messages": [{"role": "user", "content": EASY}]}
+    assert httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH).status_code == 200
+    assert threads and all(name.startswith("minilm") for name in threads)
+
+
+def test_a_classifier_that_fails_at_request_time_is_a_clean_503(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = start_gateway(MINILM_POLICY, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+
+    def broken() -> None:
+        raise RoutingError("cannot load the embedding model: OSError('disk gone')")
+
+    monkeypatch.setattr(embedding_classifier, "shipped", broken)
+    body = {"model": "auto", "messages": [{"role": "user", "content": EASY}]}
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "classifier_unavailable" and "disk gone" in error["message"]
+    assert fake_openai.requests == [] and premium.requests == []  # nothing was sent

@@ -59,3 +59,8 @@ def test_a_questions_kind_is_read_from_the_user_turns_not_the_system_prompt() ->
     assert AnswerVerifier()("chat", body, _reply(answer)) == expected
     misread = shipped_verifier().score(whole, answer, finish_reason="stop", prompt_score=prior)
     assert expected > misread
+
+
+def test_without_a_user_turn_the_question_is_the_whole_conversation() -> None:
+    body = {"messages": [{"role": "system", "content": MATHS}, {"role": "user", "content": ""}]}
+    assert question_text("chat", body) == MATHS == prompt_text("chat", body)

@@ -49,6 +49,8 @@ from router.arithmetic import check_arithmetic
         ("4 feet + 3 inches = 51 inches", (0, 0)),
         ("$2 + 50 cents = $2.50", (0, 0)),
         ("1 hour + 30 minutes + 2 hours = 3.5 hours", (0, 0)),  # not "30 + 2"
+        ("2 hours + 1 hour + 30 minutes = 3.5 hours", (0, 0)),  # the mixed pair second
+        ("$10 - $2 - 50 cents = $7.50", (0, 0)),
         ("2 hours 30 minutes + 45 minutes = 3 hours 15 minutes", (0, 0)),
         ("5 feet 3 inches = 63 inches", (0, 0)),
         # ...while one unit, or counted things, are checked.

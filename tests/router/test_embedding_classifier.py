@@ -62,6 +62,21 @@ def test_without_the_model_package_loading_names_what_to_install(
         EmbeddingClassifier.load()
 
 
+def test_a_broken_install_is_a_routing_error_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch or model that fails in any way (here OSError, as a missing shared library
+    does) is a RoutingError naming it, which the gateway answers as a clean 503."""
+    import sentence_transformers
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("libgomp.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(embeddings, "_model", None)
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", broken)
+    with pytest.raises(RoutingError, match="libgomp"):
+        embeddings.load()
+    assert embeddings.missing() is None  # everything is installed; it just fails to load
+
+
 def test_training_is_deterministic_and_learns_the_labels() -> None:
     """On a toy set where hard prompts are about proofs, the fit ranks them higher."""
     hard = [f"Prove rigorously that theorem {i} holds for every integer n." for i in range(12)]
