@@ -126,10 +126,15 @@ class Accountant:
         status: StatusType = "ok",
         ttft_s: float | None = None,
         label: str | None = None,
+        verifier_score: float | None = None,
+        answered_at: float | None = None,
     ) -> SpendRecord:
-        """Price one attempt, count it in metrics and hand it to the ledger."""
+        """Price one attempt, count it in metrics and hand it to the ledger.
+        `answered_at` (perf_counter) is when the answer came, if it is settled later
+        (a cascade judges it first); its latency is measured to then."""
         route = call.route
-        latency_ms = round((time.perf_counter() - call.started) * 1000, 3)
+        ended = time.perf_counter() if answered_at is None else answered_at
+        latency_ms = round((ended - call.started) * 1000, 3)
         ttft_ms = None if ttft_s is None else round(ttft_s * 1000, 3)
         record = SpendRecord(
             # Escalations of a cascade are priced too, each under its own id.
@@ -160,6 +165,7 @@ class Accountant:
             score=call.score,
             # A hedge that lost the race answered nobody: it is priced, not judged.
             sla_met=None if label else sla_met(route, ttft_s, latency_ms / 1000),
+            verifier_score=verifier_score,
         )
         self._observe(record, deployment)
         self._ledger.submit(record)

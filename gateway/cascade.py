@@ -145,12 +145,19 @@ class Cascade:
                     call.request_id,
                 )
                 break
-            final = done
-            records.append(self._settle(call, done, endpoint, body, step))
-            if not verified:
+            final, answered_at = done, time.perf_counter()
+            verdict: list[float] = []
+            try:
+                if verified:
+                    samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
+                    verdict.append(self._verify(call, endpoint, body, done.reply.body, samples))
+            finally:
+                # Priced with its verdict, and whatever happens while it is judged: a
+                # request cancelled while waiting for its opinions is priced all the same.
+                score = verdict[0] if verdict else None
+                records.append(self._settle(call, done, endpoint, body, step, score, answered_at))
+            if score is None:
                 break
-            samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
-            score = self._verify(call, endpoint, body, done.reply.body, samples)
             scores.append(score)
             self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
             if score >= call.route.verify_threshold:
@@ -177,10 +184,24 @@ class Cascade:
             return 0.0
 
     def _settle(
-        self, call: Call, done: Completed, endpoint: EndpointType, body: dict[str, Any], step: int
+        self,
+        call: Call,
+        done: Completed,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        step: int,
+        verifier_score: float | None,
+        answered_at: float,
     ) -> SpendRecord:
         usage = reply_usage(done.deployment, endpoint, body, done.reply.body)
-        return self._accountant.settle(call, done.deployment, usage, attempt=step)
+        return self._accountant.settle(
+            call,
+            done.deployment,
+            usage,
+            attempt=step,
+            verifier_score=verifier_score,
+            answered_at=answered_at,
+        )
 
 
 def without_logprobs(done: Completed) -> Completed:

@@ -197,10 +197,10 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger_scores(route: str, last: int) -> list[float]:
+def _ledger_scores(route: str, last: int, field: str) -> list[float]:
     from gateway.traffic import ledger_scores
 
-    return ledger_scores(route, last)
+    return ledger_scores(route, last, "verifier_score" if field == "verifier_score" else "score")
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:

@@ -1,34 +1,47 @@
 """The gateway's recent traffic, read back from the ledger as the router's calibration
-sample: `cascade-gateway router calibrate --from-ledger ROUTE` picks a route's tier
-thresholds from the scores its own requests got, not from a hand-made prompt file.
+sample, not a hand-made file: `cascade-gateway router calibrate --from-ledger ROUTE`
+picks a route's tier thresholds from the complexity scores its requests got
+(`SpendRecord.score`, in the classifier the route uses), `router calibrate-verify
+--from-ledger ROUTE` its verify_threshold from the verifier's scores of its cascades'
+first answers (`SpendRecord.verifier_score`).
 
-Every scored request's first record (`record_id == request_id`) carries the complexity
-score its route's classifier gave it (`SpendRecord.score`), so the sample is one score
-per request, in the classifier the route uses.
+A request's first record (`record_id == request_id`) is its first attempt, so the sample
+is one score per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 from gateway.ledger import LedgerStore, LedgerUnavailable, RedisStore
 from gateway.settings import Settings
 from router.errors import RoutingError
 
-
-async def recent_scores(store: LedgerStore, route: str, last: int) -> list[float]:
-    """The scores of `route`'s requests among the ledger's latest `last` records (all
-    routes), oldest first."""
-    return [
-        record.score
-        for record in await store.events(last)
-        if record.route == route
-        and record.record_id == record.request_id
-        and record.score is not None
-    ]
+ScoreField = Literal["score", "verifier_score"]
+_SAMPLE_OF: dict[str, tuple[str, str]] = {
+    "score": (
+        "scored requests",
+        "only classifier routes, and cascades routing streams by tiers, score requests",
+    ),
+    "verifier_score": ("verified cascade answers", "only cascade routes verify answers"),
+}
 
 
-def ledger_scores(route: str, last: int) -> list[float]:
+async def recent_scores(
+    store: LedgerStore, route: str, last: int, field: ScoreField = "score"
+) -> list[float]:
+    """`field` of `route`'s requests' first records among the ledger's latest `last`
+    records (all routes), oldest first; records without it are left out."""
+    found = []
+    for record in await store.events(last):
+        value = getattr(record, field)
+        if record.route == route and record.record_id == record.request_id and value is not None:
+            found.append(float(value))
+    return found
+
+
+def ledger_scores(route: str, last: int, field: ScoreField = "score") -> list[float]:
     """`recent_scores` from the Redis ledger the settings name (REDIS_URL, the prefix)."""
     settings = Settings()
     if not settings.redis_url:
@@ -37,7 +50,7 @@ def ledger_scores(route: str, last: int) -> list[float]:
     async def read() -> list[float]:
         store = RedisStore(settings.redis_url or "", prefix=settings.redis_prefix)
         try:
-            return await recent_scores(store, route, last)
+            return await recent_scores(store, route, last, field)
         finally:
             await store.close()
 
@@ -46,8 +59,8 @@ def ledger_scores(route: str, last: int) -> list[float]:
     except LedgerUnavailable as exc:
         raise RoutingError(f"the ledger is unreachable: {exc}") from exc
     if not scores:
+        what, why = _SAMPLE_OF[field]
         raise RoutingError(
-            f"no scored requests of route '{route}' among the ledger's last {last} records "
-            "(only classifier routes, and cascades routing streams by tiers, score requests)"
+            f"no {what} of route '{route}' among the ledger's last {last} records ({why})"
         )
     return scores

@@ -28,9 +28,9 @@ REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "m
 
 
 # The scores of a route's recent requests, from the gateway's ledger: (route, how many
-# of the latest records to read) -> scores. The gateway passes it; `router/` reads no
-# ledger itself.
-LedgerScores = Callable[[str, int], list[float]]
+# of the latest records to read, "score" or "verifier_score") -> scores. The gateway
+# passes it; `router/` reads no ledger itself.
+LedgerScores = Callable[[str, int, str], list[float]]
 
 
 def add_router_commands(
@@ -78,17 +78,7 @@ def add_router_commands(
     calibrate.add_argument(
         "input", type=Path, nargs="?", metavar="IN.jsonl", help="rows as for score"
     )
-    calibrate.add_argument(
-        "--from-ledger",
-        metavar="ROUTE",
-        help="instead of IN.jsonl: the scores ROUTE's recent requests got (REDIS_URL)",
-    )
-    calibrate.add_argument(
-        "--last",
-        type=int,
-        default=10_000,
-        help="with --from-ledger: how many of the ledger's latest records (all routes) to read",
-    )
+    _ledger_options(calibrate, "the scores ROUTE's recent requests got")
     calibrate.add_argument(
         "--shares", required=True, help="tier=share,... cheapest first, e.g. local=0.7,premium=0.3"
     )
@@ -99,16 +89,31 @@ def add_router_commands(
         "calibrate-verify",
         help="the cascade verify_threshold that escalates a target share of a sample's answers",
     )
-    calibrate_verify.add_argument("input", type=Path, metavar="IN.jsonl", help="rows as for verify")
+    calibrate_verify.add_argument(
+        "input", type=Path, nargs="?", metavar="IN.jsonl", help="rows as for verify"
+    )
+    _ledger_options(calibrate_verify, "the verifier's scores of ROUTE's recent first answers")
     calibrate_verify.add_argument(
         "--escalate", type=float, required=True, help="share of answers to escalate, e.g. 0.2"
     )
-    calibrate_verify.set_defaults(func=run_calibrate_verify)
+    calibrate_verify.set_defaults(func=run_calibrate_verify, ledger_scores=ledger_scores)
 
     evaluate = commands.add_parser("eval", help="held-out APGR / CPT table and plots")
     evaluate.add_argument("--data", type=Path, default=None, help="routing data directory")
     evaluate.add_argument("--plot", type=Path, default=None, help="directory for PNG plots")
     evaluate.set_defaults(func=run_eval)
+
+
+def _ledger_options(parser: argparse.ArgumentParser, sample: str) -> None:
+    parser.add_argument(
+        "--from-ledger", metavar="ROUTE", help=f"instead of IN.jsonl: {sample} (REDIS_URL)"
+    )
+    parser.add_argument(
+        "--last",
+        type=int,
+        default=10_000,
+        help="with --from-ledger: how many of the ledger's latest records (all routes) to read",
+    )
 
 
 def _classifier_option(parser: argparse.ArgumentParser) -> None:
@@ -166,16 +171,24 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def _calibration_sample(args: argparse.Namespace) -> list[float]:
     """Scores of IN.jsonl's rows, or those of a route's requests in the ledger."""
+    if _from_ledger(args):
+        return _ledger_sample(args, "score")
+    rows = list(_read_rows(args.input, _score_request))
+    return _load_classifier(args.classifier).score_batch([request for _, request in rows])
+
+
+def _from_ledger(args: argparse.Namespace) -> bool:
     if (args.input is None) == (args.from_ledger is None):
         raise RoutingError("give IN.jsonl or --from-ledger ROUTE (one of the two)")
-    if args.from_ledger is None:
-        rows = list(_read_rows(args.input, _score_request))
-        return _load_classifier(args.classifier).score_batch([request for _, request in rows])
+    return args.from_ledger is not None
+
+
+def _ledger_sample(args: argparse.Namespace, field: str) -> list[float]:
     if args.ledger_scores is None:
         raise RoutingError("--from-ledger needs the gateway: run `cascade-gateway router ...`")
     if args.last <= 0:
         raise RoutingError(f"--last must be positive, got {args.last}")
-    scores: list[float] = args.ledger_scores(args.from_ledger, args.last)
+    scores: list[float] = args.ledger_scores(args.from_ledger, args.last, field)
     return scores
 
 
@@ -206,7 +219,11 @@ def run_calibrate_verify(args: argparse.Namespace) -> int:
     from router.calibration import verify_threshold
 
     try:
-        scores = _verifier_scores([row for _, row in _read_rows(args.input, _verify_request)])
+        if _from_ledger(args):
+            scores = _ledger_sample(args, "verifier_score")
+        else:
+            rows = [row for _, row in _read_rows(args.input, _verify_request)]
+            scores = _verifier_scores(rows)
         threshold = verify_threshold(scores, args.escalate)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -66,6 +66,10 @@ class SpendRecord:
     # whole answer within `timeout_ms`); None when the route has no SLA. Records written
     # before this field existed read back as None.
     sla_met: bool | None = None
+    # On a cascade, the verifier's score of this attempt's answer (None when it was not
+    # judged: the last tier, a cancelled request, other strategies): the live sample
+    # `router calibrate-verify --from-ledger` picks a verify_threshold from.
+    verifier_score: float | None = None
 
     @property
     def day(self) -> str:
@@ -97,7 +101,7 @@ def _coerce(name: str, value: Any) -> Any:
         return int(value)
     if name in _FLOATS:
         return float(value)
-    if name in ("ttft_ms", "score"):
+    if name in ("ttft_ms", "score", "verifier_score"):
         return None if value in (None, "", "None") else float(value)
     if name == "stream":
         return _truthy(value)

@@ -76,6 +76,7 @@ async def test_a_good_cheap_answer_is_kept(
     assert premium.requests == []
     record = await wait_for_record(ledger_store, response.headers["x-request-id"])
     assert record.tier == "local-small"
+    assert record.verifier_score is not None and record.verifier_score >= 0.5  # kept
 
 
 async def test_a_rejected_answer_escalates_and_both_are_priced(
@@ -99,6 +100,9 @@ async def test_a_rejected_answer_escalates_and_both_are_priced(
     metrics = httpx.get(f"{base}/metrics").text
     assert 'cascade_verifier_score_count{route="careful"} 1.0' in metrics
     assert 'cascade_verifier_score_bucket{le="0.2",route="careful"} 1.0' in metrics
+    # The ledger keeps each answer's verdict: the refusal's, none for the last tier's.
+    assert cheap.verifier_score is not None and cheap.verifier_score <= 0.2
+    assert escalated.verifier_score is None
 
 
 def test_invalid_json_in_json_mode_escalates(

@@ -349,11 +349,15 @@ JUDGE = deployment("judge", "a")
 
 
 async def run_cascade(
-    behaviours: dict[str, Behaviour], deadline_s: float = 10.0, max_escalations: int = 1
+    behaviours: dict[str, Behaviour],
+    deadline_s: float = 10.0,
+    max_escalations: int = 1,
+    ledger: Ledger | None = None,
 ) -> tuple[Any, Ledger, Verifier, ScriptedClient]:
     """Run a cascade over CHEAP, MID, PREMIUM (as many as `max_escalations` allows) with
     JUDGE as second opinion; the result (or the error raised) and what it left."""
-    metrics, ledger, verifier = Metrics(), Ledger(), Verifier()
+    metrics, verifier = Metrics(), Verifier()
+    ledger = Ledger() if ledger is None else ledger
     client = ScriptedClient(behaviours)
     cascade = Cascade(
         Executor({"openai": client}, metrics), Accountant(ledger, metrics), verifier, metrics
@@ -387,6 +391,31 @@ async def test_a_slow_opinion_is_cancelled_when_the_first_tier_fails() -> None:
         0,
     )
     assert opinion.prompt_tokens > 0
+    assert leftover_tasks() == set()
+
+
+async def test_each_judged_answer_is_priced_with_its_verdict() -> None:
+    result, ledger, _, _ = await run_cascade({"cheap": says("B"), "judge": says("B")})
+    assert result.escalations == 0
+    by_id = {r.record_id: r for r in ledger}
+    assert by_id["req_1"].verifier_score == 1.0  # the opinion agreed: kept
+    assert by_id["req_1:o1"].verifier_score is None  # an opinion is priced, not judged
+
+
+async def test_a_request_cancelled_while_its_answer_is_judged_is_still_priced() -> None:
+    """The cheap answer is priced after its verdict, so a request cancelled while the
+    verdict waits for a slow opinion must still price it (once, without a verdict)."""
+    ledger = Ledger()
+    behaviours = {"cheap": says("B"), "judge": says("B", 5.0)}
+    run = asyncio.create_task(run_cascade(behaviours, ledger=ledger))
+    await asyncio.sleep(0.3)  # the cheap answer is in; its opinion is not
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    by_id = {r.record_id: r for r in ledger}
+    assert sorted(by_id) == ["req_1", "req_1:o1"] and len(ledger) == 2  # each once
+    assert by_id["req_1"].verifier_score is None and by_id["req_1"].status == "ok"
+    assert by_id["req_1:o1"].status == "partial"
     assert leftover_tasks() == set()
 
 

@@ -13,10 +13,12 @@ import pytest
 from gateway.ledger import RedisStore
 from gateway.scoring import RequestScorer
 from gateway.traffic import recent_scores
-from router.calibration import calibrate, tiers_yaml
+from router.calibration import calibrate, tiers_yaml, verify_threshold
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
 from tests.gateway.ledger_fixtures import make_record
+from tests.gateway.test_cascade_e2e import POLICY as CASCADE_POLICY
+from tests.gateway.test_cascade_e2e import QUESTION as CASCADE_QUESTION
 from tests.gateway.test_classifier_e2e import POLICY
 from tests.gateway.test_cli import EXE
 
@@ -32,14 +34,14 @@ PROMPTS = [
 
 
 def calibrate_cli(
-    *args: str, redis_url: str | None, prefix: str
+    *args: str, redis_url: str | None, prefix: str, command: str = "calibrate"
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CASCADE_REDIS_URL")}
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
     env["CASCADE_REDIS_PREFIX"] = prefix
     return subprocess.run(
-        [EXE, "router", "calibrate", *args], capture_output=True, text=True, timeout=60, env=env
+        [EXE, "router", command, *args], capture_output=True, text=True, timeout=60, env=env
     )
 
 
@@ -124,3 +126,40 @@ def test_an_unreachable_ledger_is_a_clear_error(redis_prefix: str) -> None:
     )
     assert result.returncode == 1
     assert "the ledger is unreachable" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_the_verify_threshold_comes_from_the_verdicts_on_the_routes_answers(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    ledger_store: RedisStore,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    """`router calibrate-verify --from-ledger`: the verifier's scores of a cascade
+    route's first answers, as the ledger kept them, give the threshold that escalates
+    the asked share of them."""
+    policy = CASCADE_POLICY.replace("${PREMIUM_URL}", "${CHEAP_URL}")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url).url
+    answers = ["17 * 23 = 391. The answer is 391.", "I am sorry, I cannot help with that.",
+               "391", "It is 17 * 23 = 390.", "The answer is 391.", "Maybe 400?"]  # fmt: skip
+    verdicts = []
+    for answer in answers:
+        fake_openai.reply_text = answer
+        response = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "careful", "messages": [CASCADE_QUESTION]},
+            headers=AUTH,
+        )
+        assert response.status_code == 200
+        record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        assert record.verifier_score is not None
+        verdicts.append(record.verifier_score)
+    result = calibrate_cli(
+        "--from-ledger", "careful", "--escalate", "0.5",
+        redis_url=redis_url, prefix=redis_prefix, command="calibrate-verify",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    threshold = verify_threshold(verdicts, 0.5)
+    assert result.stdout.startswith(f"verify_threshold: {threshold}  # escalates ")
+    assert f"of {len(answers)} answers" in result.stdout
+    assert len(set(verdicts)) > 1  # the answers were judged apart
