@@ -131,16 +131,17 @@ class Accountant:
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger.
         `answered_at` (perf_counter) is when the answer came, if it is settled later
-        (a cascade judges it first); its latency is measured to then."""
+        (a cascade judges it first); its time and latency are those of then."""
         route = call.route
-        ended = time.perf_counter() if answered_at is None else answered_at
+        now = time.perf_counter()
+        ended = now if answered_at is None else answered_at
         latency_ms = round((ended - call.started) * 1000, 3)
         ttft_ms = None if ttft_s is None else round(ttft_s * 1000, 3)
         record = SpendRecord(
             # Escalations of a cascade are priced too, each under its own id.
             record_id=_record_id(call.request_id, attempt, label),
             request_id=call.request_id,
-            ts=time.time(),
+            ts=time.time() - (now - ended),  # when it finished, though settled later
             team=call.team,
             key=call.key,
             route=route.name,

@@ -146,7 +146,7 @@ class Cascade:
                 )
                 break
             final, answered_at = done, time.perf_counter()
-            verdict: list[float] = []
+            verdict: list[float | None] = []
             try:
                 if verified:
                     samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
@@ -154,10 +154,11 @@ class Cascade:
             finally:
                 # Priced with its verdict, and whatever happens while it is judged: a
                 # request cancelled while waiting for its opinions is priced all the same.
-                score = verdict[0] if verdict else None
-                records.append(self._settle(call, done, endpoint, body, step, score, answered_at))
-            if score is None:
+                judged = verdict[0] if verdict else None
+                records.append(self._settle(call, done, endpoint, body, step, judged, answered_at))
+            if not verified:
                 break
+            score = 0.0 if judged is None else judged  # a verifier that broke: escalate
             scores.append(score)
             self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
             if score >= call.route.verify_threshold:
@@ -174,14 +175,15 @@ class Cascade:
         body: dict[str, Any],
         reply: dict[str, Any],
         samples: Sequence[str],
-    ) -> float:
-        """The verifier's score; a verifier that breaks on odd text rejects the answer
-        (escalate) rather than fail a request whose cheap answer is already paid for."""
+    ) -> float | None:
+        """The verifier's score; None when it broke on odd text: the answer is then
+        rejected (escalate) rather than fail a request whose cheap answer is already
+        paid for, and its record carries no verdict (it is none)."""
         try:
             return self._verifier(endpoint, body, reply, samples)
         except Exception:
             log.exception("verifier failed on %s; escalating", call.request_id)
-            return 0.0
+            return None
 
     def _settle(
         self,

@@ -200,7 +200,10 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
 def _ledger_scores(route: str, last: int, field: str) -> list[float]:
     from gateway.traffic import ledger_scores
 
-    return ledger_scores(route, last, "verifier_score" if field == "verifier_score" else "score")
+    if field == "verifier_score":
+        return ledger_scores(route, last, "verifier_score")
+    assert field == "score", field
+    return ledger_scores(route, last, "score")
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:

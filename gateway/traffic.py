@@ -58,6 +58,8 @@ def ledger_scores(route: str, last: int, field: ScoreField = "score") -> list[fl
         scores = asyncio.run(read())
     except LedgerUnavailable as exc:
         raise RoutingError(f"the ledger is unreachable: {exc}") from exc
+    except ValueError as exc:  # redis-py's word for a URL it cannot parse
+        raise RoutingError(f"REDIS_URL is not a Redis URL: {exc}") from exc
     if not scores:
         what, why = _SAMPLE_OF[field]
         raise RoutingError(

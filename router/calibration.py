@@ -11,6 +11,7 @@ and for a cascade route, the verifier threshold that escalates a target share of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -43,7 +44,8 @@ def verify_threshold(scores: Sequence[float], escalate: float) -> float:
     values = np.asarray(scores, dtype=float)
     if escalate >= 1.0:
         return 1.0  # nothing scores 1 or above: every answer escalates
-    return round(float(np.quantile(values, escalate)), 4)
+    # Rounded down: rounding up could pass answers at the quantile itself to escalation.
+    return math.floor(float(np.quantile(values, escalate)) * 10_000) / 10_000
 
 
 def tiers_yaml(tiers: Sequence[Threshold]) -> str:

@@ -31,6 +31,7 @@ REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "m
 # of the latest records to read, "score" or "verifier_score") -> scores. The gateway
 # passes it; `router/` reads no ledger itself.
 LedgerScores = Callable[[str, int, str], list[float]]
+DEFAULT_LAST = 10_000
 
 
 def add_router_commands(
@@ -111,8 +112,8 @@ def _ledger_options(parser: argparse.ArgumentParser, sample: str) -> None:
     parser.add_argument(
         "--last",
         type=int,
-        default=10_000,
-        help="with --from-ledger: how many of the ledger's latest records (all routes) to read",
+        help="with --from-ledger: how many of the ledger's latest records (all routes) to "
+        f"read (default {DEFAULT_LAST})",
     )
 
 
@@ -120,12 +121,12 @@ def _classifier_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--classifier",
         choices=("features", "minilm"),
-        default="features",
-        help="the model that scores (a route's `classifier`; minilm needs the embeddings extra)",
+        help="the model that scores (a route's `classifier`, default features; minilm needs "
+        "the embeddings extra)",
     )
 
 
-def _load_classifier(name: str) -> RequestClassifier:
+def _load_classifier(name: str | None) -> RequestClassifier:
     if name == "minilm":
         from router.embedding_classifier import EmbeddingClassifier
 
@@ -178,17 +179,25 @@ def _calibration_sample(args: argparse.Namespace) -> list[float]:
 
 
 def _from_ledger(args: argparse.Namespace) -> bool:
+    """Whether the sample is the ledger's; options of the other source are refused."""
     if (args.input is None) == (args.from_ledger is None):
         raise RoutingError("give IN.jsonl or --from-ledger ROUTE (one of the two)")
+    if args.from_ledger is None and args.last is not None:
+        raise RoutingError("--last applies to --from-ledger, not to IN.jsonl")
+    if args.from_ledger is not None and getattr(args, "classifier", None) is not None:
+        raise RoutingError(
+            "--classifier applies to IN.jsonl: a route's requests were scored by its own"
+        )
     return args.from_ledger is not None
 
 
 def _ledger_sample(args: argparse.Namespace, field: str) -> list[float]:
     if args.ledger_scores is None:
         raise RoutingError("--from-ledger needs the gateway: run `cascade-gateway router ...`")
-    if args.last <= 0:
-        raise RoutingError(f"--last must be positive, got {args.last}")
-    scores: list[float] = args.ledger_scores(args.from_ledger, args.last, field)
+    last = DEFAULT_LAST if args.last is None else args.last
+    if last <= 0:
+        raise RoutingError(f"--last must be positive, got {last}")
+    scores: list[float] = args.ledger_scores(args.from_ledger, last, field)
     return scores
 
 
@@ -219,6 +228,8 @@ def run_calibrate_verify(args: argparse.Namespace) -> int:
     from router.calibration import verify_threshold
 
     try:
+        if not 0.0 <= args.escalate <= 1.0:
+            raise RoutingError(f"--escalate must be a share in [0, 1], got {args.escalate}")
         if _from_ledger(args):
             scores = _ledger_sample(args, "verifier_score")
         else:

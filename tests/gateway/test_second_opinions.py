@@ -402,6 +402,37 @@ async def test_each_judged_answer_is_priced_with_its_verdict() -> None:
     assert by_id["req_1:o1"].verifier_score is None  # an opinion is priced, not judged
 
 
+async def test_an_answer_judged_later_is_timed_when_it_came() -> None:
+    """Its verdict waits for a slow opinion, but its record's latency and time are the
+    answer's own, not the wait's."""
+    before = time.time()
+    result, ledger, _, _ = await run_cascade({"cheap": says("B"), "judge": says("B", 0.4)})
+    assert result.escalations == 0
+    cheap = next(r for r in ledger if r.record_id == "req_1")
+    assert cheap.verifier_score == 1.0
+    assert cheap.latency_ms < 200
+    assert cheap.ts - before < 0.2
+
+
+async def test_a_verifier_that_breaks_escalates_and_records_no_verdict() -> None:
+    metrics, ledger = Metrics(), Ledger()
+    client = ScriptedClient({"cheap": says("B"), "mid": says("B")})
+
+    def broken(*args: Any, **kwargs: Any) -> float:
+        raise ValueError("odd text")
+
+    cascade = Cascade(
+        Executor({"openai": client}, metrics), Accountant(ledger, metrics), broken, metrics
+    )  # type: ignore[arg-type]
+    route = RouteRuntime(
+        "careful", "cascade", ("cheap", "mid"), "mid-model", MID.price, max_escalations=1
+    )
+    call = Call("req_1", "team", "key", route, False, time.perf_counter())
+    result = await cascade.run(call, [CHEAP, MID], "chat", MC_BODY, 10.0)
+    assert result.escalations == 1  # rejected, not failed
+    assert [(r.record_id, r.verifier_score) for r in ledger] == [("req_1", None), ("req_1:1", None)]
+
+
 async def test_a_request_cancelled_while_its_answer_is_judged_is_still_priced() -> None:
     """The cheap answer is priced after its verdict, so a request cancelled while the
     verdict waits for a slow opinion must still price it (once, without a verdict)."""

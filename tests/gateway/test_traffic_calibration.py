@@ -90,6 +90,15 @@ async def test_one_score_per_request_of_that_route(ledger_store: RedisStore) -> 
         await ledger_store.record(record)
     assert await recent_scores(ledger_store, "auto", 100) == [0.2, 0.6]
     assert await recent_scores(ledger_store, "auto", 1) == []  # only the latest record read
+    # Verdicts: only first answers; a middle tier's verdict (escalation 1) is left out.
+    verdicts = [
+        make_record(5, route="careful", verifier_score=0.3),
+        make_record(5, route="careful", verifier_score=0.8, record_id="req-5:1"),
+        make_record(6, route="careful", verifier_score=0.9),
+    ]
+    for record in verdicts:
+        await ledger_store.record(record)
+    assert await recent_scores(ledger_store, "careful", 100, "verifier_score") == [0.3, 0.9]
 
 
 @pytest.mark.parametrize(
@@ -99,33 +108,50 @@ async def test_one_score_per_request_of_that_route(ledger_store: RedisStore) -> 
         (["--from-ledger", "auto"], False, "set REDIS_URL"),
         ([], True, "give IN.jsonl or --from-ledger ROUTE"),
         (["--from-ledger", "auto", "--last", "0"], True, "--last must be positive"),
+        (["x.jsonl", "--last", "5"], True, "--last applies to --from-ledger"),
     ],
 )
+@pytest.mark.parametrize("command", ["calibrate", "calibrate-verify"])
 def test_a_sample_that_cannot_be_read_is_a_clear_error(
-    args: list[str], redis: bool, message: str, redis_url: str, redis_prefix: str
+    args: list[str], redis: bool, message: str, command: str, redis_url: str, redis_prefix: str
 ) -> None:
+    if command == "calibrate-verify":
+        message = message.replace("scored requests", "verified cascade answers")
+    option = ["--shares", "a=0.5,b=0.5"] if command == "calibrate" else ["--escalate", "0.2"]
     result = calibrate_cli(
-        *args,
-        "--shares",
-        "a=0.5,b=0.5",
-        redis_url=redis_url if redis else None,
-        prefix=redis_prefix,
-    )
+        *args, *option, redis_url=redis_url if redis else None, prefix=redis_prefix,
+        command=command,
+    )  # fmt: skip
     assert result.returncode == 1
     assert message in result.stderr and result.stdout == ""
 
 
-def test_an_unreachable_ledger_is_a_clear_error(redis_prefix: str) -> None:
+def test_the_routes_own_classifier_scored_its_requests(redis_url: str, redis_prefix: str) -> None:
     result = calibrate_cli(
-        "--from-ledger",
-        "auto",
-        "--shares",
-        "a=0.5,b=0.5",
-        redis_url="redis://127.0.0.1:1/0",
-        prefix=redis_prefix,
+        "--from-ledger", "auto", "--classifier", "minilm", "--shares", "a=0.5,b=0.5",
+        redis_url=redis_url, prefix=redis_prefix,
+    )  # fmt: skip
+    assert result.returncode == 1 and "--classifier applies to IN.jsonl" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("redis://127.0.0.1:1/0", "the ledger is unreachable"), ("foo://bad", "not a Redis URL")],
+)
+def test_an_unreachable_ledger_is_a_clear_error(url: str, message: str, redis_prefix: str) -> None:
+    result = calibrate_cli(
+        "--from-ledger", "auto", "--shares", "a=0.5,b=0.5", redis_url=url, prefix=redis_prefix
     )
     assert result.returncode == 1
-    assert "the ledger is unreachable" in result.stderr and "Traceback" not in result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_bad_share_is_named_before_the_ledger_is_read(redis_prefix: str) -> None:
+    result = calibrate_cli(
+        "--from-ledger", "nowhere", "--escalate", "2", redis_url=None, prefix=redis_prefix,
+        command="calibrate-verify",
+    )  # fmt: skip
+    assert result.returncode == 1 and "--escalate must be a share" in result.stderr
 
 
 async def test_the_verify_threshold_comes_from_the_verdicts_on_the_routes_answers(

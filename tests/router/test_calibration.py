@@ -41,3 +41,11 @@ def test_verify_threshold_escalates_the_target_share() -> None:
         verify_threshold(scores, 1.5)
     with pytest.raises(RoutingError, match="at least one scored answer"):
         verify_threshold([], 0.2)
+
+
+def test_the_verify_threshold_is_rounded_down_so_the_quantile_is_kept() -> None:
+    """Rounding up would pass the answer at the quantile itself to escalation."""
+    assert verify_threshold([0.123456], 0.2) == 0.1234
+    scores = [0.123456, 0.9]
+    threshold = verify_threshold(scores, 0.0)
+    assert sum(s < threshold for s in scores) == 0
