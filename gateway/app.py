@@ -118,7 +118,7 @@ async def start_services(settings: Settings) -> Services:
         limits=limits,
         clients=clients,
     )
-    warm(services.runtime.routes.values())
+    warm(services.runtime.routes.values(), settings.embedding_threads)
     services.reloader = PolicyReloader(
         settings.policy,
         services.apply,

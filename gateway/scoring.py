@@ -13,13 +13,13 @@ import asyncio
 import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from gateway.errors import ClassifierUnavailable
 from gateway.runtime import RouteRuntime
 from gateway.upstreams.base import EndpointType
-from router import embedding_classifier
+from router import embedding_classifier, embeddings
 from router.classifier import Classifier, RequestClassifier
 from router.errors import RoutingError
 from router.verifier import Verifier
@@ -85,16 +85,19 @@ class RequestScorer:
             raise ClassifierUnavailable(f"the route's classifier '{classifier}': {exc}") from exc
 
 
-def warm(routes: Iterable[RouteRuntime]) -> None:
+def warm(routes: Iterable[RouteRuntime], threads: int | None = None) -> Future[None] | None:
     """Load the embedding classifier in its thread, off the event loop, when a route
     uses it: a policy (re)load then never blocks, and the first request waits only for
-    what is left. A failure is logged here and answered 503 on the route's requests."""
+    what is left. `threads`: the CPU threads it may use (`Settings.embedding_threads`).
+    A failure is logged here and answered 503 on the route's requests."""
     if any(route.classifier == "minilm" for route in routes):
-        _EMBEDDING_THREAD.submit(_load_embedding_classifier)
+        return _EMBEDDING_THREAD.submit(_load_embedding_classifier, threads)
+    return None
 
 
-def _load_embedding_classifier() -> None:
+def _load_embedding_classifier(threads: int | None) -> None:
     try:
+        embeddings.load(threads)
         embedding_classifier.shipped()
     except RoutingError as exc:
         log.error("the embedding classifier (classifier: minilm) cannot load: %s", exc)

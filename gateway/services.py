@@ -39,7 +39,7 @@ class Services:
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
         self.runtime = build_runtime(loaded)
-        warm(self.runtime.routes.values())
+        warm(self.runtime.routes.values(), self.settings.embedding_threads)
         self.guard.configure(loaded.policy)
         self.metrics.policy_reloads.labels("ok").inc()
         log.info("policy reloaded (digest %s)", loaded.digest[:12])

@@ -41,5 +41,9 @@ class Settings(BaseSettings):
     upstream_transport: Literal["aiohttp", "httpcore"] = "aiohttp"
     # Cap on one backoff wait; a longer Retry-After moves on to the next deployment.
     max_retry_wait_s: float = 5.0
+    # CPU threads the embedding classifier (a route's `classifier: minilm`) may use in
+    # each worker process; unset: torch's default, every core. With several workers,
+    # cores / workers keeps them from oversubscribing the machine.
+    embedding_threads: int | None = Field(default=None, ge=1)
     # Seconds to wait for in-flight ledger writes on shutdown.
     shutdown_grace_s: float = 10.0

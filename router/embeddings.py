@@ -40,11 +40,16 @@ def tail(text: str, chars: int = TAIL_CHARS) -> str:
 
 
 def load(threads: int | None = None) -> Any:
-    """The SentenceTransformer model, loaded once per process (thread-safe)."""
+    """The SentenceTransformer model, loaded once per process (thread-safe); `threads`,
+    if given, caps the CPU threads torch uses for it (process-wide)."""
     global _model
     with _lock:
         if _model is None:
             _model = _load(threads)
+        elif threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         return _model
 
 

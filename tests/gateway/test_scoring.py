@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+from gateway import scoring
+from gateway.pricing import TokenPrice
+from gateway.runtime import RouteRuntime
 from gateway.scoring import (
     AnswerVerifier,
     RequestScorer,
     prompt_text,
     question_text,
     shipped_verifier,
+    warm,
 )
+from gateway.settings import Settings
 from router.answers import prompt_kind
 from router.verifier import Signals, extract_features
 
@@ -64,3 +74,32 @@ def test_a_questions_kind_is_read_from_the_user_turns_not_the_system_prompt() ->
 def test_without_a_user_turn_the_question_is_the_whole_conversation() -> None:
     body = {"messages": [{"role": "system", "content": MATHS}, {"role": "user", "content": ""}]}
     assert question_text("chat", body) == MATHS == prompt_text("chat", body)
+
+
+def test_warming_loads_the_embedding_classifier_within_its_thread_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At start and on reload the gateway loads `classifier: minilm` in its worker
+    thread, capped at `CASCADE_EMBEDDING_THREADS` CPU threads."""
+    import torch
+
+    monkeypatch.setenv("CASCADE_EMBEDDING_THREADS", "1")
+    threads = Settings().embedding_threads
+    assert threads == 1
+    route = RouteRuntime(
+        "r", "classifier", ("a",), "m", TokenPrice(1e-6, 1e-6, "policy"), classifier="minilm"
+    )
+    # The cap is the embedding thread's (OpenMP's count is per thread): read it there.
+    in_its_thread = scoring._EMBEDDING_THREAD.submit
+    before = in_its_thread(torch.get_num_threads).result()
+    try:
+        future = warm([route], threads)
+        assert future is not None
+        future.result(timeout=120)
+        assert in_its_thread(torch.get_num_threads).result() == 1
+    finally:
+        in_its_thread(torch.set_num_threads, before).result()
+    assert warm([dataclasses.replace(route, classifier="features")]) is None  # nothing to load
+    monkeypatch.setenv("CASCADE_EMBEDDING_THREADS", "0")
+    with pytest.raises(ValidationError):
+        Settings()
