@@ -8,7 +8,7 @@ import hashlib
 def hash_key(secret: str) -> str:
     """The stored form of a key, for `keys.<id>.hash` in the policy.
 
-    >>> hash_key("example-key-do-not-use")[:7]
+    >>> hash_key("fake-key")[:7]
     'sha256:'
     """
     return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()

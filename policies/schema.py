@@ -263,8 +263,10 @@ class Key(_Section):
     rate_limit: RateLimit | None = None
     description: str = ""
 
-    # env var names of a secret that was unset: the key is disabled (set by `Policy`)
+    # env var names of a secret (or hash) that was unset: the key is disabled (set by
+    # `Policy`), and `_unset_field` says which of the two it was
     _unset_env: list[str] = PrivateAttr(default_factory=list)
+    _unset_field: str = PrivateAttr(default="secret")
 
     @model_validator(mode="after")
     def _check_one_secret(self) -> Self:
@@ -279,7 +281,7 @@ class Key(_Section):
             return None
         if not self._unset_env:
             return "secret is not set"
-        return f"secret is not set ({', '.join(self._unset_env)} unset)"
+        return f"{self._unset_field} is not set ({', '.join(self._unset_env)} unset)"
 
 
 class Budget(_Section):
@@ -386,7 +388,10 @@ class Policy(_Section):
                 if names:
                     deployment._unset_env[field] = list(names)
         for key_id, key in self.keys.items():
-            key._unset_env = list(unset_env.get(f"keys.{key_id}.secret", []))
+            for field in ("secret", "hash"):
+                names = unset_env.get(f"keys.{key_id}.{field}")
+                if names:
+                    key._unset_env, key._unset_field = list(names), field
 
     def _reference_problems(self) -> Iterator[tuple[Loc, str]]:
         yield from self._route_problems()

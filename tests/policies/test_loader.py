@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import DEFAULT_POLICY_PATH, EXAMPLES_DIR, PolicyError, load_policy
+from policies import DEFAULT_POLICY_PATH, EXAMPLES_DIR, PolicyError, hash_key, load_policy
 from policies.errors import Problem
 
 MINIMAL = """\
@@ -93,10 +93,14 @@ def test_openai_compatible_example() -> None:
 
 
 def test_multi_provider_example() -> None:
-    policy = load_policy(EXAMPLES_DIR / "multi-provider.yaml", env={}).policy
+    path = EXAMPLES_DIR / "multi-provider.yaml"
+    stored = hash_key("fake-support-bot-key")
+    policy = load_policy(path, env={"SUPPORT_BOT_KEY_HASH": stored}).policy
     assert set(policy.routes) == {"auto", "premium"}
     assert policy.teams["support"].allowed_routes == ["auto"]
-    assert policy.keys["support-bot"].hash is not None
+    assert policy.keys["support-bot"].hash == stored
+    unset = load_policy(path, env={}).policy.keys["support-bot"]
+    assert unset.disabled_reason == "hash is not set (SUPPORT_BOT_KEY_HASH unset)"
     assert {budget.scope for budget in policy.budgets} == {"key", "team", "route"}
 
 
@@ -273,7 +277,7 @@ def test_secrets_never_appear_in_errors(tmp_path: Path) -> None:
 
 
 def test_plaintext_secret_is_rejected_without_echoing_it(tmp_path: Path) -> None:
-    text = MINIMAL + "keys:\n  k:\n    secret: hunter2-plain\nadmin_keys: [admin-plain]\n"
+    text = MINIMAL + "keys:\n  k:\n    secret: fake-plain\nadmin_keys: [admin-plain]\n"
     found = problems(write(tmp_path, text))
     assert [(p.line, p.field) for p in found] == [(10, "keys.k.secret"), (11, "admin_keys.0")]
     assert all("plain" not in p.message for p in found)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +43,8 @@ def test_defaults() -> None:
 
 
 def test_hash_key() -> None:
-    assert hash_key("example-key-do-not-use") == (
-        "sha256:239d610c3cb3891b136e406ed6352e180f4764d2aa4e6b7753b18985d93b1636"
-    )
+    secret = "fake-" + secrets.token_hex(8)
+    assert hash_key(secret) == "sha256:" + hashlib.sha256(secret.encode()).hexdigest()
 
 
 @pytest.mark.parametrize(
