@@ -146,15 +146,14 @@ class Cascade:
                 )
                 break
             final, answered_at = done, time.perf_counter()
-            verdict: list[float | None] = []
+            judged: float | None = None
             try:
                 if verified:
                     samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
-                    verdict.append(self._verify(call, endpoint, body, done.reply.body, samples))
+                    judged = self._verify(call, endpoint, body, done.reply.body, samples)
             finally:
                 # Priced with its verdict, and whatever happens while it is judged: a
                 # request cancelled while waiting for its opinions is priced all the same.
-                judged = verdict[0] if verdict else None
                 records.append(self._settle(call, done, endpoint, body, step, judged, answered_at))
             if not verified:
                 break

@@ -18,9 +18,10 @@ from gateway.errors import GatewayError
 from local_engine.cli import add_engine_commands
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
 from policies.keys import hash_key
-from router.cli import add_router_commands
+from router.cli import ScoreField, add_router_commands
 
 if TYPE_CHECKING:
+    from gateway.ledger import RedisStore
     from gateway.runtime import RouteRuntime
     from gateway.settings import Settings
     from router import Plan
@@ -197,19 +198,14 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger_scores(route: str, last: int, field: str) -> list[float]:
-    from gateway.traffic import ledger_scores
+def _ledger_scores(route: str, last: int, field: ScoreField) -> list[float]:
+    from gateway.traffic import ledger_scores  # the ledger's client only when asked
 
-    if field == "verifier_score":
-        return ledger_scores(route, last, "verifier_score")
-    assert field == "score", field
-    return ledger_scores(route, last, "score")
+    return ledger_scores(route, last, field)
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from gateway.ledger import LedgerUnavailable, RedisStore
+    from gateway.ledger import LedgerUnavailable, read_ledger
     from gateway.settings import Settings
     from gateway.spend import render, spend_report
 
@@ -219,16 +215,12 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
         return 1
     group_by = [name for name in args.group_by.split(",") if name]
 
-    async def report() -> str:
-        store = RedisStore(settings.redis_url or "", prefix=settings.redis_prefix)
-        try:
-            rows = await spend_report(store, args.day_from, args.day_to, group_by)
-        finally:
-            await store.close()
+    async def report(store: RedisStore) -> str:
+        rows = await spend_report(store, args.day_from, args.day_to, group_by)
         return render(rows, group_by, args.format)
 
     try:
-        print(asyncio.run(report()), end="")
+        print(read_ledger(settings.redis_url, settings.redis_prefix, report), end="")
     except (ValueError, LedgerUnavailable) as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -236,10 +228,9 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
 
 
 def cmd_spend_budgets(args: argparse.Namespace) -> int:
-    import asyncio
     from datetime import UTC, datetime
 
-    from gateway.ledger import LedgerUnavailable, RedisStore
+    from gateway.ledger import LedgerUnavailable, read_ledger
     from gateway.settings import Settings
     from gateway.spend import budget_statuses, render_budgets
 
@@ -248,17 +239,13 @@ def cmd_spend_budgets(args: argparse.Namespace) -> int:
         print("set REDIS_URL: budget status reads the Redis ledger", file=sys.stderr)
         return 1
 
-    async def budgets() -> str:
+    async def budgets(store: RedisStore) -> str:
         policy = load_policy(settings.policy).policy
-        store = RedisStore(settings.redis_url or "", prefix=settings.redis_prefix)
-        try:
-            statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
-        finally:
-            await store.close()
+        statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
         return render_budgets(statuses, args.format)
 
     try:
-        print(asyncio.run(budgets()), end="")
+        print(read_ledger(settings.redis_url, settings.redis_prefix, budgets), end="")
     except (PolicyError, LedgerUnavailable) as exc:
         print(exc, file=sys.stderr)
         return 1

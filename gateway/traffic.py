@@ -11,14 +11,11 @@ is one score per request.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Literal
-
-from gateway.ledger import LedgerStore, LedgerUnavailable, RedisStore
+from gateway.ledger import LedgerStore, LedgerUnavailable, RedisStore, read_ledger
 from gateway.settings import Settings
+from router.cli import ScoreField
 from router.errors import RoutingError
 
-ScoreField = Literal["score", "verifier_score"]
 _SAMPLE_OF: dict[str, tuple[str, str]] = {
     "score": (
         "scored requests",
@@ -47,15 +44,11 @@ def ledger_scores(route: str, last: int, field: ScoreField = "score") -> list[fl
     if not settings.redis_url:
         raise RoutingError("set REDIS_URL: --from-ledger reads the Redis ledger")
 
-    async def read() -> list[float]:
-        store = RedisStore(settings.redis_url or "", prefix=settings.redis_prefix)
-        try:
-            return await recent_scores(store, route, last, field)
-        finally:
-            await store.close()
+    async def read(store: RedisStore) -> list[float]:
+        return await recent_scores(store, route, last, field)
 
     try:
-        scores = asyncio.run(read())
+        scores = read_ledger(settings.redis_url, settings.redis_prefix, read)
     except LedgerUnavailable as exc:
         raise RoutingError(f"the ledger is unreachable: {exc}") from exc
     except ValueError as exc:  # redis-py's word for a URL it cannot parse

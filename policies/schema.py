@@ -263,10 +263,9 @@ class Key(_Section):
     rate_limit: RateLimit | None = None
     description: str = ""
 
-    # env var names of a secret (or hash) that was unset: the key is disabled (set by
-    # `Policy`), and `_unset_field` says which of the two it was
-    _unset_env: list[str] = PrivateAttr(default_factory=list)
-    _unset_field: str = PrivateAttr(default="secret")
+    # field -> env var names of a secret or hash that was unset: the key is disabled
+    # (set by `Policy`)
+    _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_one_secret(self) -> Self:
@@ -279,9 +278,10 @@ class Key(_Section):
         """Why this key accepts no requests (its secret's env var is unset), or None."""
         if self.secret is not None or self.hash is not None:
             return None
-        if not self._unset_env:
-            return "secret is not set"
-        return f"{self._unset_field} is not set ({', '.join(self._unset_env)} unset)"
+        for field in ("hash", "secret"):
+            if names := self._unset_env.get(field):
+                return f"{field} is not set ({', '.join(names)} unset)"
+        return "secret is not set"
 
 
 class Budget(_Section):
@@ -388,10 +388,11 @@ class Policy(_Section):
                 if names:
                     deployment._unset_env[field] = list(names)
         for key_id, key in self.keys.items():
-            for field in ("secret", "hash"):
-                names = unset_env.get(f"keys.{key_id}.{field}")
-                if names:
-                    key._unset_env, key._unset_field = list(names), field
+            key._unset_env = {
+                field: list(names)
+                for field in ("secret", "hash")
+                if (names := unset_env.get(f"keys.{key_id}.{field}"))
+            }
 
     def _reference_problems(self) -> Iterator[tuple[Loc, str]]:
         yield from self._route_problems()

@@ -19,6 +19,7 @@ they could), and option lines are matched within one line (``[ \\t]``, not ``\\s
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -81,6 +82,9 @@ MAX_QUESTION_CHARS = 8000  # a prompt's kind is read from its end, where the que
 PromptKind = Literal["mc", "math", "code"] | None
 
 
+# Kept for the last few prompts: one request's verifier, agreement and second opinions
+# each ask the kind of the same question (a maths answer with two opinions: 12 times).
+@functools.lru_cache(maxsize=16)
 def prompt_kind(prompt: str) -> PromptKind:
     """The kind of question: "mc" (lettered options and an "answer" cue), "code" (asks
     for a function, a program, Python), "math" (numbers and a question for a quantity)
@@ -102,16 +106,6 @@ def comparable(prompt: str) -> bool:
     """Whether two answers to ``prompt`` can be compared (``agrees``): multiple choice,
     maths and code; free text cannot. Second opinions are asked only then."""
     return prompt_kind(prompt) is not None
-
-
-def is_mc_prompt(prompt: str) -> bool:
-    """Lettered options and an "answer" cue: a multiple-choice question."""
-    return prompt_kind(prompt) == "mc"
-
-
-def is_math_prompt(prompt: str) -> bool:
-    """A question with numbers that asks for a quantity (not multiple choice)."""
-    return prompt_kind(prompt) == "math"
 
 
 def chosen_options(answer: str) -> set[str]:

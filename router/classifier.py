@@ -75,15 +75,17 @@ class Classifier:
     def load(cls, path: Path | str | None = None) -> Classifier:
         """Load a model file; by default the one shipped with the package."""
         source = Path(path) if path is not None else DEFAULT_PATH
-        try:
-            document = json.loads(source.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise RoutingError(f"cannot read classifier model {source}: {exc}") from exc
-        return cls.from_dict(document, source=str(source))
+        return cls.from_dict(read_artifact(source, "classifier model"), source=str(source))
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any], *, source: str = "<dict>") -> Classifier:
-        _check_spec(document, source)
+        expected = {
+            "format": FORMAT,
+            "feature_version": FEATURE_VERSION,
+            "hash_features": HASH_FEATURES,
+            "dense_names": list(DENSE_NAMES),
+        }
+        check_spec(document, expected, f"classifier model {source}", "cascade-gateway router train")
         try:
             hash_coef = np.zeros(HASH_FEATURES)
             hashed = document["hash_coef"]
@@ -142,18 +144,24 @@ class Classifier:
         return [self.score_features(extract_body(r)) for r in requests]
 
 
-def _check_spec(document: Mapping[str, Any], source: str) -> None:
-    expected = {
-        "format": FORMAT,
-        "feature_version": FEATURE_VERSION,
-        "hash_features": HASH_FEATURES,
-        "dense_names": list(DENSE_NAMES),
-    }
+def read_artifact(source: Path, what: str) -> dict[str, Any]:
+    """A model file's JSON; a RoutingError naming `what` when it cannot be read."""
+    try:
+        document: dict[str, Any] = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RoutingError(f"cannot read {what} {source}: {exc}") from exc
+    return document
+
+
+def check_spec(
+    document: Mapping[str, Any], expected: Mapping[str, Any], what: str, rebuild: str
+) -> None:
+    """A model file was built for this code: each `expected` key holds its value."""
     for key, value in expected.items():
         if document.get(key) != value:
             raise RoutingError(
-                f"classifier model {source} has {key}={document.get(key)!r}; this code "
-                f"expects {value!r} (rebuild it with `cascade-gateway router train`)"
+                f"{what} has {key}={document.get(key)!r}; this code "
+                f"expects {value!r} (rebuild it with `{rebuild}`)"
             )
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import RoutingError
 
@@ -30,7 +30,8 @@ REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "m
 # The scores of a route's recent requests, from the gateway's ledger: (route, how many
 # of the latest records to read, "score" or "verifier_score") -> scores. The gateway
 # passes it; `router/` reads no ledger itself.
-LedgerScores = Callable[[str, int, str], list[float]]
+ScoreField = Literal["score", "verifier_score"]
+LedgerScores = Callable[[str, int, ScoreField], list[float]]
 DEFAULT_LAST = 10_000
 
 
@@ -191,7 +192,7 @@ def _from_ledger(args: argparse.Namespace) -> bool:
     return args.from_ledger is not None
 
 
-def _ledger_sample(args: argparse.Namespace, field: str) -> list[float]:
+def _ledger_sample(args: argparse.Namespace, field: ScoreField) -> list[float]:
     if args.ledger_scores is None:
         raise RoutingError("--from-ledger needs the gateway: run `cascade-gateway router ...`")
     last = DEFAULT_LAST if args.last is None else args.last

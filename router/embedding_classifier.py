@@ -20,7 +20,6 @@ never a pickle.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from router import embeddings
-from router.classifier import rounded, write_artifact
+from router.classifier import check_spec, read_artifact, rounded, write_artifact
 from router.errors import RoutingError
 from router.features import (
     DENSE_NAMES,
@@ -64,10 +63,7 @@ class EmbeddingClassifier:
     def load(cls, path: Path | str | None = None) -> EmbeddingClassifier:
         """Load a model file (the shipped one by default) and the sentence model."""
         source = Path(path) if path is not None else DEFAULT_PATH
-        try:
-            document = json.loads(source.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise RoutingError(f"cannot read embedding classifier {source}: {exc}") from exc
+        document = read_artifact(source, "embedding classifier")
         classifier = cls.from_dict(document, source=str(source))
         embeddings.load()  # fail now, not on the first request, when the extra is missing
         return classifier
@@ -82,12 +78,9 @@ class EmbeddingClassifier:
             "dense_names": list(DENSE_NAMES),
             "dimensions": embeddings.DIMENSIONS,
         }
-        for key, value in expected.items():
-            if document.get(key) != value:
-                raise RoutingError(
-                    f"embedding classifier {source} has {key}={document.get(key)!r}; this "
-                    f"code expects {value!r} (rebuild it with `router train --embeddings`)"
-                )
+        check_spec(
+            document, expected, f"embedding classifier {source}", "router train --embeddings"
+        )
         width = len(DENSE_NAMES) + embeddings.DIMENSIONS
         try:
             mean, scale, coef = (

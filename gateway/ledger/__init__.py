@@ -3,7 +3,7 @@
 from gateway.ledger.ledger import CostLedger
 from gateway.ledger.memory_store import MemoryStore
 from gateway.ledger.record import AggregateRow, SpendRecord
-from gateway.ledger.redis_store import RedisStore
+from gateway.ledger.redis_store import RedisStore, read_ledger
 from gateway.ledger.spool import Spool
 from gateway.ledger.store import LedgerStore, LedgerUnavailable
 
@@ -16,4 +16,5 @@ __all__ = [
     "RedisStore",
     "SpendRecord",
     "Spool",
+    "read_ledger",
 ]

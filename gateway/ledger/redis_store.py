@@ -22,10 +22,11 @@ Expiries on aggregate keys are refreshed on every write.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import date
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 from redis import exceptions as redis_errors
@@ -241,3 +242,21 @@ class RedisStore:
             yield
         except _UNREACHABLE as exc:
             raise LedgerUnavailable(f"redis at {self._where} is unreachable: {exc}") from exc
+
+
+T = TypeVar("T")
+
+
+def read_ledger(url: str, prefix: str, read: Callable[[RedisStore], Awaitable[T]]) -> T:
+    """`read` run on the Redis ledger at `url`, for a command line tool: in its own
+    event loop, the connection closed after. Raises what `read` and `RedisStore` raise
+    (`LedgerUnavailable`; ValueError for a URL redis-py cannot parse)."""
+
+    async def run() -> T:
+        store = RedisStore(url, prefix=prefix)
+        try:
+            return await read(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())

@@ -14,8 +14,6 @@ from router.answers import (
     agrees,
     code_agreement,
     final_answer,
-    is_math_prompt,
-    is_mc_prompt,
     prompt_kind,
 )
 
@@ -40,7 +38,7 @@ MATH = "Tom has 3 boxes of 12 eggs and breaks 5. How many eggs are left?"
     ],
 )
 def test_the_option_an_answer_commits_to(answer: str, expected: str | None) -> None:
-    assert is_mc_prompt(MC)
+    assert prompt_kind(MC) == "mc"
     assert final_answer(MC, answer) == expected
 
 
@@ -56,7 +54,7 @@ def test_the_option_an_answer_commits_to(answer: str, expected: str | None) -> N
     ],
 )
 def test_the_final_number_of_a_maths_answer(answer: str, expected: str | None) -> None:
-    assert is_math_prompt(MATH)
+    assert prompt_kind(MATH) == "math"
     assert final_answer(MATH, answer) == expected
 
 
