@@ -315,3 +315,45 @@ async def test_a_wrong_step_written_with_units_escalates(
     assert (await wait_for_record(ledger_store, request_id)).deployment == "cheap"
     if escalated:
         assert (await wait_for_record(ledger_store, f"{request_id}:1")).deployment == "premium"
+
+
+MIXED_QUESTION = {
+    "role": "user",
+    "content": "Xavier is 4 feet tall and grows 3 inches this year. How many inches tall is he?",
+}
+MIXED_RIGHT = "4 feet + 3 inches = 51 inches.\n#### 51"
+MIXED_WRONG = "4 * 12 = 46 inches, 46 + 3 = 49 inches.\n#### 49"
+
+
+@pytest.mark.parametrize(("answer", "escalated"), [(MIXED_RIGHT, False), (MIXED_WRONG, True)])
+async def test_a_right_step_in_two_units_is_kept_and_a_wrong_one_escalates(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+    answer: str,
+    escalated: bool,
+) -> None:
+    """ "4 feet + 3 inches = 51 inches" is no wrong step (its sum is in two units): it
+    scores above an answer with a real wrong step, so a threshold between the two keeps
+    it (before, it was flagged and scored below the wrong one)."""
+    verify, body = AnswerVerifier(), {"messages": [MIXED_QUESTION]}
+    right, wrong = (
+        verify("chat", body, {"choices": [{"message": {"content": text}}]})
+        for text in (MIXED_RIGHT, MIXED_WRONG)
+    )
+    assert wrong < right - 0.05, (wrong, right)
+    policy = POLICY.replace(
+        "verify_threshold: 0.5", f"verify_threshold: {(right + wrong) / 2:.4f}"
+    ).replace(  # scored on the text alone, as above (the fake's logprobs would move both)
+        "tier: local-small", "tier: local-small\n    cascade_logprobs: false", 1
+    )
+    fake_openai.reply_text, premium.reply_text = answer, MIXED_RIGHT
+    url = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    body = {"model": "careful", "messages": [MIXED_QUESTION]}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-escalations"] == ("1" if escalated else "0")
+    assert response.json()["choices"][0]["message"]["content"] == MIXED_RIGHT
+    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+    assert record.deployment == "cheap" and record.verifier_score is not None
