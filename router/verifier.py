@@ -66,6 +66,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "code_missing",
     "code_other_language",
     "code_lines",
+    "code_no_function",
     "repetition",
     "degenerate_loop",
     "no_logprobs",
@@ -127,6 +128,18 @@ _COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
 _CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
 _FENCE_LANGUAGE = re.compile(r"```\s*([A-Za-z+#]+)")
+# A prompt that names a language other than Python (the default when none is named).
+_NAMES_OTHER_LANGUAGE = re.compile(
+    r"(?i:\b(?:java(?:script)?|typescript|node\.?js|golang|rust|ruby|php|swift|kotlin|scala|"
+    r"haskell|perl|lua|matlab|sql|bash|shell|powershell|c\+\+|c#|cpp|csharp)(?!\w))"
+    r"|\b(?:in|using) (?:C|Go|R)\b"
+)
+_FUNCTION_ASKED = re.compile(r"\bfunction\b", re.IGNORECASE)
+# A Python function's head, "def name(" (within one line: linear; a markdown-escaped
+# "def add\\_one(" is none, it would not run), or a lambda.
+_PYTHON_FUNCTION = re.compile(
+    r"^[ \t]*+(?:async[ \t]++)?def[ \t]++\w++[ \t]*+\(|\blambda\b", re.MULTILINE
+)
 _JSON_PROMPT = re.compile(r"\bjson\b", re.IGNORECASE)
 _JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 _WORD = re.compile(r"\w+")
@@ -166,7 +179,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         "refusal": float(bool(_REFUSAL.match(lowered) or _AS_AN_AI.search(lowered))),
         "hedge": float(bool(_HEDGE.search(lowered))),
         **_json_features(prompt, answer, signals.response_format),
-        **_format_features(prompt, answer, kind),
+        **_format_features(prompt, question, answer, kind),
         **_repetition_features(words, lowered[:MAX_ANALYSED_CHARS]),
         **_logprob_features(signals.logprobs),
         **_arithmetic_features(question, answer, kind),
@@ -283,7 +296,7 @@ def _is_json_type(value: Any, name: str) -> bool:
     return not (isinstance(value, bool) and name in ("number", "integer"))
 
 
-def _format_features(prompt: str, answer: str, kind: PromptKind) -> dict[str, float]:
+def _format_features(prompt: str, question: str, answer: str, kind: PromptKind) -> dict[str, float]:
     mc, math_prompt, code = kind == "mc", kind == "math", kind == "code"
     return {
         "mc_prompt": float(mc),
@@ -297,7 +310,19 @@ def _format_features(prompt: str, answer: str, kind: PromptKind) -> dict[str, fl
         # Long code is more often wrong (a harder task, or a detour): on the shared MBPP
         # answers, 62% of those with <= 5 lines are right, 42% of those with > 12.
         "code_lines": math.log1p(_lines(code_text(answer))) if code else 0.0,
+        # Asked for a function (in Python: no other language named) and wrote no Python
+        # function: on the shared MBPP answers these are other languages' code without a
+        # fence tag, or a bare expression, and 5% of them are right (53% of the rest).
+        "code_no_function": float(code and _no_python_function(prompt, question, answer)),
     }
+
+
+def _no_python_function(prompt: str, question: str, answer: str) -> bool:
+    """The question asks for a function, the conversation (a system prompt too) names no
+    other language, and the answer defines no Python function."""
+    if not _FUNCTION_ASKED.search(question) or _NAMES_OTHER_LANGUAGE.search(prompt):
+        return False
+    return not _PYTHON_FUNCTION.search(code_text(answer))
 
 
 def _lines(code: str) -> int:

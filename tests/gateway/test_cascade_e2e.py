@@ -277,83 +277,69 @@ def test_decisions_are_logged_when_asked(
     assert not [r for r in caplog.records if r.name == "gateway.decisions"]
 
 
-UNITS_QUESTION = {
-    "role": "user",
-    "content": "A building has 15 floors with 8 units on each floor. How many units does it have?",
+# A question, then a right and a wrong answer to it that only the verifier's checks of the
+# answer tell apart (the weights are retrained now and then: the order is what counts).
+PAIRS = {
+    # "15 floors * 8 units/floor = 130" is checked as the step 15 * 8 = 130.
+    "units": (
+        "A building has 15 floors with 8 units on each floor. How many units does it have?",
+        "15 floors * 8 units/floor = 120 units.\n#### 120",
+        "15 floors * 8 units/floor = 130 units.\n#### 130",
+    ),
+    # "4 feet + 3 inches = 51 inches" is no wrong step (its sum is in two units): before,
+    # it was flagged and scored below the real wrong step.
+    "two units": (
+        "Xavier is 4 feet tall and grows 3 inches this year. How many inches tall is he?",
+        "4 feet + 3 inches = 51 inches.\n#### 51",
+        "4 * 12 = 46 inches, 46 + 3 = 49 inches.\n#### 49",
+    ),
+    # Asked for a function, no language named: JavaScript in an untagged fence writes no
+    # Python function.
+    "no function": (
+        "Write a function to reverse the words of a sentence.",
+        "```python\ndef reverse_words(sentence):\n    return ' '.join(sentence.split()[::-1])\n```",
+        "```\nfunction reverseWords(sentence) {\n"
+        "  return sentence.split(' ').reverse().join(' ');\n}\n```",
+    ),
 }
-UNITS_RIGHT = "15 floors * 8 units/floor = 120 units.\n#### 120"
-UNITS_WRONG = "15 floors * 8 units/floor = 130 units.\n#### 130"
 
 
-@pytest.mark.parametrize(("answer", "escalated"), [(UNITS_RIGHT, False), (UNITS_WRONG, True)])
-async def test_a_wrong_step_written_with_units_escalates(
+@pytest.mark.parametrize("case", sorted(PAIRS))
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+async def test_the_right_answer_is_kept_and_the_wrong_one_escalates(
     start_gateway: StartGateway,
     fake_openai: FakeOpenAI,
     premium: FakeOpenAI,
     ledger_store: RedisStore,
-    answer: str,
-    escalated: bool,
+    case: str,
+    wrong: bool,
 ) -> None:
-    """The verifier checks "15 floors * 8 units/floor = 130" as the step 15 * 8 = 130: a
-    threshold between its scores of the right and the wrong answer sends only the wrong
-    one on (the shipped weights are retrained now and then; the order is what counts)."""
-    verify, body = AnswerVerifier(), {"messages": [UNITS_QUESTION]}
-    right, wrong = (
-        verify("chat", body, {"choices": [{"message": {"content": text}}]})
-        for text in (UNITS_RIGHT, UNITS_WRONG)
+    """The cheap tier answers right or wrong, the route's threshold lies between the
+    shipped verifier's scores of the two, and only the wrong answer goes on to the
+    premium tier (which answers right); the ledger prices each answer."""
+    text, right_answer, wrong_answer = PAIRS[case]
+    question = {"role": "user", "content": text}
+    verify, body = AnswerVerifier(), {"messages": [question]}
+    right, low = (
+        verify("chat", body, {"choices": [{"message": {"content": answer}}]})
+        for answer in (right_answer, wrong_answer)
     )
-    assert wrong < right - 0.05, (wrong, right)
-    policy = POLICY.replace("verify_threshold: 0.5", f"verify_threshold: {(right + wrong) / 2:.4f}")
-    fake_openai.reply_text, premium.reply_text = answer, UNITS_RIGHT
-    url = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
-    body = {"model": "careful", "messages": [UNITS_QUESTION]}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
-    assert response.status_code == 200
-    assert response.headers["x-cascade-escalations"] == ("1" if escalated else "0")
-    assert response.json()["choices"][0]["message"]["content"] == UNITS_RIGHT
-    request_id = response.headers["x-request-id"]
-    assert (await wait_for_record(ledger_store, request_id)).deployment == "cheap"
-    if escalated:
-        assert (await wait_for_record(ledger_store, f"{request_id}:1")).deployment == "premium"
-
-
-MIXED_QUESTION = {
-    "role": "user",
-    "content": "Xavier is 4 feet tall and grows 3 inches this year. How many inches tall is he?",
-}
-MIXED_RIGHT = "4 feet + 3 inches = 51 inches.\n#### 51"
-MIXED_WRONG = "4 * 12 = 46 inches, 46 + 3 = 49 inches.\n#### 49"
-
-
-@pytest.mark.parametrize(("answer", "escalated"), [(MIXED_RIGHT, False), (MIXED_WRONG, True)])
-async def test_a_right_step_in_two_units_is_kept_and_a_wrong_one_escalates(
-    start_gateway: StartGateway,
-    fake_openai: FakeOpenAI,
-    premium: FakeOpenAI,
-    ledger_store: RedisStore,
-    answer: str,
-    escalated: bool,
-) -> None:
-    """ "4 feet + 3 inches = 51 inches" is no wrong step (its sum is in two units): it
-    scores above an answer with a real wrong step, so a threshold between the two keeps
-    it (before, it was flagged and scored below the wrong one)."""
-    verify, body = AnswerVerifier(), {"messages": [MIXED_QUESTION]}
-    right, wrong = (
-        verify("chat", body, {"choices": [{"message": {"content": text}}]})
-        for text in (MIXED_RIGHT, MIXED_WRONG)
-    )
-    assert wrong < right - 0.05, (wrong, right)
+    assert low < right - 0.05, (low, right)
     policy = POLICY.replace(
-        "verify_threshold: 0.5", f"verify_threshold: {(right + wrong) / 2:.4f}"
-    ).replace(  # scored on the text alone, as above (the fake's logprobs would move both)
+        "verify_threshold: 0.5", f"verify_threshold: {(right + low) / 2:.4f}"
+    ).replace(  # judged on the text alone, as the pair was (the fake's logprobs move both)
         "tier: local-small", "tier: local-small\n    cascade_logprobs: false", 1
     )
-    fake_openai.reply_text, premium.reply_text = answer, MIXED_RIGHT
+    fake_openai.reply_text = wrong_answer if wrong else right_answer
+    premium.reply_text = right_answer
     url = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
-    body = {"model": "careful", "messages": [MIXED_QUESTION]}
+    body = {"model": "careful", "messages": [question]}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
     assert response.status_code == 200
-    assert response.headers["x-cascade-escalations"] == ("1" if escalated else "0")
-    assert response.json()["choices"][0]["message"]["content"] == MIXED_RIGHT
-    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
-    assert record.deployment == "cheap" and record.verifier_score is not None
+    assert response.headers["x-cascade-escalations"] == ("1" if wrong else "0")
+    assert response.json()["choices"][0]["message"]["content"] == right_answer
+    request_id = response.headers["x-request-id"]
+    first = await wait_for_record(ledger_store, request_id)
+    assert first.deployment == "cheap" and first.verifier_score is not None
+    if wrong:
+        assert (await wait_for_record(ledger_store, f"{request_id}:1")).deployment == "premium"

@@ -181,6 +181,46 @@ def test_code_prompt_without_code_is_flagged() -> None:
     assert (with_code["code_missing"], without["code_missing"]) == (0.0, 1.0)
 
 
+@pytest.mark.parametrize(
+    ("prompt", "answer", "flagged"),
+    [
+        ("Write a function to reverse a string.", "def rev(s):\n    return s[::-1]", 0.0),
+        ("Write a function to reverse a string.", "```\nrev = lambda s: s[::-1]\n```", 0.0),
+        # Another language's code without a fence tag, or a bare expression.
+        ("Write a function to reverse a string.", "```\nfunction rev(s) {\n}\n```", 1.0),
+        ("Write a function that matches 'ab'.", "Use this pattern:\n```\nr'ab'\n```", 1.0),
+        # Asked in another language, or for a program rather than a function.
+        ("Write a JavaScript function to reverse a string.", "function rev(s) {}", 0.0),
+        ("Write a function in Go to reverse a string.", "func rev(s string) {}", 0.0),
+        ("Write a program that prints hello.", "```\nprint('hello')\n```", 0.0),
+        ("Write a function to add two numbers.", "```python\nasync def add(a, b): ...\n```", 0.0),
+        ("Write a function to add two numbers.", "Define add(a, b) to return a + b.", 1.0),
+        # Markdown-escaped, "def add\\_two(" would not run.
+        ("Write a function to add two numbers.", "```\ndef add\\_two(a, b):\n```", 1.0),
+    ],
+)
+def test_a_function_asked_for_and_none_written_is_flagged(
+    prompt: str, answer: str, flagged: float
+) -> None:
+    assert extract_features(prompt, answer, Signals())["code_no_function"] == flagged
+
+
+def test_the_function_check_is_linear_on_hostile_input() -> None:
+    started = time.perf_counter()
+    answer = "```\n" + ("def" + " " * 5000 + "\n") * 200 + "lambd" * 100_000 + "\n```"
+    prompt = "Write a function to reverse a string."
+    assert extract_features(prompt, answer, Signals())["code_no_function"] == 1.0
+    assert time.perf_counter() - started < 5.0
+
+
+def test_a_system_prompt_naming_a_language_is_heard() -> None:
+    conversation = "You are a TypeScript assistant.\n\nWrite a function to reverse a string."
+    question = "Write a function to reverse a string."
+    answer = "```\nfunction rev(s: string) { return s; }\n```"
+    features = extract_features(conversation, answer, Signals(question=question))
+    assert features["code_no_function"] == 0.0
+
+
 def test_the_length_of_an_answers_code_is_counted_on_code_prompts() -> None:
     """Non-blank lines of the answer's code (fenced, or unfenced code), not its prose."""
     prompt = "Write a python function to reverse a string."
