@@ -12,7 +12,7 @@ import datetime
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,8 +35,10 @@ from router.dataset import (
 from router.errors import RoutingError
 from router.evaluation import (
     Curve,
+    Intervals,
     Metrics,
     apgr,
+    bootstrap_intervals,
     cascade_curve,
     cpt,
     evaluate,
@@ -44,6 +46,7 @@ from router.evaluation import (
     random_curve,
     random_metrics,
     route_curve,
+    route_intervals,
 )
 from router.features import DENSE_NAMES, HASH_FEATURES, RequestFeatures, extract
 from router.gain_regression import fit_gain, sign_consistent
@@ -97,6 +100,9 @@ class FoldReport:
     strong_quality: float
     metrics: Mapping[str, Metrics]
     curves: Mapping[str, Curve]
+    # Bootstrap intervals per router (none for the random router: its figure is a mean
+    # over seeds, and its spread is the seeds', not the prompts').
+    intervals: Mapping[str, Intervals] = field(default_factory=dict)
 
 
 class FeatureCache:
@@ -237,17 +243,30 @@ def train(data_dir: Path | None, out: Path, examples: Sequence[Example]) -> list
 
 def format_table(reports: Sequence[FoldReport], routers: Sequence[str] = ROUTERS) -> str:
     lines = [
-        "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) |",
-        "|---|---:|---:|---:|---|---:|---:|---:|",
+        "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) "
+        f"| {INTERVAL_HEADERS} |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
         for router in routers:
             m = r.metrics[router]
             lines.append(
                 f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "
-                f"{router} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} |"
+                f"{router} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} | "
+                f"{format_intervals(r.intervals.get(router))} |"
             )
     return "\n".join(lines)
+
+
+INTERVAL_HEADERS = "APGR 90% CI | CPT(50%) 90% CI"
+
+
+def format_intervals(intervals: Intervals | None) -> str:
+    """The two interval cells of a table row (both empty when there are none)."""
+    if intervals is None:
+        return " | "
+    (a, b), (c, d) = intervals.apgr, intervals.cpt50
+    return f"{a:.3f}-{b:.3f} | {c:.1%}-{d:.1%}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +285,7 @@ class CascadeReport:
     # The second opinion this dataset would be given without looking at it: the best
     # by mean APGR on the other datasets (``choose_opinions``).
     chosen_elsewhere: bool = False
+    intervals: Intervals | None = None
 
 
 def run_cascade_evaluation(
@@ -387,7 +407,10 @@ def _cascade_report(
         scores.append(verified[answer.source, answer.prompt_id])
         weak.append(bool(row["weak_correct"]))
         strong.append(bool(row["strong_correct"]))
-    cascade = cascade_curve(scores, weak, strong, weak_cost, strong_cost)
+    columns = [
+        np.asarray(c, dtype=np.float64) for c in (scores, weak, strong, weak_cost, strong_cost)
+    ]
+    cascade = cascade_curve(*columns)
     curve = cascade.curve
     source = "cost_usd" if priced else f"weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong"
     return CascadeReport(
@@ -400,6 +423,9 @@ def _cascade_report(
         cascade.cost,
         source,
         opinion or "",
+        intervals=bootstrap_intervals(
+            lambda i: _cascade_metrics(cascade_curve(*(c[i] for c in columns)).curve), len(scores)
+        ),
     )
 
 
@@ -422,8 +448,9 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
         "spread the escalation share",
         "",
         "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) "
-        "| cost@CPT(50%) | cost@CPT(80%) | max escalation (cost) | cost basis |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| cost@CPT(50%) | cost@CPT(80%) | max escalation (cost) | cost basis "
+        f"| {INTERVAL_HEADERS} |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in reports:
         m = r.metrics
@@ -432,7 +459,7 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
             f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "
             f"{_cascade_label(r)} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} | "
             f"{at50:.1%} | {at80:.1%} | {r.curve.share[-1]:.1%} ({r.cost[-1]:.1%}) | "
-            f"{r.cost_source} |"
+            f"{r.cost_source} | {format_intervals(r.intervals)} |"
         )
     return "\n".join(lines)
 
@@ -468,11 +495,18 @@ def _judge(fold: Fold, held_out: PromptScores) -> FoldReport:
     }
     metrics = {name: evaluate(s, weak, strong) for name, s in scores.items()}
     curves = {name: route_curve(s, weak, strong) for name, s in scores.items()}
+    intervals = {name: route_intervals(s, weak, strong) for name, s in scores.items()}
     metrics["random"] = random_metrics(weak, strong)
     curves["random"] = random_curve(weak, strong)
     quality = curves["random"]
     return FoldReport(
-        fold.name, len(fold.test), quality.weak_quality, quality.strong_quality, metrics, curves
+        fold.name,
+        len(fold.test),
+        quality.weak_quality,
+        quality.strong_quality,
+        metrics,
+        curves,
+        intervals,
     )
 
 
@@ -565,6 +599,10 @@ positive): {datasets}.
 - Metrics as RouteLLM's evaluate.py: 11 decile thresholds, trapezoid AUC over the
   strong-call share, CPT by linear interpolation along the curve. Random = mean of 10
   seeds; length = longer prompt first.
+- 90% CI: the central 90% of each figure over 200 bootstrap resamples of the held-out
+  prompts (seed 0), the router's scores fixed: how much the figure owes to which
+  prompts were drawn, not to training. A target a figure misses inside its interval is
+  missed within that noise.
 
 ## Held-out results
 {table}

@@ -34,7 +34,7 @@ from router.classifier_train import (
 )
 from router.dataset import Example, data_fingerprint, evaluation_folds, training_pool
 from router.embedding_classifier import EmbeddingClassifier
-from router.evaluation import evaluate, route_curve
+from router.evaluation import evaluate, route_curve, route_intervals
 from router.features import DENSE_NAMES
 
 C = 0.01
@@ -141,8 +141,11 @@ def held_out_reports(
         b = base[fold.name]
         metrics = {**b.metrics, "minilm": evaluate(scores, weak, strong)}
         curves = {**b.curves, "minilm": route_curve(scores, weak, strong)}
+        intervals = {**b.intervals, "minilm": route_intervals(scores, weak, strong)}
         reports.append(
-            FoldReport(fold.name, b.rows, b.weak_quality, b.strong_quality, metrics, curves)
+            FoldReport(
+                fold.name, b.rows, b.weak_quality, b.strong_quality, metrics, curves, intervals
+            )
         )
     return reports
 

@@ -150,7 +150,9 @@ def main() -> None:
             metrics[kind], curves[kind] = m, curve
             chosen.setdefault(fold.name, {})[kind] = {"C": c, "cv_apgr": cv}
         reports.append(
-            FoldReport(fold.name, b.rows, b.weak_quality, b.strong_quality, metrics, curves)
+            FoldReport(
+                fold.name, b.rows, b.weak_quality, b.strong_quality, metrics, curves, b.intervals
+            )
         )
     print(_table(reports))
     print(json.dumps(chosen, indent=1))

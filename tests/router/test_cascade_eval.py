@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from router.classifier_train import (
     run_cascade_evaluation,
 )
 from router.dataset import DATASETS, DEFAULT_DATA_DIR, load_examples
-from router.evaluation import Metrics, apgr, cascade_curve, cpt
+from router.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
 
 # Four rows; the verifier trusts the cheap answer in ascending order of score.
 SCORES = [0.1, 0.2, 0.3, 0.4]
@@ -73,6 +74,9 @@ def test_cascade_table_reports_cost_at_cpt_and_ties() -> None:
         "| tiny | 4 | 0.500 | 0.750 | cascade (verifier) | 1.333 | 12.5% | 20.0% | 22.5% |" in table
     )
     assert "75.0% (85.0%)" in table
+    assert table.endswith("| test |  |  |")  # built without intervals: empty cells
+    with_intervals = replace(report, intervals=Intervals((0.9, 1.4), (0.1, 0.25)))
+    assert format_cascade_table([with_intervals]).endswith("| test | 0.900-1.400 | 10.0%-25.0% |")
 
     tied = cascade_curve([0.5] * 4, WEAK, STRONG, WEAK_COST, STRONG_COST)
     assert np.all(tied.curve.share == 0)
@@ -123,6 +127,11 @@ def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None
     assert not {r.second_opinion for r in opinions} & {WEAK_MODEL, STRONG_MODEL}
     for report in opinions:
         assert report.cost[0] > plain[report.name].cost[0]
+    # Each cascade's bootstrap interval holds its figure (where the figure is defined).
+    for report in reports:
+        assert report.intervals is not None
+        low, high = report.intervals.apgr
+        assert np.isnan(report.metrics.apgr) or low <= report.metrics.apgr <= high
 
 
 @pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
@@ -137,6 +146,7 @@ def test_router_eval_prints_the_tables_and_draws_every_dataset(
     printed = capsys.readouterr().out
     assert "| mmlu |" in printed and "| classifier |" in printed
     assert "cascade + 2nd opinion" in printed
+    assert printed.count("| APGR 90% CI | CPT(50%) 90% CI |") == 2  # both tables
     for name in DATASETS.values():
         assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
