@@ -39,6 +39,7 @@ from router.answers import (
 )
 from router.arithmetic import check_arithmetic
 from router.errors import RoutingError
+from router.features import head_and_tail
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "verifier.json"
 ARTIFACT_FORMAT = "cascade-verifier/1"
@@ -95,6 +96,9 @@ SCORE_CAPS: dict[str, float] = {
 }
 
 MAX_ANALYSED_CHARS = 4000  # word and repetition statistics look at the head only
+# A long prompt is read at its head (a system prompt) and tail (the question): its scans
+# stay bounded (a 4 MiB conversation took 1.1 s). Every training prompt is shorter.
+MAX_PROMPT_CHARS = 16_000
 MAX_ARITHMETIC_CHARS = 8000  # worked steps are checked in the head of long answers
 LOW_LOGPROB = math.log(0.1)  # a token the model gave under 10% probability
 # Logprob features are centred on typical values so that "absent" (0.0) is neutral.
@@ -128,12 +132,13 @@ _COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
 _CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
 _FENCE_LANGUAGE = re.compile(r"```\s*([A-Za-z+#]+)")
-# A prompt that names a language other than Python (the default when none is named).
-_NAMES_OTHER_LANGUAGE = re.compile(
-    r"(?i:\b(?:java(?:script)?|typescript|node\.?js|golang|rust|ruby|php|swift|kotlin|scala|"
-    r"haskell|perl|lua|matlab|sql|bash|shell|powershell|c\+\+|c#|cpp|csharp)(?!\w))"
-    r"|\b(?:in|using) (?:C|Go|R)\b"
+# A prompt that names a language other than Python (the default when none is named):
+# a name, read in the lower-cased prompt, or "in C" / "using Go" as written.
+_OTHER_LANGUAGE_NAME = re.compile(
+    r"\b(?:java(?:script)?|typescript|node\.?js|golang|rust|ruby|php|swift|kotlin|scala|"
+    r"haskell|perl|lua|matlab|sql|bash|shell|powershell|c\+\+|c#|cpp|csharp)(?![\w+#])"
 )
+_OTHER_LANGUAGE_LETTER = re.compile(r"\b(?:in|using) (?:C|Go|R)\b")
 _FUNCTION_ASKED = re.compile(r"\bfunction\b", re.IGNORECASE)
 # A Python function's head, "def name(" (within one line: linear; a markdown-escaped
 # "def add\\_one(" is none, it would not run), or a lambda.
@@ -171,7 +176,8 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
     answer = response.strip()
     lowered = answer.lower().replace("\u2019", "'")
     words = _WORD.findall(lowered[:MAX_ANALYSED_CHARS])
-    question = signals.question or prompt
+    prompt = head_and_tail(prompt, MAX_PROMPT_CHARS)
+    question = head_and_tail(signals.question or prompt, MAX_PROMPT_CHARS)
     kind = prompt_kind(question)
     features = {
         **_length_features(prompt, answer, len(words)),
@@ -320,9 +326,15 @@ def _format_features(prompt: str, question: str, answer: str, kind: PromptKind) 
 def _no_python_function(prompt: str, question: str, answer: str) -> bool:
     """The question asks for a function, the conversation (a system prompt too) names no
     other language, and the answer defines no Python function."""
-    if not _FUNCTION_ASKED.search(question) or _NAMES_OTHER_LANGUAGE.search(prompt):
+    if not _FUNCTION_ASKED.search(question) or _names_other_language(prompt):
         return False
     return not _PYTHON_FUNCTION.search(code_text(answer))
+
+
+def _names_other_language(prompt: str) -> bool:
+    return bool(
+        _OTHER_LANGUAGE_NAME.search(prompt.lower()) or _OTHER_LANGUAGE_LETTER.search(prompt)
+    )
 
 
 def _lines(code: str) -> int:

@@ -4,7 +4,14 @@ import math
 
 import numpy as np
 
-from router.features import DENSE_NAMES, HASH_FEATURES, extract, request_features
+from router.features import (
+    DENSE_NAMES,
+    HASH_FEATURES,
+    MAX_SCANNED_CHARS,
+    extract,
+    head_and_tail,
+    request_features,
+)
 
 
 def dense(messages: list[dict[str, object]], **fields: object) -> dict[str, float]:
@@ -98,3 +105,30 @@ def test_question_block_is_read_from_the_last_user_turn() -> None:
     f = dense(messages)
     assert f["q_log_chars"] == math.log1p(4)
     assert f["q_log_context_chars"] == 0.0
+
+
+def test_a_long_conversation_is_read_at_its_head_and_tail_with_exact_lengths() -> None:
+    """Content features read the first and last MAX_SCANNED_CHARS / 2 characters (a pasted
+    document's start, and the end with the question); lengths count the whole."""
+    half = MAX_SCANNED_CHARS // 2
+    head = "Solve x^2 = 4. " * 300  # maths words, read
+    middle = "```python\ndef f(): return 1\n``` " * 20_000  # code, only in the unread middle
+    filler = "Some context here. " * 300  # the read tail's context
+    question = "Which is right?\nA) 2\nB) 3\nAnswer:"
+    text = f"{head}{middle}\n\n{filler}\n\n{question}"
+    assert min(len(head), len(filler)) > half
+    f = dense(user(text))
+    assert f["log_chars"] == math.log1p(len(text))  # the whole length
+    assert f["log_code_fences"] == 0.0  # the middle is not read
+    assert f["log_math_words"] > 0  # the head is
+    assert f["log_mc_options"] == math.log1p(2)  # and the question at the end
+    # The question's context is everything before it, read or not.
+    assert f["q_log_context_chars"] == math.log1p(len(text) - len(question))
+    # Words are estimated at the density of the part read: near the real count.
+    assert abs(f["log_words"] - math.log1p(len(text.split()))) < 0.5
+
+
+def test_a_conversation_within_the_bound_is_read_whole() -> None:
+    text = "word " * (MAX_SCANNED_CHARS // 5)
+    assert head_and_tail(text, MAX_SCANNED_CHARS) is text
+    assert dense(user(text))["log_words"] == math.log1p(len(text.split()))

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from router.errors import RoutingError
-from router.verifier import FEATURE_NAMES, Signals, Verifier, extract_features, schema_matches
+from router.verifier import (
+    FEATURE_NAMES,
+    MAX_PROMPT_CHARS,
+    Signals,
+    Verifier,
+    extract_features,
+    schema_matches,
+)
 from router.verifier_train import DEFAULT_DATA_DIR, build_examples, train
 
 needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
@@ -211,6 +218,23 @@ def test_the_function_check_is_linear_on_hostile_input() -> None:
     prompt = "Write a function to reverse a string."
     assert extract_features(prompt, answer, Signals())["code_no_function"] == 1.0
     assert time.perf_counter() - started < 5.0
+
+
+def test_a_long_prompt_is_read_at_its_head_and_tail() -> None:
+    """A system prompt at the head and the question at the tail are read however long the
+    pasted text between them; the middle is not (its scans stay bounded)."""
+    middle = "The report covers the year's deliveries in some detail. " * 20_000
+    question = "Write a function to count the deliveries."
+    answer = "```\nfunction count(deliveries) { return deliveries.length; }\n```"
+    system_named = f"You write TypeScript.\n\n{middle}\n\n{question}"
+    middle_named = f"{middle} It was kept in TypeScript. {middle}\n\n{question}"
+    assert len(system_named) > 2 * MAX_PROMPT_CHARS
+    started = time.perf_counter()
+    heard = extract_features(system_named, answer, Signals(question=f"{middle}\n\n{question}"))
+    unheard = extract_features(middle_named, answer, Signals())
+    assert time.perf_counter() - started < 5.0
+    assert (heard["code_prompt"], heard["code_no_function"]) == (1.0, 0.0)
+    assert (unheard["code_prompt"], unheard["code_no_function"]) == (1.0, 1.0)
 
 
 def test_a_system_prompt_naming_a_language_is_heard() -> None:
