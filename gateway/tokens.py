@@ -7,6 +7,7 @@ is an estimate for non-OpenAI models and is recorded as such (usage_source=count
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import os
@@ -19,6 +20,9 @@ import tiktoken
 # OpenAI's chat format adds a few tokens per message and for the reply's priming.
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REPLY = 3
+# Longer prompts are counted in a worker thread: tiktoken releases the GIL while it
+# encodes, and a 1 MB prompt takes ~130 ms, which the event loop would otherwise wait.
+THREADED_PROMPT_CHARS = 64_000
 _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")
 
 
@@ -69,6 +73,23 @@ def count_prompt(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
     if isinstance(prompt, list):
         return sum(count_text(model, p) for p in prompt if isinstance(p, str))
     return count_text(model, prompt) if isinstance(prompt, str) else 0
+
+
+async def count_prompt_off_loop(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
+    """``count_prompt``, in a worker thread when the prompt is long."""
+    if _prompt_chars(endpoint, body) <= THREADED_PROMPT_CHARS:
+        return count_prompt(model, endpoint, body)
+    return await asyncio.to_thread(count_prompt, model, endpoint, body)
+
+
+def _prompt_chars(endpoint: str, body: Mapping[str, Any]) -> int:
+    if endpoint == "chat":
+        messages = body.get("messages") or []
+        return sum(len(_content_text(m.get("content"))) for m in messages)
+    prompt = body.get("prompt") if endpoint == "completions" else body.get("input")
+    if isinstance(prompt, list):
+        return sum(len(p) for p in prompt if isinstance(p, str))
+    return len(prompt) if isinstance(prompt, str) else 0
 
 
 def preload() -> None:

@@ -52,7 +52,7 @@ from gateway.limits.store import (
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
-from gateway.tokens import count_prompt
+from gateway.tokens import count_prompt_off_loop
 from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,8 @@ class Limiter:
         if rules is None or not candidates:  # no candidates: nothing will be called
             return UNLIMITED
         plans = self._plans(runtime, route, candidates, rules)
-        ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id)
+        prompt = await count_prompt_off_loop(plans[0][0].target.model, endpoint, body)
+        ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id, prompt)
         if self._store is None or (self._down and time.monotonic() < self._probe_at):
             return self._unchecked(runtime, ask, None)
         self._probe_at = time.monotonic() + PROBE_INTERVAL_S  # others skip while we probe
@@ -178,8 +179,8 @@ class Limiter:
         strategy: str,
         rules: Rules,
         request_id: str,
+        prompt: int,
     ) -> Ask:
-        prompt = count_prompt(plans[0][0].target.model, endpoint, body)
         output = output_tokens(endpoint, body, rules.max_output_tokens)
         options = tuple(
             worst_case_nanos(plan, strategy, route, prompt, output, rules.copies) for plan in plans

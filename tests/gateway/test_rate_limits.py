@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.tokens import count_prompt
+from gateway.tokens import THREADED_PROMPT_CHARS, count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway
 from tests.gateway.server import GatewayServer
@@ -119,6 +119,19 @@ def test_tokens_are_counted_at_admission_and_corrected_at_settlement(start: Any)
         time.sleep(0.05)
     limit, counted_now = 2 * COUNTED + USED, 2 * USED + COUNTED
     assert int(response.headers["x-ratelimit-remaining-tokens"]) == limit - counted_now
+
+
+def test_a_long_prompt_is_counted_as_a_short_one_is(start: Any) -> None:
+    """A prompt long enough to be counted off the event loop counts exactly the same."""
+    long = [{"role": "user", "content": "a long pasted report. " * 5_000}]
+    counted = count_prompt("big-model", "chat", {"messages": long}) + MAX_TOKENS
+    assert len(long[0]["content"]) > THREADED_PROMPT_CHARS  # counted in the worker thread
+    base = start(policy(key=f"tokens_per_minute: {2 * counted}")).url
+    one_minute_window(10)
+    response = ask(base, messages=long)
+    assert response.status_code == 200
+    # The limit holds two such requests: one request's count is left.
+    assert int(response.headers["x-ratelimit-remaining-tokens"]) == counted
 
 
 def test_a_team_limit_is_shared_by_its_keys(start: Any) -> None:
