@@ -97,7 +97,7 @@ SCORE_CAPS: dict[str, float] = {
 
 MAX_ANALYSED_CHARS = 4000  # word and repetition statistics look at the head only
 # A long prompt is read at its head (a system prompt) and tail (the question): its scans
-# stay bounded (a 4 MiB conversation took 1.1 s). Every training prompt is shorter.
+# stay bounded (unbounded, a 4 MB conversation took 1.1 s). Training prompts are shorter.
 MAX_PROMPT_CHARS = 16_000
 MAX_ARITHMETIC_CHARS = 8000  # worked steps are checked in the head of long answers
 LOW_LOGPROB = math.log(0.1)  # a token the model gave under 10% probability
@@ -115,7 +115,28 @@ JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "boolean": bool,
     "null": type(None),
 }
-OTHER_LANGUAGES = ("javascript", "java", "c++", "cpp", "c#", "csharp", "ruby", "go", "rust")
+# Languages other than Python (the default when none is named), by the names a prompt
+# uses or an answer's code fence is tagged with; ALIASES map other spellings onto them.
+OTHER_LANGUAGES = (
+    "javascript", "typescript", "java", "kotlin", "scala", "groovy", "c", "c++", "c#", "f#",
+    "objective-c", "go", "rust", "zig", "nim", "swift", "dart", "ruby", "php", "perl", "lua",
+    "r", "julia", "matlab", "fortran", "cobol", "haskell", "ocaml", "elixir", "erlang",
+    "clojure", "solidity", "sql", "bash", "powershell",
+)  # fmt: skip
+ALIASES = {
+    "cpp": "c++",
+    "csharp": "c#",
+    "golang": "go",
+    "js": "javascript",
+    "ts": "typescript",
+    "node.js": "javascript",
+    "nodejs": "javascript",
+    "sh": "bash",
+    "shell script": "bash",
+}
+# Names that are also everyday words or letters ("go", "option c") are heard as written
+# and next to a word that makes them a language: "in C", "a Go function", "R code".
+_LETTER_NAMES = ("c", "go", "r")
 
 _REFUSAL = re.compile(
     r"^\W*(i'?m sorry|i am sorry|sorry,|i apologi[sz]e|i cannot|i can'?t|i can not|"
@@ -132,13 +153,19 @@ _COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
 _CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
 _FENCE_LANGUAGE = re.compile(r"```\s*([A-Za-z+#]+)")
-# A prompt that names a language other than Python (the default when none is named):
-# a name, read in the lower-cased prompt, or "in C" / "using Go" as written.
-_OTHER_LANGUAGE_NAME = re.compile(
-    r"\b(?:java(?:script)?|typescript|node\.?js|golang|rust|ruby|php|swift|kotlin|scala|"
-    r"haskell|perl|lua|matlab|sql|bash|shell|powershell|c\+\+|c#|cpp|csharp)(?![\w+#])"
+_URL = re.compile(r"https?://\S++")  # "geeksforgeeks.org/x.php" names no language
+_LANGUAGE_NAME = re.compile(  # in the lower-cased prompt; longest names first
+    r"(?<![\w+#.-])(?:"
+    + "|".join(
+        re.escape(name)
+        for name in sorted({*OTHER_LANGUAGES, *ALIASES} - set(_LETTER_NAMES), key=len, reverse=True)
+    )
+    + r")(?![a-z_+#])"
 )
-_OTHER_LANGUAGE_LETTER = re.compile(r"\b(?:in|using) (?:C|Go|R)\b")
+_LETTER_NAME = re.compile(
+    r"\b(?:in|using|with|for) (C|Go|R)\b(?!\+|#)"
+    r"|\b(C|Go|R)(?= (?:function|program|code|script|language|implementation|version)\b)"
+)
 _FUNCTION_ASKED = re.compile(r"\bfunction\b", re.IGNORECASE)
 # A Python function's head, "def name(" (within one line: linear; a markdown-escaped
 # "def add\\_one(" is none, it would not run), or a lambda.
@@ -177,7 +204,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
     lowered = answer.lower().replace("\u2019", "'")
     words = _WORD.findall(lowered[:MAX_ANALYSED_CHARS])
     prompt = head_and_tail(prompt, MAX_PROMPT_CHARS)
-    question = head_and_tail(signals.question or prompt, MAX_PROMPT_CHARS)
+    question = head_and_tail(signals.question, MAX_PROMPT_CHARS) if signals.question else prompt
     kind = prompt_kind(question)
     features = {
         **_length_features(prompt, answer, len(words)),
@@ -318,7 +345,7 @@ def _format_features(prompt: str, question: str, answer: str, kind: PromptKind) 
         "code_lines": math.log1p(_lines(code_text(answer))) if code else 0.0,
         # Asked for a function (in Python: no other language named) and wrote no Python
         # function: on the shared MBPP answers these are other languages' code without a
-        # fence tag, or a bare expression, and 5% of them are right (53% of the rest).
+        # fence tag, or a bare expression, and 5% of them are right (52% of the rest).
         "code_no_function": float(code and _no_python_function(prompt, question, answer)),
     }
 
@@ -332,9 +359,15 @@ def _no_python_function(prompt: str, question: str, answer: str) -> bool:
 
 
 def _names_other_language(prompt: str) -> bool:
-    return bool(
-        _OTHER_LANGUAGE_NAME.search(prompt.lower()) or _OTHER_LANGUAGE_LETTER.search(prompt)
-    )
+    return bool(_named_languages(prompt))
+
+
+def _named_languages(prompt: str) -> set[str]:
+    """The languages other than Python a prompt names (``OTHER_LANGUAGES`` spellings)."""
+    text = _URL.sub(" ", prompt)
+    names = {ALIASES.get(name, name) for name in _LANGUAGE_NAME.findall(text.lower())}
+    names.update((a or b).lower() for a, b in _LETTER_NAME.findall(text))
+    return names
 
 
 def _lines(code: str) -> int:
@@ -342,9 +375,10 @@ def _lines(code: str) -> int:
 
 
 def _other_language(prompt: str, answer: str) -> bool:
-    asked = prompt.lower()
-    used = {match.lower() for match in _FENCE_LANGUAGE.findall(answer)}
-    return any(lang in used and lang not in asked for lang in OTHER_LANGUAGES)
+    """The answer's code is fenced as a language other than Python the prompt did not name."""
+    tags = {ALIASES.get(tag.lower(), tag.lower()) for tag in _FENCE_LANGUAGE.findall(answer)}
+    used = tags & set(OTHER_LANGUAGES)
+    return bool(used - _named_languages(prompt)) if used else False
 
 
 def _repetition_features(words: list[str], lowered: str) -> dict[str, float]:

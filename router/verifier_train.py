@@ -484,7 +484,9 @@ dataset, each scored by a verifier of this recipe trained without its prompt) is
 ## Limits
 The signals judge form, not content: a well-formed wrong answer (a confident wrong
 option letter) scores like a right one. Logprob weights are guesses until traffic with
-logprobs and outcomes is available.
+logprobs and outcomes is available. Some checks were designed by reading these answers
+(`code_no_function`, `code_lines`: the MBPP answers), so their held-out figures here
+are rosier than they will be on other code.
 
 ## Rebuild
 `cascade-gateway router train-verifier` (or `python -m router.verifier_train`);

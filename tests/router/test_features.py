@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from router.features import (
     DENSE_NAMES,
@@ -132,3 +133,24 @@ def test_a_conversation_within_the_bound_is_read_whole() -> None:
     text = "word " * (MAX_SCANNED_CHARS // 5)
     assert head_and_tail(text, MAX_SCANNED_CHARS) is text
     assert dense(user(text))["log_words"] == math.log1p(len(text.split()))
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_bound_is_exact(extra: int) -> None:
+    """At MAX_SCANNED_CHARS a conversation is read whole; one character more, it is cut."""
+    text = "x" * (MAX_SCANNED_CHARS + extra)
+    read = head_and_tail(text, MAX_SCANNED_CHARS)
+    assert (read is text) == (extra == 0)
+    assert len(read) <= MAX_SCANNED_CHARS + 1  # the two halves and a newline
+    assert dense(user(text))["log_chars"] == math.log1p(len(text))
+    assert head_and_tail("abc", 1) == "a\nc"  # a tiny bound still keeps both ends
+
+
+def test_a_long_one_block_question_is_all_question() -> None:
+    """A question longer than the part read, with no blank line in it: its length is the
+    whole turn's and there is no context before it (as for a short one-block prompt)."""
+    text = "Explain why the following holds in detail " * 1_000 + "?"
+    f = dense(user(text))
+    assert f["q_log_chars"] == math.log1p(len(text))
+    assert f["q_log_context_chars"] == 0.0
+    assert abs(f["q_log_words"] - math.log1p(len(text.split()))) < 0.1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from router import verifier as verifier_module
 from router.errors import RoutingError
 from router.verifier import (
     FEATURE_NAMES,
@@ -199,6 +200,19 @@ def test_code_prompt_without_code_is_flagged() -> None:
         # Asked in another language, or for a program rather than a function.
         ("Write a JavaScript function to reverse a string.", "function rev(s) {}", 0.0),
         ("Write a function in Go to reverse a string.", "func rev(s string) {}", 0.0),
+        (
+            "Write a C function to reverse a string in place.",
+            "```c\nvoid rev(char *s) {}\n```",
+            0.0,
+        ),
+        ("Write a Go function to reverse a string.", "func rev(s string) string {}", 0.0),
+        ("Write an R function to reverse a vector.", "rev2 <- function(x) rev(x)", 0.0),
+        ("Write a Julia function to add two numbers.", "add(a, b) = a + b", 0.0),
+        ("Write a function in C++17 to add.", "int add(int a, int b) { return a + b; }", 0.0),
+        # Letters and words that are no language: still Python, still flagged.
+        ("Write a function to pick option c.", "function pick() {}", 1.0),
+        ("Write a function to go through a list.", "function walk(xs) {}", 1.0),
+        ("Write a function for https://x.org/sort.php input.", "function s() {}", 1.0),
         ("Write a program that prints hello.", "```\nprint('hello')\n```", 0.0),
         ("Write a function to add two numbers.", "```python\nasync def add(a, b): ...\n```", 0.0),
         ("Write a function to add two numbers.", "Define add(a, b) to return a + b.", 1.0),
@@ -212,12 +226,39 @@ def test_a_function_asked_for_and_none_written_is_flagged(
     assert extract_features(prompt, answer, Signals())["code_no_function"] == flagged
 
 
-def test_the_function_check_is_linear_on_hostile_input() -> None:
+def test_the_code_and_language_checks_are_linear_on_hostile_input() -> None:
+    """The patterns themselves, on 200k characters each (the verifier reads less)."""
+    hostile = [
+        ("def" + " " * 1000 + "\n") * 200,
+        " " * 200_000 + "def",
+        "in " * 70_000,
+        "C " * 100_000,
+        "c+" * 100_000,
+        "http://" + "x" * 200_000,
+        "java" * 50_000,
+    ]
     started = time.perf_counter()
-    answer = "```\n" + ("def" + " " * 5000 + "\n") * 200 + "lambd" * 100_000 + "\n```"
-    prompt = "Write a function to reverse a string."
-    assert extract_features(prompt, answer, Signals())["code_no_function"] == 1.0
-    assert time.perf_counter() - started < 5.0
+    for text in hostile:
+        assert not verifier_module._PYTHON_FUNCTION.search(text)
+        verifier_module._named_languages(text)
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fence", "flagged"),
+    [
+        ("Write a function to add.", "cpp", 1.0),  # C++ unasked
+        ("Write a C++ function to add.", "cpp", 0.0),  # asked, spelled otherwise
+        ("Write a Go function to add.", "golang", 0.0),
+        ("Write a JavaScript function to add.", "ruby", 1.0),  # another than the one asked
+        ("Write a function to add.", "python", 0.0),
+    ],
+)
+def test_code_fenced_as_a_language_not_asked_for_is_flagged(
+    prompt: str, fence: str, flagged: float
+) -> None:
+    answer = f"```{fence}\nadd(a, b)\n```"
+    assert extract_features(prompt, answer, Signals())["code_other_language"] == flagged
 
 
 def test_a_long_prompt_is_read_at_its_head_and_tail() -> None:
