@@ -27,7 +27,7 @@ from router.dataset import (
     Fold,
     PromptScores,
     cheap_pool,
-    data_fingerprint,
+    data_digest,
     evaluation_folds,
     selection_folds,
     training_pool,
@@ -233,7 +233,7 @@ def train(data_dir: Path | None, out: Path, examples: Sequence[Example]) -> list
     """Fit the shipped model on the training pool, evaluate the recipe, write both files."""
     cache = FeatureCache(examples)
     classifier = fit(training_pool(examples), cache)
-    training = {**classifier.training, "data_sha256": data_fingerprint(data_dir)}
+    training = {**classifier.training, "data_sha256_12": data_digest(data_dir)}
     classifier = Classifier.from_dict({**classifier.to_dict(), "training": training})
     classifier.save(out)
     reports = run_evaluation(examples, cache)
@@ -544,7 +544,7 @@ def model_card(classifier: Classifier, reports: Sequence[FoldReport]) -> str:
         datasets=", ".join(f"{k} {v}" for k, v in dict(t.get("datasets", {})).items()),
         model=t.get("model"),
         recipe=t.get("recipe"),
-        sha=t.get("data_sha256"),
+        sha=t.get("data_sha256_12"),
         table=format_table(reports),
     )
 
@@ -552,7 +552,7 @@ def model_card(classifier: Classifier, reports: Sequence[FoldReport]) -> str:
 CARD = """# Complexity classifier: model card
 
 Trained {date} by `cascade-gateway router train` (rebuild: the same command; the same
-data gives a byte-identical `classifier.json`). Data SHA-256: `{sha}`.
+data gives a byte-identical `classifier.json`). Data SHA-256 (first 12 hex digits): `{sha}`.
 
 ## What it is
 {model} over the dense part of `router/features.py` (feature version in the JSON): ~35

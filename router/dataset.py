@@ -96,12 +96,22 @@ def load_examples(data_dir: Path | None = None) -> list[Example]:
 
 
 def data_fingerprint(data_dir: Path | None = None) -> str:
-    """SHA-256 over the dataset files, recorded in the artifact to tie it to its data."""
+    """SHA-256 over the dataset files (hex): what derived caches are keyed on."""
     directory = data_dir or DEFAULT_DATA_DIR
     digest = hashlib.sha256()
     for stem in DATASETS:
         digest.update((directory / f"{stem}.jsonl").read_bytes())
     return digest.hexdigest()
+
+
+DATA_DIGEST_DIGITS = 12
+
+
+def data_digest(data_dir: Path | None = None) -> str:
+    """The fingerprint's first ``DATA_DIGEST_DIGITS`` hex digits, as artifacts and cards
+    record it: enough to tell data sets apart, and no 64-digit string that secret
+    scanners take for a key."""
+    return data_fingerprint(data_dir)[:DATA_DIGEST_DIGITS]
 
 
 def is_held_out_subject(subject: str) -> bool:

@@ -32,7 +32,13 @@ from router.classifier_train import (
     format_table,
     run_evaluation,
 )
-from router.dataset import Example, data_fingerprint, evaluation_folds, training_pool
+from router.dataset import (
+    Example,
+    data_digest,
+    data_fingerprint,
+    evaluation_folds,
+    training_pool,
+)
 from router.embedding_classifier import EmbeddingClassifier
 from router.evaluation import evaluate, route_curve, route_intervals
 from router.features import DENSE_NAMES
@@ -53,7 +59,7 @@ Logistic regression (C={c}) on the {dense} standardised dense features of
 `router.features` and the 384-d L2-normalised MiniLM embedding of the conversation (its
 last {tail} characters, the tokenizer cutting from the left to {tokens} tokens). Datasets
 weigh the same in total; rows where neither model is right are left out. Trained on
-{rows} prompts ({datasets}); data sha256 `{sha}`.
+{rows} prompts ({datasets}); data SHA-256 (first 12 hex digits) `{sha}`.
 
 ## Held-out evaluation (same folds as the default classifier)
 MMLU: 12 subjects never seen in training; every other dataset: left out entirely.
@@ -158,7 +164,7 @@ def train(
     cache = FeatureCache(examples)
     pool = training_pool(examples)
     model = fit(pool, cache, vectors)
-    training = {**model.training, "data_sha256": data_fingerprint(data_dir)}
+    training = {**model.training, "data_sha256_12": data_digest(data_dir)}
     model = EmbeddingClassifier.from_dict({**model.to_dict(), "training": training})
     model.save(out)
     reports = held_out_reports(examples, cache, vectors)
@@ -171,7 +177,7 @@ def train(
             tokens=embeddings.MAX_TOKENS,
             rows=training["rows"],
             datasets=", ".join(f"{k} {v}" for k, v in training["datasets"].items()),
-            sha=training["data_sha256"],
+            sha=training["data_sha256_12"],
             table=format_table(reports, EMBEDDING_ROUTERS),
         ),
         encoding="utf-8",
