@@ -338,28 +338,37 @@ def _format_features(prompt: str, question: str, answer: str, kind: PromptKind) 
         "math_no_number": float(math_prompt and not NUMBER.search(answer)),
         "math_final_marker": float(math_prompt and bool(_FINAL_MARKER.search(answer.lower()))),
         "code_prompt": float(code),
-        "code_missing": float(code and not _CODE_SIGNS.search(answer)),
-        "code_other_language": float(code and _other_language(prompt, answer)),
-        # Long code is more often wrong (a harder task, or a detour): on the shared MBPP
-        # answers, 62% of those with <= 5 lines are right, 42% of those with > 12.
-        "code_lines": math.log1p(_lines(code_text(answer))) if code else 0.0,
-        # Asked for a function (in Python: no other language named) and wrote no Python
-        # function: on the shared MBPP answers these are other languages' code without a
-        # fence tag, or a bare expression, and 5% of them are right (52% of the rest).
-        "code_no_function": float(code and _no_python_function(prompt, question, answer)),
+        **(_code_features(prompt, question, answer) if code else NO_CODE_FEATURES),
     }
 
 
-def _no_python_function(prompt: str, question: str, answer: str) -> bool:
-    """The question asks for a function, the conversation (a system prompt too) names no
-    other language, and the answer defines no Python function."""
-    if not _FUNCTION_ASKED.search(question) or _names_other_language(prompt):
-        return False
-    return not _PYTHON_FUNCTION.search(code_text(answer))
+NO_CODE_FEATURES = dict.fromkeys(
+    ("code_missing", "code_other_language", "code_lines", "code_no_function"), 0.0
+)
 
 
-def _names_other_language(prompt: str) -> bool:
-    return bool(_named_languages(prompt))
+def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
+    """The answer to a code question: its code read once, the languages the prompt names
+    (a system prompt too) read once and only when a check needs them."""
+    code = code_text(answer)
+    fenced = {ALIASES.get(t.lower(), t.lower()) for t in _FENCE_LANGUAGE.findall(answer)}
+    other_fenced = fenced & set(OTHER_LANGUAGES)
+    asks_function = bool(_FUNCTION_ASKED.search(question))
+    named = _named_languages(prompt) if other_fenced or asks_function else set()
+    return {
+        "code_missing": float(not _CODE_SIGNS.search(answer)),
+        # Fenced as a language other than Python that the prompt did not name.
+        "code_other_language": float(bool(other_fenced - named)),
+        # Long code is more often wrong (a harder task, or a detour): on the shared MBPP
+        # answers, 62% of those with <= 5 lines are right, 42% of those with > 12.
+        "code_lines": math.log1p(_lines(code)),
+        # Asked for a function (in Python: no other language named) and wrote no Python
+        # function: on the shared MBPP answers these are other languages' code without a
+        # fence tag, or a bare expression, and 5% of them are right (52% of the rest).
+        "code_no_function": float(
+            asks_function and not named and not _PYTHON_FUNCTION.search(code)
+        ),
+    }
 
 
 def _named_languages(prompt: str) -> set[str]:
@@ -372,13 +381,6 @@ def _named_languages(prompt: str) -> set[str]:
 
 def _lines(code: str) -> int:
     return sum(1 for line in code.splitlines() if line.strip())
-
-
-def _other_language(prompt: str, answer: str) -> bool:
-    """The answer's code is fenced as a language other than Python the prompt did not name."""
-    tags = {ALIASES.get(tag.lower(), tag.lower()) for tag in _FENCE_LANGUAGE.findall(answer)}
-    used = tags & set(OTHER_LANGUAGES)
-    return bool(used - _named_languages(prompt)) if used else False
 
 
 def _repetition_features(words: list[str], lowered: str) -> dict[str, float]:
