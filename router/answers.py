@@ -82,15 +82,19 @@ MAX_QUESTION_CHARS = 8000  # a prompt's kind is read from its end, where the que
 PromptKind = Literal["mc", "math", "code"] | None
 
 
-# Kept for the last few prompts: one request's verifier, agreement and second opinions
-# each ask the kind of the same question (a maths answer with two opinions: 12 times).
-@functools.lru_cache(maxsize=16)
 def prompt_kind(prompt: str) -> PromptKind:
     """The kind of question: "mc" (lettered options and an "answer" cue), "code" (asks
     for a function, a program, Python), "math" (numbers and a question for a quantity)
     or None, read from the prompt's last
     ``MAX_QUESTION_CHARS`` (the question: long context before it costs nothing)."""
-    question = prompt[-MAX_QUESTION_CHARS:]
+    return _question_kind(prompt[-MAX_QUESTION_CHARS:])
+
+
+# Kept for the last few questions: one request's verifier, agreement and second opinions
+# each ask the kind of the same question (a maths answer with two opinions: 12 times).
+# Keyed on the question's end only, so a long prompt is neither kept nor hashed whole.
+@functools.lru_cache(maxsize=16)
+def _question_kind(question: str) -> PromptKind:
     if MC_OPTION.search(question) and "answer" in question.lower():
         return "mc"
     if _EXPLICIT_CODE_PROMPT.search(question):

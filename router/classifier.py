@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from router.artifacts import read_artifact
 from router.errors import RoutingError
 from router.features import (
     DENSE_NAMES,
@@ -142,15 +143,6 @@ class Classifier:
     def score_batch(self, requests: Sequence[Mapping[str, Any]]) -> list[float]:
         """Scores for OpenAI-style request bodies (`features.extract_body`), in order."""
         return [self.score_features(extract_body(r)) for r in requests]
-
-
-def read_artifact(source: Path, what: str) -> dict[str, Any]:
-    """A model file's JSON; a RoutingError naming `what` when it cannot be read."""
-    try:
-        document: dict[str, Any] = json.loads(source.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RoutingError(f"cannot read {what} {source}: {exc}") from exc
-    return document
 
 
 def check_spec(

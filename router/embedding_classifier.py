@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from router import embeddings
-from router.classifier import check_spec, read_artifact, rounded, write_artifact
+from router.artifacts import read_artifact
+from router.classifier import check_spec, rounded, write_artifact
 from router.errors import RoutingError
 from router.features import (
     DENSE_NAMES,

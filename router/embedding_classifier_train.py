@@ -18,6 +18,7 @@ import hashlib
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -148,11 +149,7 @@ def held_out_reports(
         metrics = {**b.metrics, "minilm": evaluate(scores, weak, strong)}
         curves = {**b.curves, "minilm": route_curve(scores, weak, strong)}
         intervals = {**b.intervals, "minilm": route_intervals(scores, weak, strong)}
-        reports.append(
-            FoldReport(
-                fold.name, b.rows, b.weak_quality, b.strong_quality, metrics, curves, intervals
-            )
-        )
+        reports.append(replace(b, metrics=metrics, curves=curves, intervals=intervals))
     return reports
 
 

@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -149,11 +150,7 @@ def main() -> None:
             cv, c, m, curve = judge(fold, design, kind)
             metrics[kind], curves[kind] = m, curve
             chosen.setdefault(fold.name, {})[kind] = {"C": c, "cv_apgr": cv}
-        reports.append(
-            FoldReport(
-                fold.name, b.rows, b.weak_quality, b.strong_quality, metrics, curves, b.intervals
-            )
-        )
+        reports.append(replace(b, metrics=metrics, curves=curves))
     print(_table(reports))
     print(json.dumps(chosen, indent=1))
     embeddings.load(THREADS)

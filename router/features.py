@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from router.text import head_and_tail
+
 FEATURE_VERSION = 2
 HASH_FEATURES = 2**12
 # Content features read at most this much of a conversation: its head and its tail (the
@@ -312,16 +314,6 @@ def request_features(
     return features.to_array()
 
 
-def head_and_tail(text: str, limit: int) -> str:
-    """``text`` itself when it has at most ``limit`` characters, else its first and last
-    ``limit // 2`` joined by a newline: where a conversation's system prompt and its
-    question are, read in bounded time."""
-    if len(text) <= limit:
-        return text
-    half = max(limit // 2, 1)
-    return f"{text[:half]}\n{text[len(text) - half :]}"
-
-
 def _structure(
     messages: Sequence[Message],
     texts: list[str],
@@ -339,8 +331,9 @@ def _structure(
     chars = max(len(scanned), 1)
     words = scanned.split()
     # Lengths (characters, words, lines) are the whole conversation's, counts of markers
-    # the part read's: a long one's words, as many per character as in that part.
-    n_words = len(words) if len(text) <= MAX_SCANNED_CHARS else len(words) * len(text) / chars
+    # the part read's: a long one's words, as many per character as in that part (all of
+    # them when it is read whole: the ratio is then exactly 1).
+    n_words = len(words) * len(text) / chars
     format_type = (response_format or {}).get("type")
     return [
         math.log1p(len(text)),

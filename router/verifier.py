@@ -38,8 +38,9 @@ from router.answers import (
     prompt_kind,
 )
 from router.arithmetic import check_arithmetic
+from router.artifacts import read_artifact
 from router.errors import RoutingError
-from router.features import head_and_tail
+from router.text import head_and_tail
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "verifier.json"
 ARTIFACT_FORMAT = "cascade-verifier/1"
@@ -480,12 +481,7 @@ class Verifier:
     @classmethod
     def load(cls, path: Path | None = None) -> Verifier:
         """Load the JSON artifact (the shipped one by default)."""
-        path = path or DEFAULT_PATH
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise RoutingError(f"cannot read verifier artifact {path}: {exc}") from exc
-        return cls.from_dict(data)
+        return cls.from_dict(read_artifact(path or DEFAULT_PATH, "verifier artifact"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verifier:

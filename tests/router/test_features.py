@@ -10,9 +10,9 @@ from router.features import (
     HASH_FEATURES,
     MAX_SCANNED_CHARS,
     extract,
-    head_and_tail,
     request_features,
 )
+from router.text import head_and_tail
 
 
 def dense(messages: list[dict[str, object]], **fields: object) -> dict[str, float]:
