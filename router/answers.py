@@ -70,7 +70,7 @@ _CODE_PROMPT = re.compile(
 _CODE_SIGN = re.compile(r"\bdef \w++\(|\breturn\b|^[ \t]*+(?:import|from) \w", re.MULTILINE)
 _CODE_TOKEN = re.compile(r"[A-Za-z_]\w*+|\d++|[^\s\w]")
 _PYTHON_TAGS = re.compile(r"\[/?PYTHON\]")  # Code Llama's fences
-_FENCE_INFO = re.compile(r"```[ \t]*+[\w+#.-]*+")  # a fence and its language name
+FENCE = re.compile(r"```[ \t]*+([\w+#.-]*+)")  # a fence, and the language it names
 MAX_CODE_CHARS = 8000  # code is compared on the head of long answers
 # Two code answers "agree" (for the metric and header) from this similarity: about the
 # median between two right answers to one task in the shared MBPP data (0.09 when one
@@ -201,7 +201,7 @@ def code_agreement(prompt: str, answer: str, samples: Sequence[str]) -> float:
 def code_text(answer: str) -> str:
     """An answer's code: its fenced blocks (Code Llama's ``[PYTHON]`` tags too), else the
     whole text if it looks like code; "" for prose."""
-    text = _FENCE_INFO.sub("```", _PYTHON_TAGS.sub("```", answer[:MAX_CODE_CHARS]))
+    text = FENCE.sub("```", _PYTHON_TAGS.sub("```", answer[:MAX_CODE_CHARS]))
     parts = text.split("```")
     if len(parts) > 1:
         return "\n".join(parts[1::2])

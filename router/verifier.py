@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from router.answers import (
+    FENCE,
     MC_OPTION,
     NUMBER,
     PromptKind,
@@ -153,7 +154,6 @@ _STEP_RESULT = re.compile(r"=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")  # what a worked ste
 _COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
 _CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
-_FENCE_LANGUAGE = re.compile(r"```\s*([A-Za-z+#]+)")
 _URL = re.compile(r"https?://\S++")  # "geeksforgeeks.org/x.php" names no language
 _LANGUAGE_NAME = re.compile(  # in the lower-cased prompt; longest names first
     r"(?<![\w+#.-])(?:"
@@ -352,7 +352,7 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
     """The answer to a code question: its code read once, the languages the prompt names
     (a system prompt too) read once and only when a check needs them."""
     code = code_text(answer)
-    fenced = {ALIASES.get(t.lower(), t.lower()) for t in _FENCE_LANGUAGE.findall(answer)}
+    fenced = {ALIASES.get(t.lower(), t.lower()) for t in FENCE.findall(answer) if t}
     other_fenced = fenced & set(OTHER_LANGUAGES)
     asks_function = bool(_FUNCTION_ASKED.search(question))
     named = _named_languages(prompt) if other_fenced or asks_function else set()

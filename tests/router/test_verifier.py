@@ -252,6 +252,10 @@ def test_the_code_and_language_checks_are_linear_on_hostile_input() -> None:
         ("Write a Go function to add.", "golang", 0.0),
         ("Write a JavaScript function to add.", "ruby", 1.0),  # another than the one asked
         ("Write a function to add.", "python", 0.0),
+        ("Write a function to add.", "objective-c", 1.0),  # the tag read whole
+        ("Write a function to add.", "node.js", 1.0),
+        # An untagged fence: its first line is code, not a language ("r <- 1" is no R).
+        ("Write a function to add.", "\nr", 0.0),
     ],
 )
 def test_code_fenced_as_a_language_not_asked_for_is_flagged(
