@@ -343,3 +343,23 @@ async def test_the_right_answer_is_kept_and_the_wrong_one_escalates(
     assert first.deployment == "cheap" and first.verifier_score is not None
     if wrong:
         assert (await wait_for_record(ledger_store, f"{request_id}:1")).deployment == "premium"
+
+
+def test_code_in_the_language_asked_for_is_kept(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """ "Write a C function" names a language: C code is no "function asked for and none
+    written in Python" (before that was heard, this right answer scored 0.10 and went on)."""
+    fake_openai.reply_text = (
+        "```c\nvoid reverse(char *s) {\n  int n = strlen(s);\n"
+        "  for (int i = 0; i < n / 2; i++) {\n"
+        "    char t = s[i]; s[i] = s[n - 1 - i]; s[n - 1 - i] = t;\n  }\n}\n```"
+    )
+    base = start_gateway(POLICY, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    question = {"role": "user", "content": "Write a C function to reverse a string in place."}
+    body = {"model": "careful", "messages": [question]}
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-escalations"] == "0"
+    assert response.json()["choices"][0]["message"]["content"] == fake_openai.reply_text
+    assert premium.requests == []

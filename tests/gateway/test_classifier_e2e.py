@@ -77,6 +77,32 @@ async def test_easy_stays_cheap_and_hard_goes_premium(
     assert 'cascade_tier_requests_total{route="auto",tier="premium"} 1.0' in metrics
 
 
+# A pasted document of about 1 MB, then the question.
+DOCUMENT = " ".join(f"Clause {i}: the supplier delivers lot {i * 7 % 1000}." for i in range(22_000))
+
+
+def test_a_long_conversation_is_routed_by_the_question_at_its_end(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """A 1 MB conversation is scored (its head and tail read, its length whole) and the
+    question after the document still decides the tier."""
+    texts = {
+        name: f"{DOCUMENT}\n\n{question}" for name, question in (("easy", EASY), ("hard", HARD))
+    }
+    scores = {name: score(text) for name, text in texts.items()}
+    assert scores["easy"] < scores["hard"]
+    policy = POLICY.replace("THRESHOLD", f"{(scores['easy'] + scores['hard']) / 2:.6f}")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    for name, text in texts.items():
+        body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+        assert response.status_code == 200
+        assert float(response.headers["x-cascade-score"]) == pytest.approx(scores[name], abs=1e-4)
+        assert response.headers["x-cascade-deployment"] == (
+            "cheap" if name == "easy" else "premium"
+        )
+
+
 def test_a_failing_cheap_tier_escalates_not_the_other_way(
     start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI
 ) -> None:
