@@ -9,24 +9,19 @@ randomness in the features or the fit, coefficients rounded on save).
 from __future__ import annotations
 
 import datetime
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 import numpy as np
 
-from router.answers import comparable
 from router.classifier import Classifier
 from router.dataset import (
-    STRONG_MODEL,
-    WEAK_MODEL,
     Example,
     Fold,
     PromptScores,
-    cheap_pool,
     data_digest,
     evaluation_folds,
     selection_folds,
@@ -34,14 +29,12 @@ from router.dataset import (
 )
 from router.errors import RoutingError
 from router.evaluation import (
+    INTERVAL_HEADERS,
     Curve,
     Intervals,
     Metrics,
-    apgr,
-    bootstrap_intervals,
-    cascade_curve,
-    cpt,
     evaluate,
+    format_intervals,
     length_scores,
     random_curve,
     random_metrics,
@@ -50,10 +43,6 @@ from router.evaluation import (
 )
 from router.features import DENSE_NAMES, HASH_FEATURES, RequestFeatures, extract
 from router.gain_regression import fit_gain, sign_consistent
-
-if TYPE_CHECKING:  # imported lazily at run time: the verifier's training imports this module
-    from router.verifier import Verifier
-    from router.verifier_train import Example as Answer
 
 FeatureSetType = Literal["all", "sign-consistent"]
 
@@ -77,17 +66,6 @@ RECIPES = tuple(
 )
 LENGTH_COLUMN = DENSE_NAMES.index("log_chars")  # the length router's signal
 ROUTERS = ("classifier", "random", "length")
-
-# The cascade evaluation: which data files carry the cheap model's answers, and prices.
-CASCADE_FILES = {
-    "gsm8k": "gsm8k",
-    "routerbench_arc_challenge": "arc_challenge",
-    "routerbench_mbpp": "mbpp",
-    "routerbench_winogrande": "winogrande",
-}
-# GSM8K rows carry no prices: the cheap call is counted at this fixed fraction of the
-# strong one (roughly Mixtral-8x7B vs GPT-4-1106 per-token list prices).
-GSM8K_WEAK_COST_RATIO = 1 / 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,234 +234,6 @@ def format_table(reports: Sequence[FoldReport], routers: Sequence[str] = ROUTERS
                 f"{format_intervals(r.intervals.get(router))} |"
             )
     return "\n".join(lines)
-
-
-INTERVAL_HEADERS = "APGR 90% CI | CPT(50%) 90% CI"
-
-
-def format_intervals(intervals: Intervals | None) -> str:
-    """The two interval cells of a table row (both empty when there are none)."""
-    if intervals is None:
-        return " | "
-    (a, b), (c, d) = intervals.apgr, intervals.cpt50
-    return f"{a:.3f}-{b:.3f} | {c:.1%}-{d:.1%}"
-
-
-@dataclass(frozen=True, slots=True)
-class CascadeReport:
-    """The verifier cascade on one dataset's rows the verifier did not train on."""
-
-    name: str
-    rows: int
-    weak_quality: float
-    strong_quality: float
-    metrics: Metrics
-    curve: Curve
-    cost: np.ndarray  # relative to always-strong, aligned with curve.share
-    cost_source: str
-    second_opinion: str = ""  # the model asked for a second opinion, if any
-    # The second opinion this dataset would be given without looking at it: the best
-    # by mean APGR on the other datasets (``choose_opinions``).
-    chosen_elsewhere: bool = False
-    intervals: Intervals | None = None
-
-
-def run_cascade_evaluation(
-    data_dir: Path | None = None,
-    prompt_scores: PromptScores | None = None,
-    *,
-    second_opinions: bool = True,
-) -> list[CascadeReport]:
-    """The cheap model's answer to every prompt, scored by a verifier that never saw the
-    prompt (``verifier_train.cross_fitted_scores``), and the cascade that follows; then,
-    where the data has other models' answers (RouterBench) and ``second_opinions``, the
-    same cascade with each such model asked as a second opinion (its cost counted).
-
-    ``prompt_scores`` are the classifier's held-out scores (``held_out_scores``), the
-    verifier's prompt-difficulty signal; without them that signal is left neutral."""
-    from router import verifier_train
-    from router.dataset import DEFAULT_DATA_DIR
-
-    directory = data_dir or DEFAULT_DATA_DIR
-    answers = verifier_train.build_examples(directory, prompt_scores=prompt_scores)
-    verifiers = verifier_train.fold_verifiers(answers, verifier_train.feature_matrix(answers))
-    reports = []
-    for stem, name in CASCADE_FILES.items():
-        path = directory / f"{stem}.jsonl"
-        if not path.is_file():
-            continue
-        cheap_model = "weak" if stem == "gsm8k" else WEAK_MODEL
-        cheap = {e.prompt_id: e for e in answers if e.source == stem and e.model == cheap_model}
-        rows = [row for row in _jsonl(path) if row["id"] in cheap]
-        if not rows:
-            continue
-        alone = [verifier_train.second_opinion(cheap[row["id"]], None) for row in rows]
-        reports.append(_cascade_report(name, rows, alone, verifiers, opinion=None))
-        if stem == "gsm8k" or not second_opinions:
-            continue  # GSM8K has no third model's answers
-        for opinion in _second_opinion_models(rows):
-            judged = [
-                verifier_train.second_opinion(cheap[row["id"]], _response_of(row, opinion))
-                for row in rows
-            ]
-            reports.append(_cascade_report(name, rows, judged, verifiers, opinion=opinion))
-    return choose_opinions(reports)
-
-
-def choose_opinions(reports: Sequence[CascadeReport]) -> list[CascadeReport]:
-    """``reports`` with, per dataset, the second opinion an operator would pick without
-    its rows marked ``chosen_elsewhere``: the model with the best mean APGR as second
-    opinion on the other datasets (so its figure on this one is held out, not the best
-    of several picked on the very rows it is judged on)."""
-    apgrs: dict[str, dict[str, float]] = {}
-    for r in reports:
-        if r.second_opinion and not np.isnan(r.metrics.apgr):
-            apgrs.setdefault(r.second_opinion, {})[r.name] = r.metrics.apgr
-    chosen: dict[str, str] = {}
-    for name in {r.name for r in reports if r.second_opinion}:
-        # Candidates: the models tried on this dataset that were tried elsewhere too.
-        elsewhere = {
-            model: float(np.mean([v for d, v in by_dataset.items() if d != name]))
-            for model, by_dataset in apgrs.items()
-            if name in by_dataset and len(by_dataset) > 1
-        }
-        if elsewhere:
-            chosen[name] = max(sorted(elsewhere), key=lambda model: elsewhere[model])
-    return [
-        replace(r, chosen_elsewhere=True)
-        if r.second_opinion and chosen.get(r.name) == r.second_opinion
-        else r
-        for r in reports
-    ]
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
-
-
-def _second_opinion_models(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The cheap pool (``dataset.cheap_pool``: under half the strong model's cost; a
-    second opinion as dear as the strong model defeats the cascade) but the cheap model."""
-    return [name for name in cheap_pool(rows) if name != WEAK_MODEL]
-
-
-def _response_of(row: Mapping[str, Any], model: str) -> str | None:
-    from router.verifier_train import unwrap_response
-
-    answer = row["models"].get(model)
-    return unwrap_response(answer["response"]) if answer else None
-
-
-def _cascade_report(
-    name: str,
-    rows: Sequence[Mapping[str, Any]],
-    judged: Sequence[Answer],
-    verifiers: Sequence[Verifier],
-    *,
-    opinion: str | None,
-) -> CascadeReport:
-    """The cascade curve of one dataset's rows, each cheap answer in ``judged`` (aligned
-    with ``rows``) scored by its cross-fitted verifier; a second opinion's cost is added
-    to the cheap call's where the gateway would ask it (answers that can be compared)."""
-    from router import verifier_train
-
-    verified = verifier_train.cross_fitted_scores(
-        verifiers, judged, verifier_train.feature_matrix(judged)
-    )
-    priced = "models" in rows[0]
-    scores, weak, strong, weak_cost, strong_cost = [], [], [], [], []
-    for row, answer in zip(rows, judged, strict=True):
-        if priced:
-            models = row["models"]
-            # The gateway asks opinions only where answers can be compared (worth_asking).
-            asked = opinion in models and comparable(str(row["prompt"]))
-            extra = float(models[opinion]["cost_usd"]) if asked else 0.0
-            weak_cost.append(float(models[WEAK_MODEL]["cost_usd"]) + extra)
-            strong_cost.append(float(models[STRONG_MODEL]["cost_usd"]))
-        else:
-            weak_cost.append(GSM8K_WEAK_COST_RATIO)
-            strong_cost.append(1.0)
-        scores.append(verified[answer.source, answer.prompt_id])
-        weak.append(bool(row["weak_correct"]))
-        strong.append(bool(row["strong_correct"]))
-    columns = [
-        np.asarray(c, dtype=np.float64) for c in (scores, weak, strong, weak_cost, strong_cost)
-    ]
-    cascade = cascade_curve(*columns)
-    curve = cascade.curve
-    source = "cost_usd" if priced else f"weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong"
-    return CascadeReport(
-        name,
-        len(scores),
-        curve.weak_quality,
-        curve.strong_quality,
-        _cascade_metrics(curve),
-        curve,
-        cascade.cost,
-        source,
-        opinion or "",
-        intervals=bootstrap_intervals(
-            lambda i: _cascade_metrics(cascade_curve(*(c[i] for c in columns)).curve), len(scores)
-        ),
-    )
-
-
-def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
-    """APGR / CPT over escalation share, and the cost at 50% / 80% of the gap recovered."""
-    lines = [
-        "cascade (verifier): cheap model first, escalate when the verifier scores its "
-        "answer below a threshold (11 thresholds at the score deciles); x = escalation "
-        "share; every row, each scored by a verifier of the shipped recipe that never saw "
-        "its prompt (5-fold cross-fit by prompt; winogrande: a task no verifier trained "
-        "on); prompt prior = the classifier's held-out score; cost = "
-        "mean cost per query relative to always-strong, cheap call on every row plus strong "
-        f"call when escalated (RouterBench: per-row cost_usd of {WEAK_MODEL} / "
-        f"{STRONG_MODEL}; GSM8K: no prices, weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong); "
-        "a 2nd opinion: another model's answer compared on the final answer (option, "
-        "number) or on how alike the code is, its cost_usd added on the prompts the "
-        "gateway asks it for (multiple choice, maths, code); the one marked was chosen "
-        "by its APGR on the other tasks; "
-        "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
-        "spread the escalation share",
-        "",
-        "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) "
-        "| cost@CPT(50%) | cost@CPT(80%) | max escalation (cost) | cost basis "
-        f"| {INTERVAL_HEADERS} |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
-    ]
-    for r in reports:
-        m = r.metrics
-        at50, at80 = (_cost_at(r, share) for share in (m.cpt50, m.cpt80))
-        lines.append(
-            f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "
-            f"{_cascade_label(r)} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} | "
-            f"{at50:.1%} | {at80:.1%} | {r.curve.share[-1]:.1%} ({r.cost[-1]:.1%}) | "
-            f"{r.cost_source} | {format_intervals(r.intervals)} |"
-        )
-    return "\n".join(lines)
-
-
-def _cascade_label(report: CascadeReport) -> str:
-    if not report.second_opinion:
-        return "cascade (verifier)"
-    label = f"cascade + 2nd opinion {report.second_opinion.split('/')[-1]}"
-    return label + " (chosen on the other tasks)" if report.chosen_elsewhere else label
-
-
-def _cascade_metrics(curve: Curve) -> Metrics:
-    """APGR / CPT as for the routers; undefined (nan) when the verifier's scores are all
-    tied, so that every threshold escalates the same rows and the curve is one point."""
-    if curve.share[-1] == curve.share[0]:
-        return Metrics(float("nan"), float("nan"), float("nan"))
-    return Metrics(apgr(curve), cpt(curve, 0.5), cpt(curve, 0.8))
-
-
-def _cost_at(report: CascadeReport, share: float) -> float:
-    """Relative cost at an escalation share, interpolated linearly along the curve."""
-    if np.isnan(share):
-        return float("nan")
-    return float(np.interp(share, report.curve.share, report.cost))
 
 
 def _judge(fold: Fold, held_out: PromptScores) -> FoldReport:

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from router.errors import RoutingError
 
 if TYPE_CHECKING:
+    from router.cascade_evaluation import CascadeReport
     from router.classifier import RequestClassifier
-    from router.classifier_train import CascadeReport, FoldReport
+    from router.classifier_train import FoldReport
     from router.dataset import Example
     from router.evaluation import Curve
 
@@ -307,13 +308,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from router.cascade_evaluation import format_cascade_table, run_cascade_evaluation
     from router.classifier_train import (
         FeatureCache,
         fit_folds,
-        format_cascade_table,
         format_table,
         held_out_scores,
-        run_cascade_evaluation,
         run_evaluation,
     )
     from router.dataset import load_examples

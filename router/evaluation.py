@@ -245,3 +245,14 @@ def plot_curves(
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     pyplot.close(figure)
+
+
+INTERVAL_HEADERS = "APGR 90% CI | CPT(50%) 90% CI"
+
+
+def format_intervals(intervals: Intervals | None) -> str:
+    """The two interval cells of a table row (both empty when there are none)."""
+    if intervals is None:
+        return " | "
+    (a, b), (c, d) = intervals.apgr, intervals.cpt50
+    return f"{a:.3f}-{b:.3f} | {c:.1%}-{d:.1%}"

@@ -9,19 +9,15 @@ import numpy as np
 import pytest
 
 from router import cli, verifier_train
-from router.classifier_train import (
-    STRONG_MODEL,
-    WEAK_MODEL,
+from router.cascade_evaluation import (
     CascadeReport,
-    FeatureCache,
     _cascade_metrics,
     choose_opinions,
-    fit_folds,
     format_cascade_table,
-    held_out_scores,
     run_cascade_evaluation,
 )
-from router.dataset import DATASETS, DEFAULT_DATA_DIR, load_examples
+from router.classifier_train import FeatureCache, fit_folds, held_out_scores
+from router.dataset import DATASETS, DEFAULT_DATA_DIR, STRONG_MODEL, WEAK_MODEL, load_examples
 from router.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
 
 # Four rows; the verifier trusts the cheap answer in ascending order of score.
