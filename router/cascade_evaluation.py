@@ -61,6 +61,18 @@ class CascadeReport:
     # by mean APGR on the other datasets (``choose_opinions``).
     chosen_elsewhere: bool = False
     intervals: Intervals | None = None
+    # The same cascade, each answer scored by a verifier trained on the other tasks only
+    # (``verifier_train.task_verifiers``): what to expect on a task nobody labelled.
+    task_unseen: Metrics | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JudgingVerifiers:
+    """The verifiers that judge the held-out answers: one per prompt fold, and one per
+    task trained on the other tasks."""
+
+    by_prompt: Sequence[Verifier]
+    by_task: Mapping[str, Verifier]
 
 
 def run_cascade_evaluation(
@@ -78,7 +90,11 @@ def run_cascade_evaluation(
     verifier's prompt-difficulty signal; without them that signal is left neutral."""
     directory = data_dir or DEFAULT_DATA_DIR
     answers = verifier_train.build_examples(directory, prompt_scores=prompt_scores)
-    verifiers = verifier_train.fold_verifiers(answers, verifier_train.feature_matrix(answers))
+    features = verifier_train.feature_matrix(answers)
+    verifiers = JudgingVerifiers(
+        verifier_train.fold_verifiers(answers, features),
+        verifier_train.task_verifiers(answers, features),
+    )
     reports = []
     for stem, name in CASCADE_FILES.items():
         path = directory / f"{stem}.jsonl"
@@ -149,18 +165,18 @@ def _cascade_report(
     name: str,
     rows: Sequence[Mapping[str, Any]],
     judged: Sequence[verifier_train.Example],
-    verifiers: Sequence[Verifier],
+    verifiers: JudgingVerifiers,
     *,
     opinion: str | None,
 ) -> CascadeReport:
     """The cascade curve of one dataset's rows, each cheap answer in ``judged`` (aligned
     with ``rows``) scored by its cross-fitted verifier; a second opinion's cost is added
     to the cheap call's where the gateway would ask it (answers that can be compared)."""
-    verified = verifier_train.cross_fitted_scores(
-        verifiers, judged, verifier_train.feature_matrix(judged)
-    )
+    features = verifier_train.feature_matrix(judged)
+    verified = verifier_train.cross_fitted_scores(verifiers.by_prompt, judged, features)
+    unseen = verifier_train.task_unseen_scores(verifiers.by_task, judged, features)
     priced = "models" in rows[0]
-    scores, weak, strong, weak_cost, strong_cost = [], [], [], [], []
+    scores, unseen_scores, weak, strong, weak_cost, strong_cost = [], [], [], [], [], []
     for row, answer in zip(rows, judged, strict=True):
         if priced:
             models = row["models"]
@@ -173,6 +189,7 @@ def _cascade_report(
             weak_cost.append(GSM8K_WEAK_COST_RATIO)
             strong_cost.append(1.0)
         scores.append(verified[answer.source, answer.prompt_id])
+        unseen_scores.append(unseen[answer.source, answer.prompt_id])
         weak.append(bool(row["weak_correct"]))
         strong.append(bool(row["strong_correct"]))
     columns = [
@@ -180,6 +197,7 @@ def _cascade_report(
     ]
     cascade = cascade_curve(*columns)
     curve = cascade.curve
+    task_unseen = cascade_curve(np.asarray(unseen_scores), *columns[1:]).curve
     source = "cost_usd" if priced else f"weak = {GSM8K_WEAK_COST_RATIO:.2g} x strong"
     return CascadeReport(
         name,
@@ -194,6 +212,7 @@ def _cascade_report(
         intervals=bootstrap_intervals(
             lambda i: _cascade_metrics(cascade_curve(*(c[i] for c in columns)).curve), len(scores)
         ),
+        task_unseen=_cascade_metrics(task_unseen),
     )
 
 
@@ -212,13 +231,16 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
         "number) or on how alike the code is, its cost_usd added on the prompts the "
         "gateway asks it for (multiple choice, maths, code); the one marked was chosen "
         "by its APGR on the other tasks; "
+        "task unseen = the same rows scored by a verifier trained on the other tasks only "
+        "(on gsm8k and mbpp it has seen no maths or code, so the signals of that kind carry "
+        "no weight); "
         "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
         "spread the escalation share",
         "",
         "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) "
         "| cost@CPT(50%) | cost@CPT(80%) | max escalation (cost) | cost basis "
-        f"| {INTERVAL_HEADERS} |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        f"| {INTERVAL_HEADERS} | APGR, task unseen | CPT(50%), task unseen |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in reports:
         m = r.metrics
@@ -227,9 +249,14 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
             f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "
             f"{_cascade_label(r)} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} | "
             f"{at50:.1%} | {at80:.1%} | {r.curve.share[-1]:.1%} ({r.cost[-1]:.1%}) | "
-            f"{r.cost_source} | {format_intervals(r.intervals)} |"
+            f"{r.cost_source} | {format_intervals(r.intervals)} | {_task_unseen_cells(r)} |"
         )
     return "\n".join(lines)
+
+
+def _task_unseen_cells(report: CascadeReport) -> str:
+    m = report.task_unseen
+    return " | " if m is None else f"{m.apgr:.3f} | {m.cpt50:.1%}"
 
 
 def _cascade_label(report: CascadeReport) -> str:

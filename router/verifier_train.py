@@ -20,7 +20,8 @@ import datetime
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,22 @@ def fold_verifiers(examples: Sequence[Example], features: NDArray[np.float64]) -
     return verifiers
 
 
+def task_verifiers(
+    examples: Sequence[Example], features: NDArray[np.float64]
+) -> dict[str, Verifier]:
+    """Per source, a verifier of the shipped recipe trained on every other source: how
+    the recipe does on a task it never saw (its kind's own signals, maths or code, then
+    learned from no example of that kind)."""
+    sources = np.array([e.source for e in examples])
+    return {
+        source: fit(
+            [e for e, other in zip(examples, sources != source, strict=True) if other],
+            features[sources != source],
+        )
+        for source in sorted({e.source for e in examples})
+    }
+
+
 def cross_fitted_scores(
     verifiers: Sequence[Verifier], examples: Sequence[Example], features: NDArray[np.float64]
 ) -> dict[tuple[str, str], float]:
@@ -209,6 +226,19 @@ def cross_fitted_scores(
         named = dict(zip(FEATURE_NAMES, row, strict=True))
         scores[example.source, example.prompt_id] = verifiers[k].score_features(named)
     return scores
+
+
+def task_unseen_scores(
+    verifiers: Mapping[str, Verifier], examples: Sequence[Example], features: NDArray[np.float64]
+) -> dict[tuple[str, str], float]:
+    """Each answer in ``examples`` scored by the ``task_verifiers`` one that never saw its
+    task."""
+    return {
+        (e.source, e.prompt_id): verifiers[e.source].score_features(
+            dict(zip(FEATURE_NAMES, row, strict=True))
+        )
+        for e, row in zip(examples, features, strict=True)
+    }
 
 
 def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
@@ -252,8 +282,10 @@ def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
     labels = np.concatenate([labels, labels[opinion]])
 
     columns = rows[:, learned]
-    means = np.nanmean(columns, axis=0)
-    scales = np.nanstd(columns, axis=0)
+    with warnings.catch_warnings():  # a column no answer has (no code trained on): NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(columns, axis=0)
+        scales = np.nanstd(columns, axis=0)
     scales[~(scales > 0)] = 1.0
     means[np.isnan(means)] = 0.0
     standardised = np.nan_to_num((columns - means) / scales, nan=0.0)
@@ -475,7 +507,9 @@ Precision @t is the share of acceptable answers among those scoring >= t (the an
 the cascade would keep); compare it with the positive rate (keeping everything). The
 cascade itself (APGR / CPT over escalation share, with cost, on every row of each
 dataset, each scored by a verifier of this recipe trained without its prompt) is in
-`cascade-gateway router eval`.
+`cascade-gateway router eval`, and there a second time with each dataset scored by a
+verifier trained on the other tasks only ("task unseen": on the only maths and the only
+code task, their kind's checks then carry no weight).
 
 ## Weights (per standardised feature)
 | feature | coefficient |

@@ -19,6 +19,7 @@ from router.cascade_evaluation import (
 from router.classifier_train import FeatureCache, fit_folds, held_out_scores
 from router.dataset import DATASETS, DEFAULT_DATA_DIR, STRONG_MODEL, WEAK_MODEL, load_examples
 from router.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
+from router.verifier import FEATURE_NAMES
 
 # Four rows; the verifier trusts the cheap answer in ascending order of score.
 SCORES = [0.1, 0.2, 0.3, 0.4]
@@ -70,9 +71,15 @@ def test_cascade_table_reports_cost_at_cpt_and_ties() -> None:
         "| tiny | 4 | 0.500 | 0.750 | cascade (verifier) | 1.333 | 12.5% | 20.0% | 22.5% |" in table
     )
     assert "75.0% (85.0%)" in table
-    assert table.endswith("| test |  |  |")  # built without intervals: empty cells
-    with_intervals = replace(report, intervals=Intervals((0.9, 1.4), (0.1, 0.25)))
-    assert format_cascade_table([with_intervals]).endswith("| test | 0.900-1.400 | 10.0%-25.0% |")
+    assert table.endswith("| test |  |  |  |  |")  # built without intervals: empty cells
+    with_intervals = replace(
+        report,
+        intervals=Intervals((0.9, 1.4), (0.1, 0.25)),
+        task_unseen=Metrics(0.612, 0.333, 0.9),
+    )
+    assert format_cascade_table([with_intervals]).endswith(
+        "| test | 0.900-1.400 | 10.0%-25.0% | 0.612 | 33.3% |"
+    )
 
     tied = cascade_curve([0.5] * 4, WEAK, STRONG, WEAK_COST, STRONG_COST)
     assert np.all(tied.curve.share == 0)
@@ -123,11 +130,40 @@ def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None
     assert not {r.second_opinion for r in opinions} & {WEAK_MODEL, STRONG_MODEL}
     for report in opinions:
         assert report.cost[0] > plain[report.name].cost[0]
-    # Each cascade's bootstrap interval holds its figure (where the figure is defined).
+    # Each cascade's bootstrap interval holds its figure (where the figure is defined),
+    # and each is judged a second time by a verifier that never saw the task.
     for report in reports:
+        assert report.task_unseen is not None
         assert report.intervals is not None
         low, high = report.intervals.apgr
         assert np.isnan(report.metrics.apgr) or low <= report.metrics.apgr <= high
+
+
+@pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
+def test_task_verifiers_never_see_their_task() -> None:
+    """A task's verifier is the same whatever that task's answers and labels are (it
+    trained on the others only); without any code answer, the code signals carry no
+    weight; and every answer is scored by its own task's verifier."""
+    answers = verifier_train.build_examples(DEFAULT_DATA_DIR, limit=40)
+    features = verifier_train.feature_matrix(answers)
+    verifiers = verifier_train.task_verifiers(answers, features)
+    assert set(verifiers) == {a.source for a in answers}
+    mbpp = "routerbench_mbpp"
+    flipped = [replace(a, label=not a.label) if a.source == mbpp else a for a in answers]
+    again = verifier_train.task_verifiers(flipped, features)
+    assert again[mbpp] == verifiers[mbpp]
+    assert again["gsm8k"] != verifiers["gsm8k"]  # it did learn from mbpp's labels
+    weights = dict(zip(FEATURE_NAMES, verifiers[mbpp].coefficients, strict=True))
+    assert weights["code_agreement"] == 0.0 and weights["code_no_function"] == 0.0
+
+    last = {a.source: i for i, a in enumerate(answers)}.values()  # one answer per task
+    judged = [answers[i] for i in last]
+    scores = verifier_train.task_unseen_scores(verifiers, judged, features[list(last)])
+    for i in last:
+        row = dict(zip(FEATURE_NAMES, features[i], strict=True))
+        expected = verifiers[answers[i].source].score_features(row)
+        assert scores[answers[i].source, answers[i].prompt_id] == expected
+    assert len(set(scores.values())) == len(scores)
 
 
 @pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
