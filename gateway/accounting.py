@@ -1,7 +1,11 @@
 """From an upstream answer to a priced ledger record, metrics included.
 
 Usage comes from the upstream when it reports it; otherwise it is counted with
-the tokenizer (`usage_source="counted"`), which also covers streams cut short.
+the tokenizer (`usage_source="counted"`), which also covers streams cut short. The
+prompt is counted once per encoding per request (`Call.prompt`, which admission's
+count fills too). Settling never awaits, since a cancelled request must still be
+priced, so the paths that settle first `await count_unreported(...)`: it counts a
+long prompt off the event loop (cut short, settling counts it on the loop).
 Records are queued on the ledger, whose writer batches them to the store, so the
 reply never waits on Redis; the ledger spools when Redis is down and flushes at
 shutdown, so a record accepted here is written exactly once.
@@ -20,7 +24,7 @@ from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
 from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
-from gateway.tokens import count_prompt, count_text
+from gateway.tokens import PromptCounts, count_text
 from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)
@@ -62,10 +66,14 @@ def choice_texts(body: Mapping[str, Any]) -> Iterable[str]:
 
 
 def counted_usage(
-    model: str, endpoint: EndpointType, request: Mapping[str, Any], texts: Iterable[str]
+    model: str,
+    endpoint: EndpointType,
+    request: Mapping[str, Any],
+    texts: Iterable[str],
+    prompt: PromptCounts,
 ) -> Usage:
     completion = sum(count_text(model, text) for text in texts)
-    return Usage(count_prompt(model, endpoint, request), completion, "counted")
+    return Usage(prompt.get(model, endpoint, request), completion, "counted")
 
 
 def reply_usage(
@@ -73,11 +81,24 @@ def reply_usage(
     endpoint: EndpointType,
     request: Mapping[str, Any],
     reply: Mapping[str, Any],
+    prompt: PromptCounts,
 ) -> Usage:
     """A non-streamed reply's usage: as reported, else counted from its text."""
     return reported_usage(reply) or counted_usage(
-        deployment.target.model, endpoint, request, choice_texts(reply)
+        deployment.target.model, endpoint, request, choice_texts(reply), prompt
     )
+
+
+async def count_unreported(
+    prompt: PromptCounts,
+    endpoint: EndpointType,
+    request: Mapping[str, Any],
+    answers: Iterable[tuple[DeploymentRuntime, Mapping[str, Any] | None]],
+) -> None:
+    """Count the prompt for each answer that reports no usage (None: nothing reported,
+    as for an attempt cut off), so that settling it later counts nothing on the loop."""
+    models = [d.target.model for d, reply in answers if reply is None or not reported_usage(reply)]
+    await prompt.prepare(models, endpoint, request)
 
 
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
@@ -99,6 +120,7 @@ class Call:
     stream: bool
     started: float  # time.perf_counter() at arrival
     score: float | None = None  # the router's complexity score, on scored routes
+    prompt: PromptCounts = field(default_factory=PromptCounts)  # counted once per encoding
     # Every attempt priced so far (escalations and hedges too): what budgets settle.
     records: list[SpendRecord] = field(default_factory=list)
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.accounting import Accountant, Call, reply_usage
+from gateway.accounting import Accountant, Call, count_unreported, reply_usage
 from gateway.errors import GatewayError
 from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
@@ -148,6 +148,8 @@ class Cascade:
             final, answered_at = done, time.perf_counter()
             judged: float | None = None
             try:
+                answer = [(done.deployment, done.reply.body)]
+                await count_unreported(call.prompt, endpoint, body, answer)
                 if verified:
                     samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
                     judged = self._verify(call, endpoint, body, done.reply.body, samples)
@@ -194,7 +196,7 @@ class Cascade:
         verifier_score: float | None,
         answered_at: float,
     ) -> SpendRecord:
-        usage = reply_usage(done.deployment, endpoint, body, done.reply.body)
+        usage = reply_usage(done.deployment, endpoint, body, done.reply.body, call.prompt)
         return self._accountant.settle(
             call,
             done.deployment,

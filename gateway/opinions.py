@@ -18,10 +18,10 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from gateway.accounting import Accountant, Call, counted_usage, reply_usage
+from gateway.accounting import Accountant, Call, count_unreported, counted_usage, reply_usage
 from gateway.errors import GatewayError
 from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
@@ -120,9 +120,13 @@ class SecondOpinions:
 
     async def close(self) -> None:
         """Cancel the opinions still running, wait for them, price those that answered."""
-        # Priced before any await (a cancelled request may not get past the next one):
-        # one still running is charged its prompt, even if it answers as it is cancelled.
-        self._price()
+        pending = [(deployment, reply) for _, deployment, reply in self._unpriced()]
+        try:  # prompts to charge are counted first, off the loop when long
+            await count_unreported(self._call.prompt, self._endpoint, self._body, pending)
+        finally:
+            # Priced however that wait ends (a cancelled request may not get past the next
+            # await): one still running is charged its prompt, even if it answers later.
+            self._price()
         for task in self._asked:
             task.cancel()
         await asyncio.gather(*self._asked, return_exceptions=True)
@@ -136,23 +140,30 @@ class SecondOpinions:
                     exc_info=not isinstance(error, GatewayError),  # a bug: its traceback
                 )
 
-    def _price(self) -> None:
-        """Price each opinion once: its answer's usage if it answered; its prompt if it
-        was cut off in flight (running, or cancelled by us: with no retries, its one
-        request was with the upstream, and a losing hedge is charged so too); nothing if
-        it failed."""
+    def _unpriced(self) -> Iterator[tuple[str, DeploymentRuntime, dict[str, Any] | None]]:
+        """The opinions to price and not priced yet: with the reply of one that answered;
+        None for one cut off in flight (running, or cancelled by us: with no retries, its
+        one request was with the upstream, and a losing hedge is charged so too). A
+        failed one is not priced."""
         for task, (label, deployment) in self._asked.items():
             if label in self._priced:
                 continue
             if _answered(task):
-                reply = task.result().reply.body
-                usage = reply_usage(deployment, self._endpoint, self._body, reply)
-                status: StatusType = "ok"
+                yield label, deployment, task.result().reply.body
             elif not task.done() or task.cancelled():
-                model = deployment.target.model
-                usage, status = counted_usage(model, self._endpoint, self._body, ()), "partial"
+                yield label, deployment, None
+
+    def _price(self) -> None:
+        """Price each opinion once: its answer's usage if it answered, else its prompt."""
+        prompt = self._call.prompt
+        for label, deployment, reply in list(self._unpriced()):
+            status: StatusType = "ok"
+            if reply is not None:
+                usage = reply_usage(deployment, self._endpoint, self._body, reply, prompt)
             else:
-                continue
+                model = deployment.target.model
+                usage = counted_usage(model, self._endpoint, self._body, (), prompt)
+                status = "partial"
             self._priced.add(label)
             record = self._accountant.settle(
                 self._call, deployment, usage, status=status, label=label

@@ -25,6 +25,7 @@ from gateway.accounting import (
     Call,
     Usage,
     choice_texts,
+    count_unreported,
     counted_usage,
     reply_usage,
     reported_usage,
@@ -40,6 +41,7 @@ from gateway.opinions import configured
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.scoring import AnswerVerifier, RequestScorer
 from gateway.sla import SlaGuard
+from gateway.tokens import PromptCounts
 from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
 from router import SCORED_STRATEGIES
 
@@ -126,12 +128,12 @@ class Proxy:
         # Time spent deciding counts: a request queued for the embedding classifier
         # has that much less for its upstreams.
         deadline_s = max(0.001, deadline_s - (time.perf_counter() - started))
+        call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         admission = await self._limits.admit(
-            runtime, principal, route, endpoint, body, candidates, strategy, request_id
+            runtime, principal, route, endpoint, body, candidates, strategy, request_id, call.prompt
         )
         if admission.candidates:  # a soft budget limit downgraded the request
             candidates = self._select(route, admission.candidates, strategy)
-        call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         response: Response | None = None
         try:
             if strategy == "cascade":
@@ -196,10 +198,15 @@ class Proxy:
         done = await self._executor.complete(
             candidates, endpoint, body, deadline_s, hedge_of(route), priority_of(route)
         )
-        await self._settle_hedges(call, done.losers, endpoint, body, done.hedges, done.won_by_hedge)
         reply = done.reply.body
-        usage = reply_usage(done.deployment, endpoint, body, reply)
-        record = self._accountant.settle(call, done.deployment, usage)
+        try:
+            await self._settle_hedges(
+                call, done.losers, endpoint, body, done.hedges, done.won_by_hedge
+            )
+            await count_unreported(call.prompt, endpoint, body, [(done.deployment, reply)])
+        finally:  # priced however these waits end (cut short: counted on the loop)
+            usage = reply_usage(done.deployment, endpoint, body, reply, call.prompt)
+            record = self._accountant.settle(call, done.deployment, usage)
         self._observe(call, done.deployment, "200")
         headers = cascade_headers(call, done.deployment, done.attempts)
         headers["x-cascade-cost-usd"] = f"{usd(record.cost_nanos):.9f}"
@@ -301,11 +308,15 @@ class Proxy:
         m.child(m.hedges, call.route.name, "fired").inc(fired)
         if won:
             m.child(m.hedges, call.route.name, "won").inc()
-        for n, loser in enumerate(losers, start=1):
+        try:
+            await count_unreported(call.prompt, endpoint, body, map(loser_answer, losers))
+        finally:  # priced however the wait ends (cut short: counted on the loop)
+            for n, loser in enumerate(losers, start=1):
+                usage, status = loser_usage(loser, endpoint, body, call.prompt)
+                self._accountant.settle(call, loser.deployment, usage, status=status, label=f"h{n}")
+        for loser in losers:
             if isinstance(loser.result, tuple):  # a stream that opened too late
                 await close_stream(loser.result[1])
-            usage, status = loser_usage(loser, endpoint, body)
-            self._accountant.settle(call, loser.deployment, usage, status=status, label=f"h{n}")
 
     def _observe(
         self, call: Call, deployment: DeploymentRuntime, status: str, ttft_s: float | None = None
@@ -356,13 +367,23 @@ class StreamSettlement:
                     yield frame
                 events = await anext(self.opened.rest, None)
             self.status = "ok"
+            await self.count_prompt()
             yield b"data: [DONE]\n\n"
         except UpstreamFailure as failure:
             # Bytes already reached the client: no silent retry, tell it in-band.
             log.warning("stream %s broke after it started: %s", self.call.request_id, failure)
+            await self.count_prompt()
             yield sse_error(failure)
         finally:
             await self.finish()
+
+    async def count_prompt(self) -> None:
+        """Count the prompt of a stream that reported no usage, off the loop if long,
+        while the client still waits for the last event: `finish` may not await. A
+        stream cut short by its client is counted in `finish`, on the loop."""
+        if self.tally.usage is None:
+            model = self.opened.deployment.target.model
+            await self.call.prompt.count(model, self.endpoint, self.body)
 
     async def finish(self) -> None:
         if self.finished:
@@ -371,7 +392,11 @@ class StreamSettlement:
         deployment = self.opened.deployment
         try:
             usage = self.tally.usage or counted_usage(
-                deployment.target.model, self.endpoint, self.body, _stream_texts(self.tally.seen)
+                deployment.target.model,
+                self.endpoint,
+                self.body,
+                _stream_texts(self.tally.seen),
+                self.call.prompt,
             )
         except Exception:  # never lose the record over counting: price what was reported
             log.exception("counting tokens of stream %s failed", self.call.request_id)
@@ -436,18 +461,24 @@ def priority_of(route: RouteRuntime) -> int | None:
     return None if route.sla is None else route.sla.priority
 
 
+def loser_answer(loser: Loser) -> tuple[DeploymentRuntime, dict[str, Any] | None]:
+    """A losing hedge and its reply (None: it did not answer)."""
+    result = loser.result
+    return loser.deployment, result.body if isinstance(result, UpstreamReply) else None
+
+
 def loser_usage(
-    loser: Loser, endpoint: EndpointType, body: dict[str, Any]
+    loser: Loser, endpoint: EndpointType, body: dict[str, Any], prompt: PromptCounts
 ) -> tuple[Usage, StatusType]:
     """What a losing hedge consumed: its answer's usage if it answered, else its prompt."""
     model = loser.deployment.target.model
     result = loser.result
     if isinstance(result, UpstreamReply):
-        return reply_usage(loser.deployment, endpoint, body, result.body), "ok"
-    if isinstance(result, tuple):  # a stream that opened too late: close it, count what came
+        return reply_usage(loser.deployment, endpoint, body, result.body, prompt), "ok"
+    if isinstance(result, tuple):  # a stream that opened too late: count what came
         first, _ = result
-        return counted_usage(model, endpoint, body, _stream_texts(first)), "partial"
-    return counted_usage(model, endpoint, body, ()), "partial"
+        return counted_usage(model, endpoint, body, _stream_texts(first), prompt), "partial"
+    return counted_usage(model, endpoint, body, (), prompt), "partial"
 
 
 def cascade_verdict(route: RouteRuntime, result: CascadeResult) -> str:

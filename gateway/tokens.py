@@ -82,6 +82,44 @@ async def count_prompt_off_loop(model: str, endpoint: str, body: Mapping[str, An
     return await asyncio.to_thread(count_prompt, model, endpoint, body)
 
 
+class PromptCounts:
+    """One request's prompt tokens, counted at most once per tiktoken encoding: by
+    admission (for its first planned model), then reused by every attempt whose
+    upstream reports no usage.
+
+        prompt = PromptCounts()
+        await prompt.count("gpt-4o", "chat", body)  # a long prompt: in a worker thread
+        prompt.get("gpt-4o", "chat", body)  # known now: nothing counted on the loop
+    """
+
+    __slots__ = ("_by_encoding",)
+
+    def __init__(self) -> None:
+        self._by_encoding: dict[str, int] = {}
+
+    async def count(self, model: str, endpoint: str, body: Mapping[str, Any]) -> int:
+        """The prompt's tokens for `model`: known, else counted (off the loop if long)."""
+        name = encoding_for(model).name
+        known = self._by_encoding.get(name)
+        if known is None:
+            known = self._by_encoding[name] = await count_prompt_off_loop(model, endpoint, body)
+        return known
+
+    async def prepare(self, models: Iterable[str], endpoint: str, body: Mapping[str, Any]) -> None:
+        """Count for each of `models` now, so that code which must not await finds it."""
+        for model in models:
+            await self.count(model, endpoint, body)
+
+    def get(self, model: str, endpoint: str, body: Mapping[str, Any]) -> int:
+        """The prompt's tokens for `model`: known, else counted on the calling thread
+        (the fallback of a request cancelled before `prepare` finished)."""
+        name = encoding_for(model).name
+        known = self._by_encoding.get(name)
+        if known is None:
+            known = self._by_encoding[name] = count_prompt(model, endpoint, body)
+        return known
+
+
 def _prompt_chars(endpoint: str, body: Mapping[str, Any]) -> int:
     if endpoint == "chat":
         messages = body.get("messages") or []

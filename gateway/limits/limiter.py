@@ -1,15 +1,17 @@
 """Admission and settlement of budgets and rate limits, around each upstream call.
 
     admission = await limiter.admit(runtime, principal, route, endpoint, body,
-                                    candidates, strategy, request_id)
+                                    candidates, strategy, request_id, call.prompt)
     ... call admission.candidates or the planned candidates ...
     admission.settle(records)        # exactly once, however the request ended
 
 A request with no limits (no budget on its key, team or route, no rate limit on its key
-or team) gets `UNLIMITED` without a Redis round trip or a token count. Otherwise one
-script call admits it (rate limits, then budgets: a soft limit may switch the plan to
-the budget's downgrade tier, a hard limit refuses with 429), and one settles it later:
-`settle` only queues, a writer task sends queued settlements in pipelined batches.
+or team) gets `UNLIMITED` without a Redis round trip or a token count. Otherwise its
+prompt is counted (into the request's `PromptCounts`, which pricing reuses when an
+upstream reports no usage), one script call admits it (rate limits, then budgets: a
+soft limit may switch the plan to the budget's downgrade tier, a hard limit refuses
+with 429), and one settles it later: `settle` only queues, a writer task sends queued
+settlements in pipelined batches.
 
 Redis unreachable: the policy's `gateway.limits_when_redis_down` decides: `open`
 serves without checks (counted, logged once per outage) and still queues the
@@ -52,7 +54,7 @@ from gateway.limits.store import (
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
-from gateway.tokens import count_prompt_off_loop
+from gateway.tokens import PromptCounts
 from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)
@@ -136,9 +138,10 @@ class Limiter:
         candidates: list[DeploymentRuntime],
         strategy: str,
         request_id: str,
+        prompt: PromptCounts,
     ) -> Admission:
         """Admit the request or raise `RateLimited`, `BudgetExceeded` or (store down,
-        policy closed) `LimitsUnavailable`."""
+        policy closed) `LimitsUnavailable`. The prompt's count lands in `prompt`."""
         if runtime is not self._runtime:
             self._book = RuleBook.build(runtime.policy)
             self._runtime = runtime
@@ -146,8 +149,8 @@ class Limiter:
         if rules is None or not candidates:  # no candidates: nothing will be called
             return UNLIMITED
         plans = self._plans(runtime, route, candidates, rules)
-        prompt = await count_prompt_off_loop(plans[0][0].target.model, endpoint, body)
-        ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id, prompt)
+        tokens = await prompt.count(plans[0][0].target.model, endpoint, body)
+        ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id, tokens)
         if self._store is None or (self._down and time.monotonic() < self._probe_at):
             return self._unchecked(runtime, ask, None)
         self._probe_at = time.monotonic() + PROBE_INTERVAL_S  # others skip while we probe
