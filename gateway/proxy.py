@@ -310,13 +310,13 @@ class Proxy:
             m.child(m.hedges, call.route.name, "won").inc()
         try:
             await count_unreported(call.prompt, endpoint, body, map(loser_answer, losers))
-        finally:  # priced however the wait ends (cut short: counted on the loop)
+        finally:  # priced, then closed, however the wait ends (cut short: counted on the loop)
             for n, loser in enumerate(losers, start=1):
                 usage, status = loser_usage(loser, endpoint, body, call.prompt)
                 self._accountant.settle(call, loser.deployment, usage, status=status, label=f"h{n}")
-        for loser in losers:
-            if isinstance(loser.result, tuple):  # a stream that opened too late
-                await close_stream(loser.result[1])
+            for loser in losers:
+                if isinstance(loser.result, tuple):  # a stream that opened too late
+                    await close_stream(loser.result[1])
 
     def _observe(
         self, call: Call, deployment: DeploymentRuntime, status: str, ttft_s: float | None = None
