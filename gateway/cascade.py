@@ -18,6 +18,7 @@ cascade ends.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.accounting import Accountant, Call, count_unreported, reply_usage
+from gateway.code_runs import run_code
 from gateway.errors import GatewayError
 from gateway.executor import Completed, Executor
 from gateway.ledger import SpendRecord
@@ -34,6 +36,7 @@ from gateway.opinions import SecondOpinions, worth_asking
 from gateway.runtime import DeploymentRuntime
 from gateway.scoring import AnswerVerifier
 from gateway.upstreams.base import EndpointType, UpstreamReply
+from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +154,10 @@ class Cascade:
                 answer = [(done.deployment, done.reply.body)]
                 await count_unreported(call.prompt, endpoint, body, answer)
                 if verified:
-                    samples = await opinions.samples(done.reply.body, ends_at) if opinions else ()
-                    judged = self._verify(call, endpoint, body, done.reply.body, samples)
+                    samples, code_run = await self._evidence(
+                        call, endpoint, body, done.reply.body, ends_at, opinions
+                    )
+                    judged = self._verify(call, endpoint, body, done.reply.body, samples, code_run)
             finally:
                 # Priced with its verdict, and whatever happens while it is judged: a
                 # request cancelled while waiting for its opinions is priced all the same.
@@ -169,6 +174,30 @@ class Cascade:
             final = without_logprobs(final)
         return final, tuple(scores)
 
+    async def _evidence(
+        self,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        reply: dict[str, Any],
+        ends_at: float,
+        opinions: SecondOpinions | None,
+    ) -> tuple[Sequence[str], ExampleRun | None]:
+        """What the verifier weighs besides the answer, gathered at once: the second
+        opinions' answers and, where the route runs code, the answer's own examples."""
+
+        async def samples() -> Sequence[str]:
+            return await opinions.samples(reply, ends_at) if opinions else ()
+
+        async def code_run() -> ExampleRun | None:
+            if not call.route.run_code_examples:
+                return None
+            run, outcome = await run_code(endpoint, body, reply, ends_at)
+            self._metrics.child(self._metrics.code_runs, call.route.name, outcome).inc()
+            return run
+
+        return await asyncio.gather(samples(), code_run())
+
     def _verify(
         self,
         call: Call,
@@ -176,12 +205,13 @@ class Cascade:
         body: dict[str, Any],
         reply: dict[str, Any],
         samples: Sequence[str],
+        code_run: ExampleRun | None = None,
     ) -> float | None:
         """The verifier's score; None when it broke on odd text: the answer is then
         rejected (escalate) rather than fail a request whose cheap answer is already
         paid for, and its record carries no verdict (it is none)."""
         try:
-            return self._verifier(endpoint, body, reply, samples)
+            return self._verifier(endpoint, body, reply, samples, code_run)
         except Exception:
             log.exception("verifier failed on %s; escalating", call.request_id)
             return None

@@ -132,7 +132,10 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "score": score,
         "classifier": route.classifier if score is not None else None,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
-        "reasons": plan.reasons() + sla_reasons(route) + opinion_reasons(route, args.prompt, plan),
+        "reasons": plan.reasons()
+        + sla_reasons(route)
+        + opinion_reasons(route, args.prompt, plan)
+        + code_run_reasons(route, args.prompt),
     }
     print(json.dumps(decision, indent=2))
     return 0
@@ -160,6 +163,22 @@ def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
         f"second opinions from {', '.join(usable)} asked alongside the first tier (unless "
         "ejected by their breaker); the verifier compares their final answers (or their "
         "code) with the cheap answer (each priced)"
+    ]
+
+
+def code_run_reasons(route: RouteRuntime, prompt: str) -> list[str]:
+    """Whether the cascade runs a code answer against its own examples, and why."""
+    from router.verifier import asks_for_python
+
+    if route.strategy != "cascade":
+        return []
+    if not route.run_code_examples:
+        return ["code answers are not run (run_code_examples off, or no sandbox on this host)"]
+    if not asks_for_python(prompt):
+        return ["code answers are run in the sandbox, but this prompt does not ask for Python code"]
+    return [
+        "a Python answer's code is run in the sandbox against the examples it claims "
+        "(doctests, '# Output:' comments); examples that fail count against it"
     ]
 
 

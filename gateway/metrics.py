@@ -97,6 +97,15 @@ class Metrics:
             ["route", "deployment", "outcome"],
             registry=r,
         )
+        self.code_runs = Counter(
+            "cascade_code_runs",
+            "Cascade answers' code run against their own examples (routes with "
+            "run_code_examples), by route and outcome (held: every example held, failed: "
+            "some failed or the code did not run, none: no examples to run or no time "
+            "left, error: the sandbox could not start)",
+            ["route", "outcome"],
+            registry=r,
+        )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
             "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge)",

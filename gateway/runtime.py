@@ -26,7 +26,7 @@ from policies import LoadedPolicy
 from policies.engines import EngineSpec
 from policies.keys import hash_key
 from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
-from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route
+from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class RouteRuntime:
     # Cascades: deployments asked alongside the first tier, whose answers the verifier
     # compares with the one it judges (resolved here: they are not part of the plan).
     second_opinions: tuple[DeploymentRuntime, ...] = ()
+    # Cascades: run code answers against their own examples (in the sandbox) for the
+    # verifier; off where the policy asked for it but this host cannot isolate them.
+    run_code_examples: bool = False
 
 
 def sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
@@ -172,6 +175,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             sla=_route_sla(spec.sla),
             max_output_tokens=spec.max_output_tokens,
             second_opinions=tuple(deployments[d] for d in spec.second_opinions),
+            run_code_examples=spec.run_code_examples and _sandbox_usable(name),
         )
         for name, spec in policy.routes.items()
     }
@@ -270,6 +274,15 @@ def _deployment_price(name: str, spec: Deployment) -> TokenPrice:
             spec.pricing_model or spec.model,
         )
     return price
+
+
+def _sandbox_usable(route: str) -> bool:
+    """Whether code can be run isolated here; if not, the route's code runs stay off
+    (its cascade verifies without them) and the load says why."""
+    reason = sandbox.available()
+    if reason is not None:
+        log.error("route %s: run_code_examples is off: cannot isolate code here: %s", route, reason)
+    return reason is None
 
 
 def _reference_name(

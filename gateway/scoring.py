@@ -21,6 +21,7 @@ from gateway.runtime import RouteRuntime
 from gateway.upstreams.base import EndpointType
 from router import embedding_classifier, embeddings
 from router.classifier import Classifier, RequestClassifier
+from router.code_examples import ExampleRun
 from router.errors import RoutingError
 from router.verifier import Verifier
 
@@ -164,8 +165,10 @@ class AnswerVerifier:
         body: Mapping[str, Any],
         reply: Mapping[str, Any],
         samples: Sequence[str] = (),
+        code_run: ExampleRun | None = None,
     ) -> float:
-        """``samples``: other answers to the same request (second opinions' texts)."""
+        """``samples``: other answers to the same request (second opinions' texts);
+        ``code_run``: the answer's code run against its own examples (``run_code``)."""
         verifier = self._verifier or shipped_verifier()
         text, logprobs, finish_reason = answer_parts(reply)
         response_format = body.get("response_format")
@@ -178,6 +181,7 @@ class AnswerVerifier:
             prompt_score=self._scorer(endpoint, body),  # the router's prior on the prompt
             samples=samples,
             question=question_text(endpoint, body),
+            code_run=code_run,
         )
 
 

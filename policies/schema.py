@@ -177,7 +177,10 @@ class Route(_Section):
     (`stream_cascade: buffer`) or routed by the classifier's `tiers` instead).
     `second_opinions` (cascade only): deployments asked the same question alongside
     the first tier; whether their final answers (or their code) agree is evidence for
-    the verifier. `classifier` picks the model that scores requests for `tiers`:
+    the verifier. `run_code_examples` (cascade only): run a code answer against the
+    examples it claims, in a sandbox (`router.sandbox`), as evidence for the verifier;
+    off by default, since it executes model-written code. `classifier` picks the model
+    that scores requests for `tiers`:
     `features` (the default) or `minilm` (adds a sentence embedding; slower, and on the
     shipped data no better: for a model retrained on your own traffic)."""
 
@@ -189,6 +192,7 @@ class Route(_Section):
     max_escalations: Annotated[int, Field(ge=0, le=10)] = 2
     stream_cascade: StreamCascadeType = "buffer"
     second_opinions: list[str] = []
+    run_code_examples: bool = False
     reference_model: str | None = None
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     # Output tokens assumed for a request without `max_tokens` when reserving budget.
@@ -217,11 +221,15 @@ class Route(_Section):
 
     @model_validator(mode="after")
     def _check_second_opinions(self) -> Self:
-        if self.second_opinions and self.strategy != "cascade":
-            raise ValueError(
-                "second_opinions apply to strategy 'cascade' (they judge a cascade's "
-                f"answers), not '{self.strategy}'"
-            )
+        for value, field in (
+            (self.second_opinions, "second_opinions apply"),
+            (self.run_code_examples, "run_code_examples applies"),
+        ):
+            if value and self.strategy != "cascade":
+                raise ValueError(
+                    f"{field} to strategy 'cascade' (a cascade's answers are judged), "
+                    f"not '{self.strategy}'"
+                )
         names = self.second_opinions
         repeated = sorted({f"'{name}'" for name in names if names.count(name) > 1})
         if repeated:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from router import verifier_train
+from router import sandbox, verifier_train
 from router.answers import comparable
 from router.dataset import DEFAULT_DATA_DIR, STRONG_MODEL, WEAK_MODEL, PromptScores, cheap_pool
 from router.evaluation import (
@@ -64,6 +64,7 @@ class CascadeReport:
     # The same cascade, each answer scored by a verifier trained on the other tasks only
     # (``verifier_train.task_verifiers``): what to expect on a task nobody labelled.
     task_unseen: Metrics | None = None
+    code_run: bool = False  # the cheap answers' code run against their own examples
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ def run_cascade_evaluation(
     prompt_scores: PromptScores | None = None,
     *,
     second_opinions: bool = True,
+    run_code: bool = True,
 ) -> list[CascadeReport]:
     """The cheap model's answer to every prompt, scored by a verifier that never saw the
     prompt (``verifier_train.cross_fitted_scores``), and the cascade that follows; then,
@@ -87,9 +89,13 @@ def run_cascade_evaluation(
     same cascade with each such model asked as a second opinion (its cost counted).
 
     ``prompt_scores`` are the classifier's held-out scores (``held_out_scores``), the
-    verifier's prompt-difficulty signal; without them that signal is left neutral."""
+    verifier's prompt-difficulty signal; without them that signal is left neutral.
+    ``run_code``: run the code answers' examples in the sandbox (where the host has
+    one), and judge those datasets' cascades a second time with the runs."""
     directory = data_dir or DEFAULT_DATA_DIR
     answers = verifier_train.build_examples(directory, prompt_scores=prompt_scores)
+    if run_code and sandbox.available() is None:  # else no such rows are shown
+        answers = verifier_train.run_code_examples(answers)
     features = verifier_train.feature_matrix(answers)
     verifiers = JudgingVerifiers(
         verifier_train.fold_verifiers(answers, features),
@@ -105,16 +111,21 @@ def run_cascade_evaluation(
         rows = [row for row in _jsonl(path) if row["id"] in cheap]
         if not rows:
             continue
-        alone = [verifier_train.second_opinion(cheap[row["id"]], None) for row in rows]
-        reports.append(_cascade_report(name, rows, alone, verifiers, opinion=None))
-        if stem == "gsm8k" or not second_opinions:
-            continue  # GSM8K has no third model's answers
-        for opinion in _second_opinion_models(rows):
-            judged = [
-                verifier_train.second_opinion(cheap[row["id"]], _response_of(row, opinion))
-                for row in rows
-            ]
-            reports.append(_cascade_report(name, rows, judged, verifiers, opinion=opinion))
+        first = [cheap[row["id"]] for row in rows]
+        # Each cascade as a route without code runs, then, where code answers' examples
+        # were run, as one with them.
+        for code_run in (False, True) if any(a.code_run for a in first) else (False,):
+            base = first if code_run else [replace(a, code_run=None) for a in first]
+            alone = [verifier_train.second_opinion(a, None) for a in base]
+            reports.append(_cascade_report(name, rows, alone, verifiers, None, code_run))
+            if stem == "gsm8k" or not second_opinions:
+                continue  # GSM8K has no third model's answers
+            for opinion in _second_opinion_models(rows):
+                judged = [
+                    verifier_train.second_opinion(a, _response_of(row, opinion))
+                    for a, row in zip(base, rows, strict=True)
+                ]
+                reports.append(_cascade_report(name, rows, judged, verifiers, opinion, code_run))
     return choose_opinions(reports)
 
 
@@ -124,8 +135,8 @@ def choose_opinions(reports: Sequence[CascadeReport]) -> list[CascadeReport]:
     opinion on the other datasets (so its figure on this one is held out, not the best
     of several picked on the very rows it is judged on)."""
     apgrs: dict[str, dict[str, float]] = {}
-    for r in reports:
-        if r.second_opinion and not np.isnan(r.metrics.apgr):
+    for r in reports:  # chosen as for a route without code runs (every task has that)
+        if r.second_opinion and not r.code_run and not np.isnan(r.metrics.apgr):
             apgrs.setdefault(r.second_opinion, {})[r.name] = r.metrics.apgr
     chosen: dict[str, str] = {}
     for name in {r.name for r in reports if r.second_opinion}:
@@ -166,8 +177,8 @@ def _cascade_report(
     rows: Sequence[Mapping[str, Any]],
     judged: Sequence[verifier_train.Example],
     verifiers: JudgingVerifiers,
-    *,
     opinion: str | None,
+    code_run: bool = False,
 ) -> CascadeReport:
     """The cascade curve of one dataset's rows, each cheap answer in ``judged`` (aligned
     with ``rows``) scored by its cross-fitted verifier; a second opinion's cost is added
@@ -213,6 +224,7 @@ def _cascade_report(
             lambda i: _cascade_metrics(cascade_curve(*(c[i] for c in columns)).curve), len(scores)
         ),
         task_unseen=_cascade_metrics(task_unseen),
+        code_run=code_run,
     )
 
 
@@ -234,6 +246,8 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
         "task unseen = the same rows scored by a verifier trained on the other tasks only "
         "(on gsm8k and mbpp it has seen no maths or code, so the signals of that kind carry "
         "no weight); "
+        "+ examples run = each cheap answer's code run against the examples it claims, "
+        "in the sandbox (router.sandbox), as on a route with run_code_examples; "
         "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
         "spread the escalation share",
         "",
@@ -260,9 +274,10 @@ def _task_unseen_cells(report: CascadeReport) -> str:
 
 
 def _cascade_label(report: CascadeReport) -> str:
+    ran = " + examples run" if report.code_run else ""
     if not report.second_opinion:
-        return "cascade (verifier)"
-    label = f"cascade + 2nd opinion {report.second_opinion.split('/')[-1]}"
+        return f"cascade (verifier{ran})"
+    label = f"cascade{ran} + 2nd opinion {report.second_opinion.split('/')[-1]}"
     return label + " (chosen on the other tasks)" if report.chosen_elsewhere else label
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from router.cascade_evaluation import CascadeReport
     from router.classifier import RequestClassifier
     from router.classifier_train import FoldReport
+    from router.code_examples import ExampleRun
     from router.dataset import Example
     from router.evaluation import Curve
 
@@ -55,6 +56,12 @@ def add_router_commands(
         "finish_reason, response_format)",
     )
     verify.add_argument("input", type=Path, metavar="IN.jsonl")
+    verify.add_argument(
+        "--run-code",
+        action="store_true",
+        help="run code answers against the examples they claim, in a sandbox (it executes "
+        "the answers' code: only on hosts with unprivileged user namespaces)",
+    )
     verify.set_defaults(func=run_verify)
 
     train = commands.add_parser("train", help="rebuild the shipped classifier and its card")
@@ -73,6 +80,12 @@ def add_router_commands(
     )
     train_verifier.add_argument("--data", type=Path, default=None, help="routing data directory")
     train_verifier.add_argument("--out", type=Path, default=None, help="model path (.json)")
+    train_verifier.add_argument(
+        "--no-run-code",
+        dest="run_code",
+        action="store_false",
+        help="do not run the code answers' examples (in a sandbox) to learn that signal",
+    )
     train_verifier.set_defaults(func=run_train_verifier)
 
     calibrate = commands.add_parser(
@@ -104,6 +117,12 @@ def add_router_commands(
     evaluate = commands.add_parser("eval", help="held-out APGR / CPT table and plots")
     evaluate.add_argument("--data", type=Path, default=None, help="routing data directory")
     evaluate.add_argument("--plot", type=Path, default=None, help="directory for PNG plots")
+    evaluate.add_argument(
+        "--no-run-code",
+        dest="run_code",
+        action="store_false",
+        help="do not run the code answers' examples (in a sandbox): no 'examples run' rows",
+    )
     evaluate.set_defaults(func=run_eval)
 
 
@@ -142,7 +161,7 @@ def run_train_verifier(args: argparse.Namespace) -> int:
     from router import verifier_train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return verifier_train.main(args.data, args.out)
+    return verifier_train.main(args.data, args.out, run_code=args.run_code)
 
 
 def run_score(args: argparse.Namespace) -> int:
@@ -217,7 +236,7 @@ def _parse_shares(text: str) -> dict[str, float]:
 def run_verify(args: argparse.Namespace) -> int:
     try:
         rows = list(_read_rows(args.input, _verify_request))
-        scores = _verifier_scores([row for _, row in rows])
+        scores = _verifier_scores([row for _, row in rows], run_code=args.run_code)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -252,12 +271,19 @@ def run_calibrate_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verifier_scores(rows: Sequence[VerifyRow]) -> list[float]:
+def _verifier_scores(rows: Sequence[VerifyRow], *, run_code: bool = False) -> list[float]:
     """The shipped verifier's score of each row, with the shipped classifier's score of
-    its prompt as the prior, as the gateway's cascade does."""
+    its prompt as the prior, as the gateway's cascade does; ``run_code``: with each code
+    answer run against its own examples (``router.sandbox``)."""
+    from router import sandbox
     from router.classifier import Classifier
-    from router.verifier import Verifier
+    from router.verifier import Verifier, code_job
 
+    runs: list[ExampleRun | None] = [None] * len(rows)
+    if run_code:
+        if (reason := sandbox.available()) is not None:
+            raise RoutingError(f"--run-code: this host cannot isolate code: {reason}")
+        runs = sandbox.run_all([code_job(r.prompt, r.response) for r in rows])
     verifier, classifier = Verifier.load(), Classifier.load()
     priors = classifier.score_batch([{"messages": [_user(r.prompt)]} for r in rows])
     return [
@@ -269,8 +295,9 @@ def _verifier_scores(rows: Sequence[VerifyRow]) -> list[float]:
             response_format=row.response_format,
             prompt_score=prior,
             samples=row.samples,
+            code_run=run,
         )
-        for row, prior in zip(rows, priors, strict=True)
+        for row, prior, run in zip(rows, priors, runs, strict=True)
     ]
 
 
@@ -324,7 +351,7 @@ def run_eval(args: argparse.Namespace) -> int:
         cache = FeatureCache(examples)
         fitted = fit_folds(examples, cache)
         prompt_scores = held_out_scores(fitted)
-        cascades = run_cascade_evaluation(args.data, prompt_scores)
+        cascades = run_cascade_evaluation(args.data, prompt_scores, run_code=args.run_code)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -343,13 +370,15 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Curve]:
-    """The curves to draw next to a dataset's routers: the verifier's cascade and, where
-    second opinions were tried, the one chosen on the other datasets."""
+    """The curves to draw next to a dataset's routers: the verifier's cascade (and with
+    code runs, where there are) and, where second opinions were tried, the one chosen on
+    the other datasets."""
     lines = {}
     for c in cascades:
         if c.name == name and not c.second_opinion:
-            lines[f"cascade (verifier, {c.rows} rows)"] = c.curve
-        elif c.name == name and c.chosen_elsewhere:
+            ran = " + examples run" if c.code_run else ""
+            lines[f"cascade (verifier{ran}, {c.rows} rows)"] = c.curve
+        elif c.name == name and c.chosen_elsewhere and not c.code_run:
             opinion = c.second_opinion.split("/")[-1]
             lines[f"cascade + {opinion} (chosen on other tasks)"] = c.curve
     return lines

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from router import code_examples
 from router.answers import (
     FENCE,
     MC_OPTION,
@@ -40,6 +41,7 @@ from router.answers import (
 )
 from router.arithmetic import check_arithmetic
 from router.artifacts import read_artifact
+from router.code_examples import CodeJob, ExampleRun
 from router.errors import RoutingError
 from router.text import head_and_tail
 
@@ -47,6 +49,8 @@ DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "verifier.json"
 ARTIFACT_FORMAT = "cascade-verifier/1"
 
 # Order is the artifact's column order; changing it means retraining.
+# From running the answer's code against its own examples (``Signals.code_run``).
+CODE_RUN_FEATURES = ("code_examples_held", "code_examples_failed_share")
 FEATURE_NAMES: tuple[str, ...] = (
     "empty",
     "very_short",
@@ -84,6 +88,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "prompt_difficulty",
     "sample_agreement",
     "code_agreement",
+    *CODE_RUN_FEATURES,
 )
 
 # Hard rules: when the feature is set, the score is at most this value.
@@ -197,6 +202,9 @@ class Signals:
     # None or empty: the prompt. A route's system prompt ("put code in ``` fences") is
     # shared by every request on the route and says nothing about what this one asks.
     question: str | None = None
+    # The answer's code run against the examples it claims (`router.sandbox`, where the
+    # route or caller switches it on); None: not run, the two features unknown.
+    code_run: ExampleRun | None = None
 
 
 def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, float]:
@@ -221,6 +229,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         # NaN (neutral) without samples, or when no final answers can be compared.
         "sample_agreement": agreement(question, answer, signals.samples),
         "code_agreement": code_agreement(question, answer, signals.samples),
+        **_code_run_features(signals.code_run),
     }
     return {name: features[name] for name in FEATURE_NAMES}
 
@@ -370,6 +379,31 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
             asks_function and not named and not _PYTHON_FUNCTION.search(code)
         ),
     }
+
+
+def _code_run_features(run: ExampleRun | None) -> dict[str, float]:
+    """Whether the answer's own examples held when its code ran: on the shared MBPP
+    answers of the ten cheap models, 70% of those whose every example holds are right,
+    37% of those whose every example fails. NaN (neutral) when not run or nothing to run."""
+    if run is None or not run.checked:
+        return dict.fromkeys(CODE_RUN_FEATURES, math.nan)
+    held, failed_share = float(run.failed == 0), run.failed / run.checked
+    return dict(zip(CODE_RUN_FEATURES, (held, failed_share), strict=True))
+
+
+def asks_for_python(prompt: str, question: str | None = None) -> bool:
+    """A question that asks for code, no other language named (in Python, then)."""
+    question = head_and_tail(question or prompt, MAX_PROMPT_CHARS)
+    return prompt_kind(question) == "code" and not _named_languages(prompt)
+
+
+def code_job(prompt: str, response: str, question: str | None = None) -> CodeJob | None:
+    """What to run to check ``response``'s code (``router.sandbox.run_examples``): its
+    claimed examples, on a question that asks for code in Python; None otherwise."""
+    fenced = {ALIASES.get(t.lower(), t.lower()) for t in FENCE.findall(response) if t}
+    if fenced & set(OTHER_LANGUAGES) or not asks_for_python(prompt, question):
+        return None
+    return code_examples.code_job(response)
 
 
 def _named_languages(prompt: str) -> set[str]:
@@ -523,12 +557,16 @@ class Verifier:
         prompt_score: float | None = None,
         samples: Sequence[str] = (),
         question: str | None = None,
+        code_run: ExampleRun | None = None,
     ) -> float:
         """The probability in [0, 1] that ``response`` is an acceptable answer to ``prompt``;
         ``prompt_score`` is the complexity classifier's score of the prompt, if known;
         ``samples`` are other answers to the same prompt (second opinions), if any;
-        ``question`` is the part of the prompt that asks (``Signals.question``)."""
-        signals = Signals(logprobs, response_format, finish_reason, prompt_score, samples, question)
+        ``question`` is the part of the prompt that asks (``Signals.question``);
+        ``code_run``: its code run against its own examples (``code_job``), if it was."""
+        signals = Signals(
+            logprobs, response_format, finish_reason, prompt_score, samples, question, code_run
+        )
         return self.score_features(extract_features(prompt, response, signals))
 
     def score_features(self, features: Mapping[str, float]) -> float:

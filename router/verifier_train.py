@@ -18,10 +18,11 @@ from __future__ import annotations
 import ast
 import datetime
 import hashlib
+import itertools
 import json
 import logging
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,19 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from router import sandbox
+from router.code_examples import ExampleRun
 from router.dataset import DATASETS, PromptScores
 from router.errors import RoutingError
-from router.verifier import DEFAULT_PATH, FEATURE_NAMES, Signals, Verifier, extract_features
+from router.verifier import (
+    CODE_RUN_FEATURES,
+    DEFAULT_PATH,
+    FEATURE_NAMES,
+    Signals,
+    Verifier,
+    code_job,
+    extract_features,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +63,14 @@ SIGNIFICANT_DIGITS = 6
 # Features the training data never shows (no logprobs, no finish_reason, no JSON
 # requests), so their weights are set by hand, in logits per unit of the raw feature.
 PROMPT_PRIOR = "prompt_difficulty"
-# Unknown (NaN) without second opinions.
-OPINION_FEATURES = ("sample_agreement", "code_agreement")
+# Signals a route may or may not ask for, unknown (NaN) without: second opinions, and
+# the answer's code run against its own examples (`router.sandbox`).
+OPTIONAL_SIGNALS: dict[str, tuple[str, ...]] = {
+    "opinion": ("sample_agreement", "code_agreement"),
+    "code_run": CODE_RUN_FEATURES,
+}
+# How ``evaluate`` names the rows that carry each optional signal, without and with it.
+EVALUATED_SIGNALS = {"opinion": ("comparable", "+opinion"), "code_run": ("ran", "+examples")}
 PRIOR_COEFFICIENTS: dict[str, float] = {
     "finish_length": -2.0,
     "json_requested": 0.0,
@@ -86,6 +103,14 @@ class Example:
     prompt_score: float | None = None  # the classifier's, from a model that never saw it
     # A second opinion: another RouterBench model's answer to the same prompt.
     samples: tuple[str, ...] = ()
+    code_run: ExampleRun | None = None  # its code run against its own examples
+
+
+def run_code_examples(examples: Sequence[Example]) -> list[Example]:
+    """``examples`` with their code run against its own claims (``verifier.code_job``)
+    in the sandbox, one per CPU: about 50 s for the shared data's 3,000 on 12 cores."""
+    runs = sandbox.run_all([code_job(e.prompt, e.response) for e in examples])
+    return [replace(e, code_run=run) for e, run in zip(examples, runs, strict=True)]
 
 
 def build_examples(
@@ -249,37 +274,63 @@ def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
 
 
 def _signals(example: Example) -> Signals:
-    return Signals(prompt_score=example.prompt_score, samples=example.samples)
+    return Signals(
+        prompt_score=example.prompt_score, samples=example.samples, code_run=example.code_run
+    )
 
 
-def without_opinions(
+def has_signal(features: NDArray[np.float64], signal: str) -> NDArray[np.bool_]:
+    """Which rows carry the optional ``signal`` (``OPTIONAL_SIGNALS``)."""
+    columns = [FEATURE_NAMES.index(name) for name in OPTIONAL_SIGNALS[signal]]
+    return np.asarray(~np.isnan(features[:, columns]).all(axis=1), dtype=np.bool_)
+
+
+def with_signals(features: NDArray[np.float64], kept: Iterable[str] = ()) -> NDArray[np.float64]:
+    """``features`` as a route asking only for the optional signals ``kept``: the other
+    optional columns unknown (NaN)."""
+    rows = features.copy()
+    for signal, names in OPTIONAL_SIGNALS.items():
+        if signal not in kept:
+            rows[:, [FEATURE_NAMES.index(name) for name in names]] = np.nan
+    return rows
+
+
+def signal_variants(
     features: NDArray[np.float64],
-) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """``features`` as without second opinions (their columns unknown: NaN), and which
-    rows had one that could be compared."""
-    columns = [FEATURE_NAMES.index(name) for name in OPINION_FEATURES]
-    opinion = np.asarray(~np.isnan(features[:, columns]).all(axis=1), dtype=np.bool_)
-    alone = features.copy()
-    alone[:, columns] = np.nan
-    return alone, opinion
+) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float64]]:
+    """Each row once per mix of the optional signals it carries (with a second opinion
+    and a code run: four rows, from neither to both), so that one set of weights serves
+    routes that ask for any of them. Returns the rows, the index of the row each came
+    from, and its share of that row's weight."""
+    present = {signal: has_signal(features, signal) for signal in OPTIONAL_SIGNALS}
+    mixes = [
+        set(itertools.compress(OPTIONAL_SIGNALS, keep))
+        for keep in itertools.product((True, False), repeat=len(OPTIONAL_SIGNALS))
+    ]
+    variants = 2.0 ** np.sum(list(present.values()), axis=0)
+    rows, origin, share = [], [], []
+    for mix in mixes:
+        applies = np.all([present[signal] for signal in mix], axis=0) if mix else None
+        index = np.flatnonzero(applies) if applies is not None else np.arange(len(features))
+        rows.append(with_signals(features[index], mix))
+        origin.append(index)
+        share.append(1.0 / variants[index])
+    return np.vstack(rows), np.concatenate(origin), np.concatenate(share)
 
 
 def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
     """Logistic regression on the learnable columns, each source weighted equally.
 
-    An answer with a second opinion is fitted twice at half weight, with and without
-    it, so the weights serve both cascades that ask for second opinions and those that
-    do not (without, the opinion columns are unknown: NaN, standardised to 0)."""
+    An answer is fitted once per mix of the optional signals it carries, its weight
+    shared between them (``signal_variants``), so the weights serve cascades that ask
+    for second opinions or code runs and those that do not (without, those columns are
+    unknown: NaN, standardised to 0)."""
     from sklearn.linear_model import LogisticRegression
 
     learned = [i for i, name in enumerate(FEATURE_NAMES) if name not in PRIOR_COEFFICIENTS]
-    without, opinion = without_opinions(features)
-    rows = np.vstack([features, without[opinion]])
-    weights = _source_weights(examples)
-    weights[opinion] /= 2.0
-    weights = np.concatenate([weights, weights[opinion]])
-    labels = np.array([e.label for e in examples], dtype=np.int64)
-    labels = np.concatenate([labels, labels[opinion]])
+    rows, origin, share = signal_variants(features)
+    weights = _source_weights(examples)[origin] * share
+    labels = np.array([e.label for e in examples], dtype=np.int64)[origin]
 
     columns = rows[:, learned]
     with warnings.catch_warnings():  # a column no answer has (no code trained on): NaN
@@ -344,13 +395,19 @@ def evaluate(
     opinions (as a cascade that asks for none), then, on the answers whose second
     opinion can be compared (final answers or code on both sides), without and with it
     (groups suffixed ``comparable`` and ``comparable +opinion``: the same rows)."""
-    alone, opinion = without_opinions(features)
+    alone = with_signals(features)
     report = _metrics(verifier, examples, alone)
-    if opinion.any():
-        comparable = [e for e, o in zip(examples, opinion, strict=True) if o]
-        for suffix, rows in (("comparable", alone), ("comparable +opinion", features)):
-            for group, metrics in _metrics(verifier, comparable, rows[opinion]).items():
-                report[f"{group} {suffix}"] = metrics
+    for signal, (suffix, added) in EVALUATED_SIGNALS.items():
+        carried = has_signal(features, signal)
+        if not carried.any():
+            continue
+        subset = [e for e, c in zip(examples, carried, strict=True) if c]
+        for label, rows in (
+            (suffix, alone),
+            (f"{suffix} {added}", with_signals(features, [signal])),
+        ):
+            for group, metrics in _metrics(verifier, subset, rows[carried]).items():
+                report[f"{group} {label}"] = metrics
     return report
 
 
@@ -385,15 +442,25 @@ def train(
     *,
     limit: int | None = None,
     prompt_scores: PromptScores | None = None,
+    run_code: bool = True,
 ) -> dict[str, Any]:
     """Build, evaluate and write the verifier artifact (and its model card next to it).
 
     Returns the artifact's contents. ``limit`` caps the prompts read per file (for tests);
-    ``prompt_scores`` defaults to ``held_out_prompt_scores(data_dir)``.
+    ``prompt_scores`` defaults to ``held_out_prompt_scores(data_dir)``; ``run_code``: run
+    the code answers' examples in the sandbox to learn that signal's weights (without,
+    they stay 0 and a route's code runs count for nothing).
     """
+    if run_code and (reason := sandbox.available()) is not None:
+        raise RoutingError(
+            f"training runs the code answers' examples in a sandbox, which this host "
+            f"cannot provide: {reason} (train without that signal: --no-run-code)"
+        )
     if prompt_scores is None:
         prompt_scores = held_out_prompt_scores(data_dir)
     examples = build_examples(data_dir, limit=limit, prompt_scores=prompt_scores)
+    if run_code:
+        examples = run_code_examples(examples)
     held_out = np.array([is_held_out(e) for e in examples])
     features = feature_matrix(examples)
     train_set = [e for e, h in zip(examples, held_out, strict=True) if not h]
@@ -482,11 +549,21 @@ are none or nothing to compare (free text, code). `code_agreement` is, on questi
 ask for code, how alike this answer's code is to the opinions' (mean Jaccard similarity
 of token trigrams: right solutions to one task converge, wrong ones wander). Both are
 learned: each RouterBench answer is paired with one other model's answer to its prompt
-(fixed by a hash), and fitted twice at half weight, with and without it, so the same
-weights serve cascades with and without second opinions. Below, `comparable` rows are
+(fixed by a hash), and fitted with and without it, so the same weights serve cascades
+with and without second opinions. Below, `comparable` rows are
 the answers whose second opinion can be compared (a final answer on multiple choice and
 maths, code on code), scored without it, and `comparable +opinion` the same rows scored
 with it.
+
+`code_examples_held` and `code_examples_failed_share` come from running a code answer
+against the examples it claims (doctests, `print(f(2))  # Output: 4`) in the sandbox
+(`router/sandbox.py`: user, network, mount and PID namespaces, read-only mounts,
+rlimits, an audit hook; only pass/fail counts come back); unknown (neutral) when not
+run: a route switches it on with `run_code_examples: true`, `router verify` with
+`--run-code`. Training runs every code answer's examples; an answer fitted with and
+without each optional signal it carries (a second opinion, a code run), its weight
+shared between the mixes. `ran` rows are the answers with examples that ran, scored
+without the run, and `ran +examples` the same rows scored with it.
 
 ## Data
 `shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)
@@ -528,11 +605,11 @@ training is deterministic and the JSON is byte-identical across runs.
 """
 
 
-def main(data_dir: Path | None = None, out: Path | None = None) -> int:
+def main(data_dir: Path | None = None, out: Path | None = None, *, run_code: bool = True) -> int:
     """Train the shipped verifier; returns a process exit code."""
     out = out or DEFAULT_PATH
     try:
-        artifact = train(data_dir or DEFAULT_DATA_DIR, out)
+        artifact = train(data_dir or DEFAULT_DATA_DIR, out, run_code=run_code)
     except RoutingError as exc:
         log.error("%s", exc)
         return 1

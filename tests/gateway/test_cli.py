@@ -17,6 +17,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from policies import hash_key
+from router import sandbox
 from router.embedding_classifier import shipped
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import (
@@ -125,6 +126,38 @@ def test_policy_explain_says_whether_second_opinions_are_asked() -> None:
     assert "no tier to escalate to" in opinion_reason(question, alone)
     unset = {k: v for k, v in env.items() if k != "OPINION_URL"}
     assert "none is available" in opinion_reason(question, unset)
+
+
+def test_policy_explain_says_whether_code_answers_are_run(tmp_path: Path) -> None:
+    example = (POLICIES / "examples" / "cascade-second-opinion.yaml").read_text()
+    env = {**os.environ, "LOCAL_URL": "http://a/v1", "OPINION_URL": "http://b/v1"}
+
+    def code_reason(policy_text: str, prompt: str) -> str:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_text)
+        result = run(
+            "policy", "explain", str(policy), "--prompt", prompt, "--model", "exam", env=env
+        )
+        assert result.returncode == 0, result.stderr
+        [reason] = [
+            r
+            for r in json.loads(result.stdout)["reasons"]
+            if "code answers" in r or "code is run" in r
+        ]
+        return reason
+
+    code = "Write a python function to reverse a string."
+    assert "not run (run_code_examples off" in code_reason(example, code)
+    runs = example.replace("strategy: cascade", "strategy: cascade\n    run_code_examples: true")
+    assert runs != example
+    expected = "run in the sandbox against the examples it claims"
+    if sandbox.available() is None:
+        assert expected in code_reason(runs, code)
+        assert "does not ask for Python code" in code_reason(runs, "Write a poem.")
+        js = "Write a JavaScript function to reverse a string."
+        assert "does not ask for Python code" in code_reason(runs, js)
+    else:  # this host cannot isolate code: the route keeps the runs off
+        assert "not run" in code_reason(runs, code)
 
 
 def test_keys_new_and_hash_agree() -> None:

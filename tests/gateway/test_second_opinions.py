@@ -326,7 +326,12 @@ class Verifier:
         self.samples: list[tuple[str, ...]] = []
 
     def __call__(
-        self, endpoint: EndpointType, body: Any, reply: Any, samples: Sequence[str] = ()
+        self,
+        endpoint: EndpointType,
+        body: Any,
+        reply: Any,
+        samples: Sequence[str] = (),
+        code_run: Any = None,
     ) -> float:
         self.samples.append(tuple(samples))
         text = reply["choices"][0]["message"]["content"]

@@ -210,12 +210,22 @@ def test_a_cascade_takes_second_opinions_from_its_deployments_or_others() -> Non
     assert Policy.model_validate(cascade_with([])).routes["careful"].second_opinions == []
 
 
+def test_code_runs_are_a_cascade_option_off_by_default() -> None:
+    assert not Policy.model_validate(cascade_with([])).routes["careful"].run_code_examples
+    data = cascade_with([])
+    data["routes"]["careful"]["run_code_examples"] = True
+    assert Policy.model_validate(data).routes["careful"].run_code_examples
+    data["routes"]["careful"]["strategy"] = "fallback"
+    with pytest.raises(ValidationError, match="run_code_examples applies to strategy 'cascade'"):
+        Policy.model_validate(data)
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         (
             cascade_with(["b"], strategy="fallback"),
-            "second_opinions apply to strategy 'cascade' (they judge a cascade's answers), "
+            "second_opinions apply to strategy 'cascade' (a cascade's answers are judged), "
             "not 'fallback'",
         ),
         (

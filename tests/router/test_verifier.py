@@ -7,19 +7,22 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from router import verifier as verifier_module
+from router.code_examples import ExampleRun
 from router.errors import RoutingError
 from router.verifier import (
     FEATURE_NAMES,
     MAX_PROMPT_CHARS,
     Signals,
     Verifier,
+    code_job,
     extract_features,
     schema_matches,
 )
-from router.verifier_train import DEFAULT_DATA_DIR, build_examples, train
+from router.verifier_train import DEFAULT_DATA_DIR, build_examples, signal_variants, train
 
 needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
 
@@ -155,6 +158,61 @@ def test_a_second_opinion_moves_the_score(verifier: Verifier) -> None:
         MATHS, MATHS_ANSWER, samples=["#### 26"]
     )
     assert math.isnan(extract_features(CHOICE, "B", Signals())["sample_agreement"])
+
+
+FUNCTION_ASKED = "Write a python function to add two numbers."
+
+
+def adder(op: str) -> str:
+    return f"```python\ndef add(a, b):\n    return a {op} b\n\nprint(add(2, 3))  # Output: 5\n```"
+
+
+def test_a_code_run_whose_examples_fail_scores_below_one_whose_examples_hold(
+    verifier: Verifier,
+) -> None:
+    """The answer's own claims, checked by running its code (a learned weight: a failed
+    example must count against it); not run, the two signals are unknown (neutral)."""
+    held, failed = ExampleRun(passed=2, failed=0), ExampleRun(passed=0, failed=2)
+    answer = adder("+")
+    assert verifier.score(FUNCTION_ASKED, answer, code_run=failed) < verifier.score(
+        FUNCTION_ASKED, answer, code_run=held
+    )
+    assert verifier.coefficients[FEATURE_NAMES.index("code_examples_failed_share")] < 0
+    features = extract_features(FUNCTION_ASKED, answer, Signals())
+    assert math.isnan(features["code_examples_held"])
+    assert math.isnan(features["code_examples_failed_share"])
+    nothing = extract_features(FUNCTION_ASKED, answer, Signals(code_run=ExampleRun(0, 0)))
+    assert math.isnan(nothing["code_examples_failed_share"])  # nothing was checked
+
+
+def test_only_python_code_answers_are_run() -> None:
+    job = code_job(FUNCTION_ASKED, adder("+"))
+    assert job is not None and job.examples == (("add(2, 3)", "5"),)
+    assert code_job("What is 2 + 3?", adder("+")) is None  # not a code question
+    assert code_job("Write a JavaScript function to add two numbers.", adder("+")) is None
+    js = "```javascript\nfunction add(a, b) { return a + b; }\nadd(2, 3)  // 5\n```"
+    assert code_job(FUNCTION_ASKED, js) is None  # fenced as another language
+    # The question, when given apart from the prompt, is what is read.
+    system = "You are a helpful assistant.\n\n" + FUNCTION_ASKED
+    assert code_job(system, adder("+"), question=FUNCTION_ASKED) is not None
+
+
+def test_each_mix_of_optional_signals_is_fitted_and_shares_its_rows_weight() -> None:
+    """An answer with a second opinion and a code run is fitted four times (neither,
+    either, both) at a quarter of its weight; one with neither, once at all of it."""
+    both = extract_features(
+        FUNCTION_ASKED,
+        adder("+"),
+        Signals(samples=(adder("-"),), code_run=ExampleRun(1, 0)),
+    )
+    neither = extract_features(MATHS, MATHS_ANSWER, Signals())
+    features = np.array([list(both.values()), list(neither.values())])
+    rows, origin, share = signal_variants(features)
+    assert sorted(origin.tolist()) == [0, 0, 0, 0, 1]
+    assert {round(float(share[origin == i].sum()), 9) for i in (0, 1)} == {1.0}
+    columns = [FEATURE_NAMES.index(n) for n in ("code_agreement", "code_examples_held")]
+    kept = {tuple(~np.isnan(r[columns])) for r in rows[origin == 0]}
+    assert kept == {(True, True), (True, False), (False, True), (False, False)}
 
 
 @needs_data
