@@ -2,6 +2,7 @@
 and plan its route, single thread, one request at a time.
 
     python -m tests.benchmarks.router_latency [--n 5000] [--minilm-n 200] [--long-n 50]
+        [--code-runs-n 50]
 
 Prints p50/p99 of the decision and, as a same-run baseline, of parsing the request
 body with orjson (what every request pays anyway). Target: p99 <= 2 ms. The embedding
@@ -9,7 +10,9 @@ classifier's decision (a route's `classifier: minilm`) is reported on its own ro
 the embeddings extra is installed: it does not fit that target, so a policy chooses it.
 A 1 MB conversation (a pasted document, then the question) is timed too, against
 parsing its own body: the classifier and the verifier read a long conversation's head
-and tail only, so neither may grow with it (no target: it shows the bound).
+and tail only, so neither may grow with it (no target: it shows the bound). A code
+answer run against its own example in the sandbox (a route's `run_code_examples`: a
+child process per answer) is timed against verifying the same answer without the run.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from collections.abc import Callable
 import orjson
 
 from gateway.scoring import AnswerVerifier, RequestScorer
-from router import DeploymentView, RouteSpec, Threshold, plan_route
+from router import DeploymentView, RouteSpec, Threshold, plan_route, sandbox
+from router.verifier import code_job
 
 SYSTEM = "You are a helpful assistant for an online store. Answer briefly and politely."
 USER = (
@@ -97,11 +101,14 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--minilm-n", type=int, default=200, help="0: skip the embedding row")
     parser.add_argument("--long-n", type=int, default=50, help="0: skip the 1 MB rows")
+    parser.add_argument("--code-runs-n", type=int, default=50, help="0: skip the sandbox rows")
     args = parser.parse_args()
     n = args.n
     raw = orjson.dumps(BODY)
     scorer, verifier = RequestScorer(), AnswerVerifier()
-    answer = {"choices": [{"message": {"content": "Returns are free within 30 days. " * 6}}]}
+    answer: dict[str, object] = {
+        "choices": [{"message": {"content": "Returns are free within 30 days. " * 6}}]
+    }
     maths = {"choices": [{"message": {"content": MATHS_ANSWER}}]}
     code = {"choices": [{"message": {"content": CODE_ANSWER}}]}
     scorer("chat", BODY)  # load the models before timing
@@ -127,6 +134,10 @@ def main() -> None:
     _print(rows, "baseline: orjson.loads(body)")
     if args.long_n:
         _print(_long_rows(scorer, verifier, answer, args.long_n), "baseline: orjson.loads(1 MB)")
+    if args.code_runs_n:
+        code_rows = _code_run_rows(verifier, args.code_runs_n)
+        if code_rows:
+            _print(code_rows, "baseline: verifier, code answer")
     _, decision_p99 = percentiles(rows["classifier score + plan"])
     print(f"target p99 <= 2 ms for a decision: {'met' if decision_p99 <= 2 else 'MISSED'}")
 
@@ -153,6 +164,28 @@ def _long_rows(
         "baseline: orjson.loads(1 MB)": timed(lambda: orjson.loads(raw), n),
         "1 MB: classifier score + plan": timed(decide, n),
         "1 MB: cascade verifier": timed(lambda: verifier("chat", LONG_BODY, answer), n),
+    }
+
+
+def _code_run_rows(verifier: AnswerVerifier, n: int) -> dict[str, list[float]] | None:
+    """A code answer verified with its example run in the sandbox, against without."""
+    if (reason := sandbox.available()) is not None:
+        print(f"(no code-run rows: {reason})")
+        return None
+    text = CODE_ANSWER.replace(
+        "    return packed\n",
+        "    return packed\n\nprint(pack([1, 1, 2]))  # Output: [[1, 1], [2]]\n",
+    )
+    reply = {"choices": [{"message": {"content": text}}]}
+    job = code_job(str(CODE_BODY["messages"][0]["content"]), text)  # type: ignore[index]
+    assert job is not None
+
+    def run_and_verify() -> None:
+        verifier("chat", CODE_BODY, reply, code_run=sandbox.run_examples(job))
+
+    return {
+        "baseline: verifier, code answer": timed(lambda: verifier("chat", CODE_BODY, reply), n),
+        "code: examples run + verifier": timed(run_and_verify, n),
     }
 
 
