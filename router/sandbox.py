@@ -6,23 +6,27 @@ do not hold is more often wrong (on the shared MBPP answers of the ten cheap mod
 37% of those whose every checked example fails are right, 70% of those whose every
 example holds). Model-written code is untrusted, so the kernel keeps it apart:
 
-- new user, mount, network, PID, IPC and UTS namespaces (`unshare`, no privilege
-  needed): no network at all (no loopback, no abstract unix sockets);
+- new mount, network, PID, IPC and UTS namespaces (`unshare`; a gateway not run as
+  root adds a user namespace, which needs no privilege): no network at all (no
+  loopback, no abstract unix sockets), no SysV shared memory;
 - a root of its own (`pivot_root` onto an empty tmpfs), holding only read-only,
-  nosuid views of /usr and the Python installation, its own /proc and /dev/null: the
-  host's files, sockets, processes and their environments are not there to reach;
-- every capability dropped and no new privileges (`setpriv`) before the interpreter
-  starts, so nothing in it can remount, unmount or regain what was taken;
-- an empty environment, rlimits (CPU seconds, 512 MB of address space, no file
-  written, few descriptors), killed at a wall-clock deadline by `timeout` (which
-  outlives the gateway, should it die first) and its output read up to a few kB.
+  nosuid views of /usr and the Python installation and a read-only /dev/null: no
+  /proc, none of the host's files, sockets or processes to reach;
+- never the host's root: a gateway run as root starts the code as an unprivileged
+  uid (`UNPRIVILEGED_UID`), for the kernel trusts uid 0 with /proc/sys and root's keys
+  whatever its capabilities; every capability dropped and no new privileges
+  (`setpriv`), so nothing can remount, unmount or regain what was taken;
+- the setup shell stays the namespace's PID 1 (the code cannot outlive it: killing it
+  ends every process there); an empty environment; rlimits (CPU seconds, 512 MB of
+  address space, no file written, few descriptors, 16 processes of its uid); killed
+  at a wall-clock deadline, by `timeout` too (which outlives the gateway, should it
+  die first); its output read up to a few kB.
 
 The harness (`router/sandbox_harness.py`) also installs an audit hook refusing files
 outside the Python installation, sockets and processes: a tripwire, not the boundary
 (code in the same interpreter can get around it). Only counts come back (examples
 held / failed), never what the code printed; the code can forge them, so the check
-catches mistaken answers, not a model set on deceiving it. Process counts are capped
-(RLIMIT_NPROC) only where the gateway does not run as root; run it unprivileged.
+catches mistaken answers, not a model set on deceiving it.
 
     run = run_examples(CodeJob(code, examples))  # ExampleRun(passed=2, failed=1)
 """
@@ -49,24 +53,22 @@ CPU_SECONDS = 2
 WALL_SECONDS = 5.0
 MAX_RESULT_BYTES = 4096
 TOOLS = ("timeout", "unshare", "setpriv", "pivot_root", "mount", "umount", "sh", "cp")
-NAMESPACES = (
-    "--user",
-    "--map-root-user",
-    "--net",
-    "--mount",
-    "--pid",
-    "--ipc",
-    "--uts",
-    "--fork",
-    "--kill-child",
-)
-# Run inside the namespaces, as their root: build the new root, move into it, drop
-# every capability, start the harness. Arguments: interpreter, harness, then the
-# directories to show read-only (/usr, the Python installation).
+NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
+# A gateway not run as root makes a user namespace too (its uid as the namespace's
+# root, for the mounts); one run as root must not (uid 0 inside would be the host's,
+# which the kernel trusts with /proc/sys and root's keys whatever the capabilities):
+# it does the mounts as itself, then the code runs as this unprivileged uid.
+UNPRIVILEGED_UID = 65534
+# Run inside the namespaces, as their root: build the new root, move into it, start
+# the harness with every capability dropped. It stays PID 1, so the harness can
+# neither outlive it nor leave the namespace: killing it ends every process there.
+# Arguments: interpreter, harness, setpriv's uid options, the directories to show.
 SETUP = r"""
 set -eu
-PYTHON="$1"; HARNESS="$2"; shift 2
+PYTHON="$1"; HARNESS="$2"; DROP="$3"; shift 3
+exec 3<&0  # the job, on stdin: a background command's own stdin would be /dev/null
 mount --make-rprivate /
+echo 0 > /proc/sys/kernel/shmmni  # no SysV shared memory: it outlives RLIMIT_AS
 mount -t tmpfs -o size=2m,mode=0755 sandbox /dev/shm
 R=/dev/shm/root
 mkdir "$R"
@@ -79,23 +81,28 @@ for dir in "$@"; do
   mount --rbind "$dir" "$R$dir"
   mount -o remount,bind,ro,nosuid,nodev "$R$dir"
 done
-mkdir -p "$R/etc" "$R/proc" "$R/dev"
+mkdir -p "$R/etc" "$R/dev" "$R/proc"
 if [ -f /etc/ld.so.cache ]; then
   touch "$R/etc/ld.so.cache"
   mount --bind /etc/ld.so.cache "$R/etc/ld.so.cache"
   mount -o remount,bind,ro "$R/etc/ld.so.cache"
 fi
 cp "$HARNESS" "$R/harness.py"
-mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
 touch "$R/dev/null"
 mount --bind /dev/null "$R/dev/null"
+mount -o remount,bind,ro,nosuid,noexec "$R/dev/null"
+mount -t proc -o nosuid,nodev,noexec proc "$R/proc"  # umount reads it; gone below
 mkdir "$R/old"
 cd "$R"
 pivot_root . old
 umount -l /old
 rmdir /old
+umount /proc
+rmdir /proc
 mount -o remount,bind,ro /
-exec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs "$PYTHON" -s -S -P /harness.py
+setpriv $DROP --bounding-set=-all --inh-caps=-all --no-new-privs \
+  "$PYTHON" -s -S -P /harness.py <&3 3<&- &
+wait $!
 """
 
 
@@ -171,12 +178,18 @@ def _run(tools: dict[str, str], job: CodeJob, cpu_seconds: int, wall_seconds: fl
     payload = json.dumps(
         {"code": job.code, "examples": job.examples, "cpu_seconds": cpu_seconds}
     ).encode()
+    as_root = os.geteuid() == 0
+    user = () if as_root else ("--user", "--map-root-user")
+    drop = (
+        f"--reuid={UNPRIVILEGED_UID} --regid={UNPRIVILEGED_UID} --clear-groups" if as_root else ""
+    )
     command = [
         tools["timeout"],
         "-s",
         "KILL",
         f"{wall_seconds + 1:.1f}",  # the backstop: the timer below kills it first
         tools["unshare"],
+        *user,
         *NAMESPACES,
         tools["sh"],
         "-c",
@@ -184,6 +197,7 @@ def _run(tools: dict[str, str], job: CodeJob, cpu_seconds: int, wall_seconds: fl
         "sandbox",
         python,
         str(HARNESS),
+        drop,
         *shown,
     ]
     path = os.pathsep.join(dict.fromkeys(os.path.dirname(p) for p in tools.values()))

@@ -145,39 +145,41 @@ def test_runs_repeat_exactly() -> None:
     assert {run(code, example) for _ in range(4)} == {ExampleRun(1, 0)}
 
 
-def test_hook_off_the_host_files_are_not_there(tmp_path: Path) -> None:
-    """A root of its own: a secret beside the gateway cannot be read, nor a file
-    written, nor the read-only mounts made writable again (no capability is left)."""
+def test_hook_off_the_host_files_and_kernel_settings_are_out_of_reach(tmp_path: Path) -> None:
+    """A root of its own, never the host's uid 0: a secret beside the gateway cannot be
+    read, nor a file written, nor the read-only mounts made writable again, nor a
+    kernel setting changed (no /proc), nor SysV shared memory taken."""
     secret, probe = tmp_path / "secret.txt", tmp_path / "probe"
     secret.write_text("fake-secret")
     code = HOOK_OFF + (
-        "import os, subprocess\n"
+        "import os, subprocess, ctypes\n"
         f"def peek():\n    return open({str(secret)!r}).read()\n"
         f"def write():\n    open({str(probe)!r}, 'w').write('x')\n"
         "def remount():\n"
         "    return subprocess.run(['mount', '-o', 'remount,bind,rw', '/']).returncode\n"
-        "def unmount():\n"
-        "    return subprocess.run(['umount', '/proc']).returncode\n"
-        "def caps():\n"
-        "    status = open('/proc/self/status').read()\n"
-        "    return [l.split()[1] for l in status.splitlines() if l.startswith('CapEff')][0]\n"
+        "def sysctl():\n"
+        "    open('/proc/sys/kernel/core_pattern', 'w').write('core')\n"
+        "def null():\n    os.chmod('/dev/null', 0o600)\n"
+        "def shm():\n    return ctypes.CDLL(None).shmget(0, 1 << 20, 0o1000 | 0o600)\n"
     )
     found = run(
         code,
         ("peek()", "fake-secret"),
         ("write()", "None"),
         ("remount() == 0", "True"),
-        ("unmount() == 0", "True"),
-        ("caps()", "0000000000000000"),  # holds: every capability dropped
+        ("sysctl()", "None"),
+        ("null()", "None"),
+        ("shm()", "-1"),  # holds: refused
         ("sorted(os.listdir('/'))[:3]", "['bin', 'dev', 'etc']"),  # holds: its own root
     )
-    assert found == ExampleRun(passed=2, failed=4)
+    assert found == ExampleRun(passed=2, failed=5)
     assert not probe.exists()
+    assert (os.stat("/dev/null").st_mode & 0o777) == 0o666
 
 
 def test_hook_off_no_socket_and_no_process_of_the_host_is_reachable(tmp_path: Path) -> None:
-    """A unix socket on the host's disk is not in its root; its /proc shows its own
-    processes only, so the gateway can be neither seen nor signalled."""
+    """A unix socket on the host's disk is not in its root, and there is no /proc: the
+    gateway can be neither seen nor signalled."""
     path = tmp_path / "gateway.sock"
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(str(path))
@@ -187,14 +189,43 @@ def test_hook_off_no_socket_and_no_process_of_the_host_is_reachable(tmp_path: Pa
             "import os, socket\n"
             "def call():\n"
             f"    socket.socket(socket.AF_UNIX).connect({str(path)!r})\n"
-            "def pids():\n"
-            "    return len([p for p in os.listdir('/proc') if p.isdigit()])\n"
             f"def stop():\n    os.kill({os.getpid()}, 9)\n"
         )
-        found = run(code, ("call()", "None"), ("pids() < 5", "True"), ("stop()", "None"))
+        found = run(
+            code, ("call()", "None"), ("os.path.exists('/proc')", "False"), ("stop()", "None")
+        )
         assert found == ExampleRun(passed=1, failed=2)
         with pytest.raises(TimeoutError):
             server.accept()
+
+
+def test_hook_off_the_code_neither_outlives_the_deadline_nor_multiplies() -> None:
+    """A child that leaves its session and sleeps, holding the results pipe, dies with
+    the namespace at the deadline (the run returns then, not when it wakes); forks stop
+    at the process cap (the code's uid is never the host's root)."""
+    start = time.monotonic()
+    lingers = (
+        HOOK_OFF + "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+    )
+    assert run(lingers, ("1", "1"), ("__import__('time').sleep(60)", "None"), wall_seconds=1.0) == (
+        ExampleRun(1, 1)
+    )
+    assert time.monotonic() - start < 5
+    bomb = HOOK_OFF + (
+        "import os, time\n"
+        "def forks():\n"
+        "    made = 0\n"
+        "    for _ in range(64):\n"
+        "        try:\n"
+        "            if os.fork() == 0:\n"
+        "                time.sleep(5)\n"
+        "                os._exit(0)\n"
+        "        except OSError:\n"
+        "            break\n"
+        "        made += 1\n"
+        "    return made\n"
+    )
+    assert run(bomb, ("forks() < 20", "True")) == ExampleRun(1, 0)
 
 
 def test_a_batch_runs_each_distinct_job_once() -> None:
