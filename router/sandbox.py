@@ -16,6 +16,8 @@ example holds). Model-written code is untrusted, so the kernel keeps it apart:
   uid (`UNPRIVILEGED_UID`), for the kernel trusts uid 0 with /proc/sys and root's keys
   whatever its capabilities; every capability dropped and no new privileges
   (`setpriv`), so nothing can remount, unmount or regain what was taken;
+- a seccomp filter (the harness's `_confine`, x86_64) refusing new namespaces, mounts,
+  keyrings, io_uring, SysV IPC, bpf, perf, ptrace, new processes and programs;
 - the setup shell stays the namespace's PID 1 (the code cannot outlive it: killing it
   ends every process there); an empty environment; rlimits (CPU seconds, 512 MB of
   address space, no file written, few descriptors, 16 processes of its uid); killed
@@ -37,6 +39,7 @@ import contextlib
 import functools
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -68,7 +71,9 @@ set -eu
 PYTHON="$1"; HARNESS="$2"; DROP="$3"; shift 3
 exec 3<&0  # the job, on stdin: a background command's own stdin would be /dev/null
 mount --make-rprivate /
-echo 0 > /proc/sys/kernel/shmmni  # no SysV shared memory: it outlives RLIMIT_AS
+echo 0 > /proc/sys/kernel/shmmni  # no SysV IPC (seccomp refuses it too): its memory
+echo 0 > /proc/sys/kernel/msgmni  # is no process's, beyond RLIMIT_AS
+echo "0 0 0 0" > /proc/sys/kernel/sem
 mount -t tmpfs -o size=2m,mode=0755 sandbox /dev/shm
 R=/dev/shm/root
 mkdir "$R"
@@ -101,7 +106,7 @@ umount /proc
 rmdir /proc
 mount -o remount,bind,ro /
 setpriv $DROP --bounding-set=-all --inh-caps=-all --no-new-privs \
-  "$PYTHON" -s -S -P /harness.py <&3 3<&- &
+  "$PYTHON" -s -S -P /harness.py <&3 3<&- 2>/dev/null &
 wait $!
 """
 
@@ -136,6 +141,8 @@ def _python() -> tuple[str, list[str]]:
 @functools.cache
 def available() -> str | None:
     """None when code can be run isolated here, else the reason it cannot."""
+    if platform.machine() != "x86_64":
+        return f"the seccomp filter knows x86_64 system calls only, not {platform.machine()}"
     tools = _tools()
     if isinstance(tools, str):
         return tools

@@ -80,6 +80,7 @@ def main() -> None:
         os.path.realpath(p) + os.sep for p in {sys.base_prefix, sys.base_exec_prefix, sys.prefix}
     )
     _limit(int(job.get("cpu_seconds", 2)))
+    _confine()
     sys.addaudithook(_guard(roots))
     namespace: dict[str, object] = {"__name__": "__answer__", "__builtins__": __builtins__}
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -102,6 +103,85 @@ def _limit(cpu_seconds: int) -> None:
         (resource.RLIMIT_NPROC, PROCESSES),  # enforced where the gateway is not root
     ):
         resource.setrlimit(name, (value, value))
+
+
+# A seccomp filter (x86_64 system call numbers): what no answer's code needs and the
+# kernel's riskiest paths offer. Refused with EPERM: new namespaces (nested user
+# namespaces reach netfilter, raw sockets, fresh IPC limits), mounts, keyrings,
+# io_uring, SysV IPC, bpf, perf, ptrace and other processes' memory, new processes and
+# programs (threads stay: `clone` with CLONE_THREAD); `clone3` answers ENOSYS, so the C
+# library falls back to `clone`, whose flags the filter can read; another architecture's
+# calls (x32 too) kill the process.
+DENIED_SYSCALLS = (
+    *(272, 308),  # unshare, setns
+    *(165, 166, 155, 161, 428, 429, 430, 431, 432, 433, 442),  # mount family, chroot
+    *(248, 249, 250),  # add_key, request_key, keyctl
+    *(425, 426, 427),  # io_uring
+    *(29, 64, 68),  # shmget, semget, msgget
+    *(321, 298, 323, 101, 310, 311),  # bpf, perf_event_open, userfaultfd, ptrace, vm r/w
+    *(57, 58, 59, 322),  # fork, vfork, execve, execveat
+)
+CLONE, CLONE3, X32_BIT = 56, 435, 0x40000000
+CLONE_THREAD, CLONE_NEW_ANY = 0x00010000, 0x7E020080
+AUDIT_ARCH_X86_64 = 0xC000003E
+EPERM, ENOSYS = 1, 38
+
+
+def _confine() -> None:
+    """Install the seccomp filter (no_new_privs is set already: `setpriv`). Anywhere it
+    cannot be installed the harness stops before the code runs, and the sandbox's probe
+    (`router.sandbox.available`) reports the host unable."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64":
+        raise SystemExit("the sandbox's seccomp filter is for x86_64 only")
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint),
+        ]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Instruction))]
+
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno, kill = 0x7FFF0000, 0x00050000, 0x80000000
+    # Labels are resolved into forward jumps once the program's length is known.
+    code: list[tuple[int, object, object, int]] = [
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 0, "kill", AUDIT_ARCH_X86_64),
+        (load, 0, 0, 0),  # seccomp_data.nr
+        (jge, "kill", 0, X32_BIT),
+        *((jeq, "deny", 0, number) for number in DENIED_SYSCALLS),
+        (jeq, "enosys", 0, CLONE3),
+        (jeq, 0, "allow", CLONE),
+        (load, 0, 0, 16),  # clone's flags: the low half of seccomp_data.args[0]
+        (jset, "deny", 0, CLONE_NEW_ANY),
+        (jset, "allow", "deny", CLONE_THREAD),
+    ]
+    targets = {"allow": len(code), "deny": len(code) + 1, "enosys": len(code) + 2}
+    targets["kill"] = len(code) + 3
+    code += [(ret, 0, 0, allow), (ret, 0, 0, errno | EPERM), (ret, 0, 0, errno | ENOSYS)]
+    code += [(ret, 0, 0, kill)]
+
+    def offset(at: int, jump: object) -> int:
+        return jump if isinstance(jump, int) else targets[str(jump)] - at - 1
+
+    program = (Instruction * len(code))(
+        *(
+            Instruction(op, offset(i, jt), offset(i, jf), k)
+            for i, (op, jt, jf, k) in enumerate(code)
+        )
+    )
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_seccomp, seccomp_mode_filter = 22, 2
+    fprog = Program(len(code), program)
+    if libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) != 0:
+        raise SystemExit(f"seccomp refused: errno {ctypes.get_errno()}")
 
 
 def _guard(roots: tuple[str, ...]) -> Callable[[str, tuple[object, ...]], None]:

@@ -200,16 +200,16 @@ def test_hook_off_no_socket_and_no_process_of_the_host_is_reachable(tmp_path: Pa
 
 
 def test_hook_off_the_code_neither_outlives_the_deadline_nor_multiplies() -> None:
-    """A child that leaves its session and sleeps, holding the results pipe, dies with
-    the namespace at the deadline (the run returns then, not when it wakes); forks stop
-    at the process cap (the code's uid is never the host's root)."""
+    """Code that sleeps past the deadline, or a child that leaves its session holding
+    the results pipe, dies with the namespace then (the run returns at the deadline,
+    not when it wakes); a fork bomb makes nothing (seccomp; the process cap, too)."""
     start = time.monotonic()
-    lingers = (
-        HOOK_OFF + "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+    lingers = HOOK_OFF + (  # seccomp refuses the fork now; were it let through...
+        "import os, time\ntry:\n    if os.fork() == 0:\n        os.setsid()\n"
+        "        time.sleep(60)\nexcept OSError:\n    pass\n"
     )
-    assert run(lingers, ("1", "1"), ("__import__('time').sleep(60)", "None"), wall_seconds=1.0) == (
-        ExampleRun(1, 1)
-    )
+    sleeps = ("__import__('time').sleep(60)", "None")
+    assert run(lingers, ("1", "1"), sleeps, wall_seconds=1.0) == ExampleRun(1, 1)
     assert time.monotonic() - start < 5
     bomb = HOOK_OFF + (
         "import os, time\n"
@@ -226,6 +226,35 @@ def test_hook_off_the_code_neither_outlives_the_deadline_nor_multiplies() -> Non
         "    return made\n"
     )
     assert run(bomb, ("forks() < 20", "True")) == ExampleRun(1, 0)
+
+
+def test_hook_off_the_kernel_s_riskiest_calls_are_refused() -> None:
+    """The seccomp filter: no new process, program, namespace, keyring, SysV IPC or
+    io_uring (each refused with EPERM); threads still work, as answers use them."""
+    code = HOOK_OFF + (
+        "import ctypes, os, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def refused(result):\n    return result == -1 and ctypes.get_errno() == 1\n"
+        "def fork():\n"
+        "    try:\n        os.fork()\n    except OSError as e:\n        return e.errno\n"
+        "def execute():\n"
+        "    try:\n        os.execv('/usr/bin/true', ['true'])\n"
+        "    except OSError as e:\n        return e.errno\n"
+        "def thread():\n"
+        "    out = []\n    t = threading.Thread(target=out.append, args=(1,))\n"
+        "    t.start()\n    t.join()\n    return out\n"
+    )
+    found = run(
+        code,
+        ("fork()", "1"),
+        ("execute()", "1"),
+        ("refused(libc.unshare(0x10000000))", "True"),  # a nested user namespace
+        ("refused(libc.syscall(250, 0, -3, 0))", "True"),  # keyctl: the session keyring
+        ("refused(libc.semget(0, 1, 0o1600))", "True"),
+        ("refused(libc.syscall(425, 8, 0))", "True"),  # io_uring_setup
+        ("thread()", "[1]"),
+    )
+    assert found == ExampleRun(passed=7, failed=0)
 
 
 def test_a_batch_runs_each_distinct_job_once() -> None:
