@@ -10,7 +10,8 @@ example holds). Model-written code is untrusted, so the kernel keeps it apart:
   root adds a user namespace, which needs no privilege): no network at all (no
   loopback, no abstract unix sockets), no SysV shared memory;
 - a root of its own (`pivot_root` onto an empty tmpfs), holding only read-only,
-  nosuid views of /usr and the Python installation and a read-only /dev/null: no
+  nosuid views of the system's programs and libraries (`SYSTEM_DIRS`) and the Python
+  installation and a read-only /dev/null: no
   /proc, none of the host's files, sockets or processes to reach;
 - never the host's root: a gateway run as root starts the code as an unprivileged
   uid (`UNPRIVILEGED_UID`), for the kernel trusts uid 0 with /proc/sys and root's keys
@@ -62,6 +63,9 @@ NAMESPACES = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-c
 # which the kernel trusts with /proc/sys and root's keys whatever the capabilities):
 # it does the mounts as itself, then the code runs as this unprivileged uid.
 UNPRIVILEGED_UID = 65534
+# The system's programs and libraries the interpreter and setpriv need (not /usr/local,
+# /usr/share or /usr/etc: installed tools and their settings stay out of sight).
+SYSTEM_DIRS = ("/usr/bin", "/usr/lib", "/usr/lib64", "/usr/libexec")
 # Run inside the namespaces, as their root: build the new root, move into it, start
 # the harness with every capability dropped. It stays PID 1, so the harness can
 # neither outlive it nor leave the namespace: killing it ends every process there.
@@ -117,15 +121,15 @@ class SandboxUnavailable(RuntimeError):
 
 @functools.cache
 def _tools() -> dict[str, str] | str:
-    """Each tool's path, or why one is missing (setpriv must sit under /usr: it is run
-    from inside the new root, which shows /usr only)."""
+    """Each tool's path, or why one is missing (setpriv must sit in /usr/bin: it is run
+    from inside the new root, which shows the system directories only)."""
     found = {name: shutil.which(name) for name in TOOLS}
     missing = sorted(name for name, path in found.items() if path is None)
     if missing:
         return f"{', '.join(missing)} not installed (util-linux, coreutils)"
     setpriv = os.path.realpath(found["setpriv"] or "")
-    if not setpriv.startswith("/usr/"):
-        return f"setpriv is at {setpriv}, outside /usr"
+    if not setpriv.startswith("/usr/bin/"):
+        return f"setpriv is at {setpriv}, outside /usr/bin"
     return {name: str(path) for name, path in found.items()}
 
 
@@ -134,7 +138,9 @@ def _python() -> tuple[str, list[str]]:
     and the directories the new root shows."""
     python = os.path.realpath(sys.executable)
     prefix = os.path.realpath(sys.base_prefix)
-    shown = ["/usr"] + ([] if prefix.startswith("/usr/") or prefix == "/usr" else [prefix])
+    shown = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    if prefix != "/usr" and not any(prefix.startswith(d + "/") for d in shown):
+        shown.append(prefix)  # e.g. /usr/local, /opt/python, ~/.pyenv/versions/3.11.7
     return python, shown
 
 
