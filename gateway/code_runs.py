@@ -1,7 +1,7 @@
 """A cascade answer's code run against the examples it claims, for the verifier (a
 route's `run_code_examples`): in the sandbox (`router.sandbox`), from a worker thread.
 
-Each run is a child process (~70 ms); at most `MAX_RUNNING` at once, and a request
+Each run is a child process (~100 ms); at most `MAX_RUNNING` at once, and a request
 whose deadline comes before its turn verifies without one. A run that cannot start
 is logged and counted, and the answer verified without it: the request goes on.
 
