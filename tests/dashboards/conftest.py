@@ -24,11 +24,11 @@ from tests.gateway.server import GatewayServer
 
 __all__ = ["fake_openai", "ledger_store", "redis_prefix", "start_gateway"]
 
-FINANCE_KEY = "fake-test-finance-0123456789"
+FINANCE_KEY = "fake-finance-key"
 CLIENT_KEYS = {  # key id -> (secret, team)
-    "research-1": ("fake-test-research-1-0123456789", "research"),
-    "research-2": ("fake-test-research-2-0123456789", "research"),
-    "sales-1": ("fake-test-sales-1-0123456789", "sales"),
+    "research-1": ("fake-research-1-key", "research"),
+    "research-2": ("fake-research-2-key", "research"),
+    "sales-1": ("fake-sales-1-key", "sales"),
 }
 ENV = {
     "FINANCE_KEY": FINANCE_KEY,

@@ -21,8 +21,8 @@ from tests.gateway.server import GatewayServer
 __all__ = ["fake_anthropic", "fake_openai"]
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
-CLIENT_KEY = "fake-test-client-0123456789"
-ADMIN_KEY = "fake-test-admin-0123456789"
+CLIENT_KEY = "fake-client-key"
+ADMIN_KEY = "fake-admin-key"
 
 StartGateway = Callable[..., GatewayServer]
 

@@ -28,7 +28,7 @@ from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
 from tests.gateway.scripted import ScriptedClient
 
-LIMITED_KEY = "fake-test-limited-0123456789"
+LIMITED_KEY = "fake-limited-key"
 REPORT = "a long pasted report. " * 5_000  # over THREADED_PROMPT_CHARS
 QUESTION = (
     "A student heats water in a pot. Which change of state happens when the water boils?\n"

@@ -16,7 +16,7 @@ from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway
 from tests.gateway.server import GatewayServer
 
-OTHER_KEY = "fake-test-other-0123456789"
+OTHER_KEY = "fake-other-key"
 MESSAGES = [{"role": "user", "content": "hi there"}]
 MAX_TOKENS = 10
 PROMPT = count_prompt("big-model", "chat", {"messages": MESSAGES})
