@@ -37,7 +37,7 @@ from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
 from policies import PolicyReloader, load_policy
-from router import RoutingError
+from router import RoutingError, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ def make_store(settings: Settings) -> LedgerStore:
 async def start_services(settings: Settings) -> Services:
     loaded = load_policy(settings.policy)
     await asyncio.to_thread(tokens.preload)
+    if any(route.run_code_examples for route in loaded.policy.routes.values()):
+        await asyncio.to_thread(sandbox.available)  # its probe child, off the event loop
     metrics = Metrics()
     store = make_store(settings)
     ledger = CostLedger(store, Spool(settings.spool_path))

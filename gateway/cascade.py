@@ -189,9 +189,10 @@ class Cascade:
         async def samples() -> Sequence[str]:
             return await opinions.samples(reply, ends_at) if opinions else ()
 
+        if not call.route.run_code_examples:  # no second task to run beside the opinions
+            return await samples(), None
+
         async def code_run() -> ExampleRun | None:
-            if not call.route.run_code_examples:
-                return None
             run, outcome = await run_code(endpoint, body, reply, ends_at)
             self._metrics.child(self._metrics.code_runs, call.route.name, outcome).inc()
             return run

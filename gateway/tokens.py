@@ -69,10 +69,15 @@ def count_prompt(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
     """Prompt tokens of a request body for any endpoint."""
     if endpoint == "chat":
         return count_messages(model, body.get("messages") or [])
+    return sum(count_text(model, text) for text in _prompt_texts(endpoint, body))
+
+
+def _prompt_texts(endpoint: str, body: Mapping[str, Any]) -> list[str]:
+    """A completion's `prompt` or an embedding's `input`: one string or a list of them."""
     prompt = body.get("prompt") if endpoint == "completions" else body.get("input")
     if isinstance(prompt, list):
-        return sum(count_text(model, p) for p in prompt if isinstance(p, str))
-    return count_text(model, prompt) if isinstance(prompt, str) else 0
+        return [p for p in prompt if isinstance(p, str)]
+    return [prompt] if isinstance(prompt, str) else []
 
 
 async def count_prompt_off_loop(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
@@ -124,10 +129,7 @@ def _prompt_chars(endpoint: str, body: Mapping[str, Any]) -> int:
     if endpoint == "chat":
         messages = body.get("messages") or []
         return sum(len(_content_text(m.get("content"))) for m in messages)
-    prompt = body.get("prompt") if endpoint == "completions" else body.get("input")
-    if isinstance(prompt, list):
-        return sum(len(p) for p in prompt if isinstance(p, str))
-    return len(prompt) if isinstance(prompt, str) else 0
+    return sum(map(len, _prompt_texts(endpoint, body)))
 
 
 def preload() -> None:

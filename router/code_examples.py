@@ -52,6 +52,11 @@ class ExampleRun:
     def checked(self) -> int:
         return self.passed + self.failed
 
+    @property
+    def held(self) -> bool:
+        """Every example checked held (none failed)."""
+        return self.failed == 0
+
 
 def code_job(answer: str) -> CodeJob | None:
     """The answer's code (doctest lines taken out) and the examples it claims; None

@@ -79,7 +79,7 @@ def main() -> None:
     roots = tuple(
         os.path.realpath(p) + os.sep for p in {sys.base_prefix, sys.base_exec_prefix, sys.prefix}
     )
-    _limit(int(job.get("cpu_seconds", 2)))
+    _limit(int(job["cpu_seconds"]))
     _confine()
     sys.addaudithook(_guard(roots))
     namespace: dict[str, object] = {"__name__": "__answer__", "__builtins__": __builtins__}

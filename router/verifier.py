@@ -141,6 +141,7 @@ ALIASES = {
     "sh": "bash",
     "shell script": "bash",
 }
+_OTHER_LANGUAGE_SET = frozenset(OTHER_LANGUAGES)
 # Names that are also everyday words or letters ("go", "option c") are heard as written
 # and next to a word that makes them a language: "in C", "a Go function", "R code".
 _LETTER_NAMES = ("c", "go", "r")
@@ -361,8 +362,7 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
     """The answer to a code question: its code read once, the languages the prompt names
     (a system prompt too) read once and only when a check needs them."""
     code = code_text(answer)
-    fenced = {ALIASES.get(t.lower(), t.lower()) for t in FENCE.findall(answer) if t}
-    other_fenced = fenced & set(OTHER_LANGUAGES)
+    other_fenced = _other_fenced(answer)
     asks_function = bool(_FUNCTION_ASKED.search(question))
     named = _named_languages(prompt) if other_fenced or asks_function else set()
     return {
@@ -387,23 +387,30 @@ def _code_run_features(run: ExampleRun | None) -> dict[str, float]:
     37% of those whose every example fails. NaN (neutral) when not run or nothing to run."""
     if run is None or not run.checked:
         return dict.fromkeys(CODE_RUN_FEATURES, math.nan)
-    held, failed_share = float(run.failed == 0), run.failed / run.checked
+    held, failed_share = float(run.held), run.failed / run.checked
     return dict(zip(CODE_RUN_FEATURES, (held, failed_share), strict=True))
 
 
 def asks_for_python(prompt: str, question: str | None = None) -> bool:
-    """A question that asks for code, no other language named (in Python, then)."""
-    question = head_and_tail(question or prompt, MAX_PROMPT_CHARS)
+    """A question that asks for code, no other language named (in Python, then); read
+    at its head and tail, as ``extract_features`` reads it."""
+    prompt = head_and_tail(prompt, MAX_PROMPT_CHARS)
+    question = head_and_tail(question, MAX_PROMPT_CHARS) if question else prompt
     return prompt_kind(question) == "code" and not _named_languages(prompt)
 
 
 def code_job(prompt: str, response: str, question: str | None = None) -> CodeJob | None:
     """What to run to check ``response``'s code (``router.sandbox.run_examples``): its
     claimed examples, on a question that asks for code in Python; None otherwise."""
-    fenced = {ALIASES.get(t.lower(), t.lower()) for t in FENCE.findall(response) if t}
-    if fenced & set(OTHER_LANGUAGES) or not asks_for_python(prompt, question):
+    if _other_fenced(response) or not asks_for_python(prompt, question):
         return None
     return code_examples.code_job(response)
+
+
+def _other_fenced(answer: str) -> set[str]:
+    """The languages other than Python the answer's code fences are tagged with."""
+    fenced = {ALIASES.get(t.lower(), t.lower()) for t in FENCE.findall(answer) if t}
+    return fenced & _OTHER_LANGUAGE_SET
 
 
 def _named_languages(prompt: str) -> set[str]:

@@ -310,8 +310,8 @@ def signal_variants(
     variants = 2.0 ** np.sum(list(present.values()), axis=0)
     rows, origin, share = [], [], []
     for mix in mixes:
-        applies = np.all([present[signal] for signal in mix], axis=0) if mix else None
-        index = np.flatnonzero(applies) if applies is not None else np.arange(len(features))
+        carried = [present[signal] for signal in mix]
+        index = np.flatnonzero(np.all(carried, axis=0)) if mix else np.arange(len(features))
         rows.append(with_signals(features[index], mix))
         origin.append(index)
         share.append(1.0 / variants[index])
