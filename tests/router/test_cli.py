@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from router import sandbox
 from router.cli import add_router_commands
 from router.embedding_classifier import shipped
 
@@ -82,3 +83,27 @@ def test_score_names_the_bad_line(
 def test_score_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["router", "score", str(tmp_path / "absent.jsonl")]) == 1
     assert "absent.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(sandbox.available() is not None, reason="no sandbox on this host")
+def test_verify_run_code_tells_apart_answers_alike_to_the_eye(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`router verify --run-code`: the answer whose own example fails scores lower; without
+    the flag (the contract's default) nothing is run and the two score alike."""
+    prompt = "Write a python function to add two numbers."
+    rows = [
+        {"id": op, "prompt": prompt, "response": f"```python\ndef add(a, b):\n    return a {op} b"
+         "\n\nprint(add(2, 3))  # Output: 5\n```"}
+        for op in ("+", "-")
+    ]  # fmt: skip
+    path = write_rows(tmp_path / "in.jsonl", rows)
+
+    def scores(*flags: str) -> dict[str, float]:
+        assert run(["router", "verify", str(path), *flags]) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        return {line["id"]: line["score"] for line in lines}
+
+    plain, ran = scores(), scores("--run-code")
+    assert abs(plain["+"] - plain["-"]) < 0.01
+    assert ran["-"] < ran["+"] - 0.01
