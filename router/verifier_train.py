@@ -22,7 +22,7 @@ import itertools
 import json
 import logging
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -245,12 +245,9 @@ def cross_fitted_scores(
     ``fold_verifiers`` that never saw its prompt: bucket k by the k-th, the held-out task
     by the first (bucket 0's, which like the shipped one never saw that task). Every
     answer gets an honest score, so the cascade is judged on all rows, not a fifth."""
-    scores: dict[tuple[str, str], float] = {}
-    for example, row in zip(examples, features, strict=True):
-        k = 0 if example.source == HELD_OUT_TASK else _bucket(example)
-        named = dict(zip(FEATURE_NAMES, row, strict=True))
-        scores[example.source, example.prompt_id] = verifiers[k].score_features(named)
-    return scores
+    return _scored_by(
+        lambda e: verifiers[0 if e.source == HELD_OUT_TASK else _bucket(e)], examples, features
+    )
 
 
 def task_unseen_scores(
@@ -258,10 +255,17 @@ def task_unseen_scores(
 ) -> dict[tuple[str, str], float]:
     """Each answer in ``examples`` scored by the ``task_verifiers`` one that never saw its
     task."""
+    return _scored_by(lambda e: verifiers[e.source], examples, features)
+
+
+def _scored_by(
+    judge: Callable[[Example], Verifier],
+    examples: Sequence[Example],
+    features: NDArray[np.float64],
+) -> dict[tuple[str, str], float]:
+    """(source, prompt id) -> the score ``judge(example)`` gives the example's features."""
     return {
-        (e.source, e.prompt_id): verifiers[e.source].score_features(
-            dict(zip(FEATURE_NAMES, row, strict=True))
-        )
+        (e.source, e.prompt_id): judge(e).score_features(dict(zip(FEATURE_NAMES, row, strict=True)))
         for e, row in zip(examples, features, strict=True)
     }
 
