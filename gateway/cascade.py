@@ -101,13 +101,12 @@ class Cascade:
             opinions.ask(second_opinions, deadline_s)
         records: list[SpendRecord] = []
         try:
-            final, scores = await self._climb(
+            final, scores, escalations = await self._climb(
                 call, groups, endpoint, body, ends_at, opinions, records
             )
         finally:
             if opinions is not None:
                 await opinions.close()
-        escalations = len(records) - 1
         tally = None
         if opinions is not None:
             records += opinions.records
@@ -123,11 +122,14 @@ class Cascade:
         ends_at: float,
         opinions: SecondOpinions | None,
         records: list[SpendRecord],
-    ) -> tuple[Completed, tuple[float, ...]]:
-        """Ask tier after tier while the verifier rejects the answer; the answer kept
-        and the verifier's scores. Each answer is priced into `records`."""
+    ) -> tuple[Completed, tuple[float, ...], int]:
+        """Ask tier after tier while the verifier rejects the answer; the answer kept,
+        the verifier's scores and the escalations (the tiers climbed to the answer
+        kept: past rejected answers and past tiers that failed). Each answer is priced
+        into `records`."""
         scores: list[float] = []
         final: Completed | None = None
+        escalations = 0
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
         for step, group in enumerate(groups):
             verified = step < len(groups) - 1
@@ -139,7 +141,13 @@ class Cascade:
                     max(0.001, ends_at - time.monotonic()),
                     logprobs=ask and verified,
                 )
-            except GatewayError:
+            except GatewayError as error:
+                if final is None and verified and _upstream_failed(error):
+                    # A tier that cannot answer counts as rejected: the next one is up.
+                    log.warning(
+                        "tier %d of %s failed (%s); escalating", step, call.request_id, error
+                    )
+                    continue
                 if final is None:
                     raise
                 log.warning(
@@ -148,7 +156,7 @@ class Cascade:
                     call.request_id,
                 )
                 break
-            final, answered_at = done, time.perf_counter()
+            final, answered_at, escalations = done, time.perf_counter(), step
             judged: float | None = None
             try:
                 answer = [(done.deployment, done.reply.body)]
@@ -172,7 +180,7 @@ class Cascade:
         assert final is not None  # the first group either answered or raised
         if ask:
             final = without_logprobs(final)
-        return final, tuple(scores)
+        return final, tuple(scores), escalations
 
     async def _evidence(
         self,
@@ -236,6 +244,12 @@ class Cascade:
             verifier_score=verifier_score,
             answered_at=answered_at,
         )
+
+
+def _upstream_failed(error: GatewayError) -> bool:
+    """The tier's deployments failed or were rate limited (another tier may answer),
+    as opposed to a request its upstream rejected (which every tier would)."""
+    return error.status >= 500 or error.status == 429
 
 
 def without_logprobs(done: Completed) -> Completed:

@@ -13,7 +13,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -110,7 +110,7 @@ class Proxy:
                 f"{route.max_body_bytes}"
             )
         stream = bool(body.get("stream"))
-        strategy = effective_strategy(route, stream)
+        strategy = effective_strategy(route, stream, endpoint)
         score = None
         if strategy in SCORED_STRATEGIES:
             score = await self._scorer.score(endpoint, body, route.classifier)
@@ -239,7 +239,7 @@ class Proxy:
             decisions.info("%s %s", call.request_id, cascade_verdict(call.route, result))
         if call.stream:
             wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = completion_events(final.reply.body, wants_usage)
+            events = completion_events(final.reply.body, wants_usage, endpoint)
             return Response(
                 events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
             )
@@ -495,33 +495,56 @@ def cascade_verdict(route: RouteRuntime, result: CascadeResult) -> str:
     return verdict
 
 
-def effective_strategy(route: RouteRuntime, stream: bool) -> str:
-    """A cascade route routes streams by classifier when its policy says so."""
-    if route.strategy == "cascade" and stream and route.stream_cascade == "classifier":
+def effective_strategy(route: RouteRuntime, stream: bool, endpoint: EndpointType) -> str:
+    """A cascade route routes streams by classifier when its policy says so, and
+    embeddings in tier order (cheapest first, the next on failure): a vector has no
+    text to verify, and escalating would pay every tier for the last one's vectors."""
+    if route.strategy != "cascade":
+        return route.strategy
+    if endpoint == "embeddings":
+        return "fallback"
+    if stream and route.stream_cascade == "classifier":
         return "classifier"
     return route.strategy
 
 
-def completion_events(reply: dict[str, Any], include_usage: bool) -> bytes:
-    """A buffered chat completion as the SSE stream OpenAI would have sent for it."""
+def completion_events(
+    reply: dict[str, Any], include_usage: bool, endpoint: EndpointType = "chat"
+) -> bytes:
+    """A buffered chat or text completion as the SSE stream OpenAI would have sent for
+    it: per choice, one chunk with the whole answer, then one with its finish reason."""
     base = {k: reply.get(k) for k in ("id", "created", "model", "system_fingerprint")}
-    base["object"] = "chat.completion.chunk"
+    chat = endpoint == "chat"
+    base["object"] = "chat.completion.chunk" if chat else "text_completion"
     events = []
     for choice in reply.get("choices") or []:
-        message = choice.get("message") or {}
-        delta = {k: v for k, v in message.items() if v is not None}
-        first = {"index": choice.get("index", 0), "delta": delta, "finish_reason": None}
+        index = choice.get("index", 0)
+        if chat:
+            first = {"index": index, "delta": _delta(choice), "finish_reason": None}
+            last = {"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}
+        else:
+            first = {"index": index, "text": choice.get("text") or "", "finish_reason": None}
+            last = {"index": index, "text": "", "finish_reason": choice.get("finish_reason")}
         if choice.get("logprobs") is not None:  # the client asked: all of them in one chunk
             first["logprobs"] = choice["logprobs"]
-        last = {
-            "index": choice.get("index", 0),
-            "delta": {},
-            "finish_reason": choice.get("finish_reason"),
-        }
         events += [{**base, "choices": [first]}, {**base, "choices": [last]}]
     if include_usage and reply.get("usage"):
         events.append({**base, "choices": [], "usage": reply["usage"]})
     return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _delta(choice: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat choice's message as a stream delta: nulls left out, and each tool call
+    numbered (`index`), as streamed tool-call deltas are."""
+    message = choice.get("message") or {}
+    delta = {k: v for k, v in message.items() if v is not None}
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [
+            {"index": i, **call} if isinstance(call, Mapping) else call
+            for i, call in enumerate(calls)
+        ]
+    return delta
 
 
 def _reports_usage(payload: bytes) -> bool:

@@ -178,11 +178,24 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]
                     if events:
                         yield events
                     return
+                if not _is_json(payload):
+                    # Relayed, it would break the client's parser, not raise an API error.
+                    if events:
+                        yield events
+                    raise UpstreamFailure("the upstream stream sent an event that is not JSON")
                 events.append(payload)
         if events:
             yield events
     # An event not ended by a blank line is incomplete (the SSE rule): dropped.
     raise UpstreamFailure("the upstream stream ended without [DONE]")
+
+
+def _is_json(payload: bytes) -> bool:
+    try:
+        orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 @contextmanager

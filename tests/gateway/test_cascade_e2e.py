@@ -4,12 +4,14 @@ answer is priced in the ledger, the rejected ones too."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from gateway.ledger import RedisStore
@@ -148,6 +150,81 @@ def test_escalation_failure_answers_with_the_cheap_answer(
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "cheap"
     assert response.json()["choices"][0]["message"]["content"] == REFUSAL
+
+
+async def test_a_cheap_tier_that_fails_escalates_to_the_next(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    """A tier that cannot answer (its deployments fail) counts as rejected: the next
+    tier answers, and only that answer is priced (the failed tier sent none)."""
+    fake_openai.fail(503, times=None)
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "premium"
+    assert response.headers["x-cascade-escalations"] == "1"
+    assert response.json()["choices"][0]["message"]["content"] == GOOD
+    request_id = response.headers["x-request-id"]
+    escalated = await wait_for_record(ledger_store, f"{request_id}:1")
+    assert (escalated.deployment, escalated.escalations) == ("premium", 1)
+    assert await ledger_store.get(request_id) is None
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(
+        escalated.cost_nanos / 1e9
+    )
+
+
+def test_a_request_the_cheap_tier_rejects_is_not_escalated(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """An upstream 400 is the request's fault, which every tier would answer alike."""
+    fake_openai.fail(400, times=None)
+    response = ask(base)
+    assert response.status_code == 400
+    assert premium.requests == []
+
+
+# A buffered cascade answer is streamed as OpenAI would have streamed it: the SDK's
+# stream readers work on it unchanged.
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def sdk(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=AUTH["authorization"][7:], max_retries=0)
+
+
+def test_a_streamed_cascade_tool_call_is_numbered_as_streams_are(base: str) -> None:
+    with sdk(base).chat.completions.stream(
+        model="careful", messages=[QUESTION], tools=[TOOL], tool_choice="required"
+    ) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_a_streamed_cascade_text_completion_carries_its_text(base: str) -> None:
+    chunks = list(sdk(base).completions.create(model="careful", prompt="2 + 2 =", stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == GOOD
+    assert {c.object for c in chunks} == {"text_completion"}
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_embeddings_on_a_cascade_route_ask_the_cheapest_tier_only(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """A vector has nothing to verify: the tiers are tried in order, as a fallback."""
+    raw = sdk(base).embeddings.with_raw_response.create(model="careful", input="hello")
+    assert raw.parse().data[0].embedding
+    assert raw.headers["x-cascade-deployment"] == "cheap"
+    assert raw.headers["x-cascade-escalations"] == "0"
+    assert premium.requests == [] and len(fake_openai.requests) == 1
 
 
 # Cascades ask the cheap tier for token logprobs (the verifier reads them) and hand the

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from gateway.ledger import RedisStore
@@ -183,6 +184,31 @@ def test_malformed_upstream_json_falls_back(
     response = post(base)
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "second"
+
+
+def test_a_stream_event_that_is_not_json_ends_the_stream_with_an_error_event(
+    start: Any, fake_openai: FakeOpenAI
+) -> None:
+    """Relayed, the broken event would make the client's parser fail (a bare
+    JSONDecodeError in the OpenAI SDK); after the first bytes went out the stream ends
+    with the gateway's in-band error event instead, which the SDK raises as APIError."""
+    base = start()
+    fake_openai.malformed_json = True  # the first content chunk, after the role's
+    with httpx.stream(
+        "POST",
+        f"{base}/v1/chat/completions",
+        json={"model": "auto", "messages": [{"role": "user", "content": "x"}], "stream": True},
+        headers=AUTH,
+    ) as response:
+        body = response.read()
+    assert b"broken" not in body
+    assert b'"code":"upstream_stream_error"' in body
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=AUTH["authorization"][7:])
+    stream = client.chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    with pytest.raises(openai.APIError, match="not JSON"):
+        list(stream)
 
 
 def test_stream_falls_back_before_first_byte(
