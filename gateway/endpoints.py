@@ -1,5 +1,5 @@
 """The OpenAI-compatible surface: /v1/chat/completions, /v1/completions,
-/v1/embeddings and /v1/models.
+/v1/embeddings, /v1/models and /v1/models/{model}.
 
 These are plain Starlette routes, not FastAPI path operations: they take no
 parameters FastAPI could validate (the body is checked by `gateway.validation`), and
@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import Principal
-from gateway.errors import PayloadTooLarge
+from gateway.errors import NotFound, PayloadTooLarge
 from gateway.runtime import Runtime
 from gateway.services import services_of
 from gateway.upstreams.base import EndpointType
@@ -35,11 +35,24 @@ async def embeddings(request: Request) -> Response:
 async def models(request: Request) -> Response:
     runtime = services_of(request).runtime
     principal = authenticate(request, runtime)
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "cascade-gateway"}
-        for name in runtime.visible_models(principal)
-    ]
+    data = [model_entry(name) for name in runtime.visible_models(principal)]
     return JSONResponse({"object": "list", "data": data})
+
+
+async def model(request: Request) -> Response:
+    """One entry of /v1/models; a model this key may not see is as unknown as a typo."""
+    name = request.path_params["model"]
+    if not name:  # `/v1/models/`, which Starlette's slash redirect no longer reaches
+        return await models(request)
+    runtime = services_of(request).runtime
+    principal = authenticate(request, runtime)
+    if name not in runtime.visible_models(principal):
+        raise NotFound(f"model '{name}' does not exist or this key may not use it", param="model")
+    return JSONResponse(model_entry(name))
+
+
+def model_entry(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "cascade-gateway"}
 
 
 ROUTES = [
@@ -47,6 +60,8 @@ ROUTES = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    # `path`: a deployment name may hold a slash (`org/model`), sent raw or as %2F
+    Route("/v1/models/{model:path}", model, methods=["GET"]),
 ]
 
 

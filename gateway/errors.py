@@ -2,7 +2,9 @@
 
     GatewayError                      500 api_error (never raised bare on purpose)
     ├── InvalidRequest                400 invalid_request_error (names the field in `param`)
-    │   └── PayloadTooLarge           413
+    │   ├── PayloadTooLarge           413
+    │   └── UpstreamRejected          400/422 an upstream refused, with its type, code, param
+    │       └── UpstreamTooLarge      413 (also a PayloadTooLarge)
     ├── AuthenticationFailed          401
     ├── PermissionDenied              403
     ├── NotFound                      404 (unknown model / route)
@@ -59,6 +61,34 @@ class InvalidRequest(GatewayError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     default_code = "payload_too_large"
+
+
+class UpstreamRejected(InvalidRequest):
+    """A request an upstream refused as the client's fault (400/422), rendered with the
+    upstream's own error `type`, `code` and `param` where it gave them: apps branch on
+    them (truncate and retry on `context_length_exceeded`). `type` is only rendered;
+    the class's stays the metric label, which must not take upstream values."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        upstream_type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.upstream_type = upstream_type
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        if self.upstream_type is not None:
+            body["error"]["type"] = self.upstream_type
+        return body
+
+
+class UpstreamTooLarge(UpstreamRejected, PayloadTooLarge):
+    """A 413 from an upstream (status and default code of PayloadTooLarge)."""
 
 
 class AuthenticationFailed(GatewayError):

@@ -6,10 +6,10 @@ moves on instead), else exponential backoff with jitter. A refused connection or
 timeout moves straight to the next deployment (retrying a dead or stuck one only adds
 latency); on the last deployment it is retried like the rest. Non-retryable answers:
 a 400/413/422 is the client's fault and is returned at once (another deployment would
-reject it too); a 401/403/404/501 means this deployment is misconfigured or cannot do
-this, so the next one is tried. The whole run is bounded by the policy's
-`request_timeout_s`. A stream is only retried before its first event reached us;
-after that, failures go to the client.
+reject it too) with the upstream's error `type`, `code` and `param`; a 401/403/404/501
+means this deployment is misconfigured or cannot do this, so the next one is tried.
+The whole run is bounded by the policy's `request_timeout_s`. A stream is only retried
+before its first event reached us; after that, failures go to the client.
 """
 
 from __future__ import annotations
@@ -22,13 +22,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
     PayloadTooLarge,
     RateLimited,
     UpstreamError,
+    UpstreamRejected,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from gateway.metrics import Metrics
@@ -50,6 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+# What of an upstream's error body reaches the client on a client fault, and how long.
+UPSTREAM_ERROR_FIELDS = ("type", "code", "param")
+MAX_ERROR_FIELD_CHARS = 128
 
 AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one deployment
 
@@ -374,8 +381,32 @@ async def _cancel(chains: dict[asyncio.Task[Any], int], run: _Run) -> list[tuple
 
 
 def client_fault(failure: UpstreamStatus) -> GatewayError:
-    error_type = PayloadTooLarge if failure.status == 413 else InvalidRequest
-    return error_type(f"upstream rejected the request: {failure.message}")
+    error_type = UpstreamTooLarge if failure.status == 413 else UpstreamRejected
+    fields = upstream_error_fields(failure.body)
+    return error_type(
+        f"upstream rejected the request: {failure.message}",
+        upstream_type=fields.get("type"),
+        param=fields.get("param"),
+        code=fields.get("code"),
+    )
+
+
+def upstream_error_fields(body: Any) -> dict[str, str]:
+    """`type`, `code` and `param` of an upstream's OpenAI-style error body (raw bytes or
+    parsed), those that are short strings; nothing else of the body is ever kept."""
+    if isinstance(body, bytes | str):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return {}
+    return {
+        name: value
+        for name in UPSTREAM_ERROR_FIELDS
+        if isinstance(value := error.get(name), str) and 0 < len(value) <= MAX_ERROR_FIELD_CHARS
+    }
 
 
 def final_error(

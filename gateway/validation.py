@@ -31,7 +31,8 @@ def _is_number(value: Any) -> bool:
 
 # field -> (check, expected form for the message). Only checked when present.
 OPTIONAL_FIELDS: Mapping[str, tuple[Check, str]] = {
-    "stream": (lambda v: isinstance(v, bool), "a boolean"),
+    # null is OpenAI's "not streaming", as for the other nullable fields (read as falsy)
+    "stream": (lambda v: v is None or isinstance(v, bool), "a boolean"),
     "stream_options": (lambda v: v is None or isinstance(v, dict), "an object"),
     "max_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1"),
     "max_completion_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1"),

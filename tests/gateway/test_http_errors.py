@@ -3,6 +3,7 @@ leaves the ledger exact. Raw HTTP over loopback, so malformed bodies reach the s
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -77,6 +78,38 @@ def test_invalid_fields_are_named(base: str, body: dict[str, Any], param: str) -
     assert error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", chat(stream=None)),
+        ("/v1/chat/completions", chat(stream=None, stream_options=None)),
+        ("/v1/chat/completions", chat(stream=False, stream_options=None)),
+        ("/v1/completions", {"model": "auto", "prompt": "hi", "stream": None}),
+        ("/v1/embeddings", {"model": "auto", "input": "hi", "stream": None}),
+    ],
+)
+def test_null_stream_is_not_streaming(
+    base: str, fake_openai: FakeOpenAI, path: str, body: dict[str, Any]
+) -> None:
+    """OpenAI's `stream` is boolean | null; null answers as false does, in one JSON."""
+    response = httpx.post(f"{base}{path}", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["object"] != "chat.completion.chunk"
+    assert not fake_openai.requests[-1]["body"].get("stream")
+
+
+def test_null_stream_options_on_a_stream(base: str) -> None:
+    body = chat(stream=True, stream_options=None)
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, headers=AUTH) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks and all(c["choices"] for c in chunks)
+    assert all(c.get("usage") is None for c in chunks)  # null asks for none, as omitting it
+
+
 def test_malformed_json_and_non_object(base: str) -> None:
     for content in (b"{not json", b"[1, 2]", b""):
         response = httpx.post(f"{base}/v1/chat/completions", content=content, headers=AUTH)
@@ -107,6 +140,21 @@ def test_route_not_allowed_is_403_and_unknown_is_404(base: str) -> None:
     assert assert_error(response, 404, "model")["code"] == "model_not_found"
     models = httpx.get(f"{base}/v1/models", headers=AUTH).json()
     assert [m["id"] for m in models["data"]] == ["auto"]
+
+
+def test_one_model_follows_the_lists_rules(base: str) -> None:
+    listed = httpx.get(f"{base}/v1/models", headers=AUTH).json()["data"]
+    response = httpx.get(f"{base}/v1/models/auto", headers=AUTH)
+    assert response.status_code == 200
+    assert response.json() == listed[0]
+    assert set(listed[0]) == {"id", "object", "created", "owned_by"}
+    assert httpx.get(f"{base}/v1/models/", headers=AUTH).json()["data"] == listed
+    assert_error(httpx.get(f"{base}/v1/models/auto"), 401)
+    # Not this key's (premium), unknown, or a name with a slash: all not found, alike.
+    for name in ("premium", "gpt-9", "org/gpt-9", "org%2Fgpt-9"):
+        response = httpx.get(f"{base}/v1/models/{name}", headers=AUTH)
+        assert assert_error(response, 404, "model")["code"] == "model_not_found"
+        assert assert_error(response, 404)["type"] == "invalid_request_error"
 
 
 def test_body_over_the_limit_is_413(base: str) -> None:

@@ -157,6 +157,18 @@ async def test_completions_embeddings_and_models(
     client.close()
 
 
+def test_models_retrieve_gives_the_listed_entry(gateway_url: str) -> None:
+    with sdk(gateway_url) as client:
+        listed = {m.id: m for m in client.models.list()}
+        for name in ("auto", "upstream"):
+            assert client.models.retrieve(name) == listed[name]
+        assert listed["auto"].object == "model" and listed["auto"].owned_by
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.models.retrieve("nope")
+    assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
+    assert "nope" in missing.value.message
+
+
 def test_sdk_errors(gateway_url: str) -> None:
     with (
         sdk(gateway_url, key="fake-wrong-key") as wrong,
