@@ -145,6 +145,7 @@ class Accountant:
         usage: Usage,
         *,
         attempt: int = 0,
+        escalations: int | None = None,
         status: StatusType = "ok",
         ttft_s: float | None = None,
         label: str | None = None,
@@ -153,7 +154,13 @@ class Accountant:
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger.
         `answered_at` (perf_counter) is when the answer came, if it is settled later
-        (a cascade judges it first); its time and latency are those of then."""
+        (a cascade judges it first); its time and latency are those of then.
+
+        The request's first answer (attempt 0, no `label`) carries the reference cost:
+        what the request would have cost sent once to the route's reference model.
+        Escalations, hedges and second opinions add cost only, so savings are not
+        counted once per attempt."""
+        first_answer = attempt == 0 and label is None
         route = call.route
         now = time.perf_counter()
         ended = now if answered_at is None else answered_at
@@ -178,13 +185,15 @@ class Accountant:
             reference_model=route.reference_model,
             reference_cost_nanos=route.reference_price.cost_nanos(
                 usage.prompt_tokens, usage.completion_tokens
-            ),
+            )
+            if first_answer
+            else 0,
             status=status,
             usage_source=usage.source,
             stream=call.stream,
             latency_ms=latency_ms,
             ttft_ms=ttft_ms,
-            escalations=attempt,
+            escalations=attempt if escalations is None else escalations,
             score=call.score,
             # A hedge that lost the race answered nobody: it is priced, not judged.
             sla_met=None if label else sla_met(route, ttft_s, latency_ms / 1000),

@@ -1,10 +1,11 @@
 """Cascades: ask the cheapest tier, verify its answer, escalate while it is rejected.
 
 Each tier is one `Executor.complete` over that tier's deployments (so a failing
-deployment still falls back within its tier). Every answer is priced in the ledger,
-the rejected ones too (`<request_id>:<n>` for the n-th escalation), because every one
-was paid for. If an escalation fails outright, the last answer received is returned
-rather than an error: an unverified answer beats none.
+deployment still falls back within its tier); a tier whose deployments all fail counts
+as rejected. Every answer is priced in the ledger, the rejected ones too
+(`<request_id>:<n>` for the n-th answer after the first), because every one was paid
+for. If an escalation fails outright, the last answer received is returned rather than
+an error: an unverified answer beats none.
 
 The verifier reads token logprobs, so on chat every tier but the last (whose answer is
 not verified) is asked for them (`logprobs: true`) where its upstream returns them. A
@@ -169,7 +170,10 @@ class Cascade:
             finally:
                 # Priced with its verdict, and whatever happens while it is judged: a
                 # request cancelled while waiting for its opinions is priced all the same.
-                records.append(self._settle(call, done, endpoint, body, step, judged, answered_at))
+                attempt = len(records)
+                records.append(
+                    self._settle(call, done, endpoint, body, attempt, step, judged, answered_at)
+                )
             if not verified:
                 break
             score = 0.0 if judged is None else judged  # a verifier that broke: escalate
@@ -231,16 +235,20 @@ class Cascade:
         done: Completed,
         endpoint: EndpointType,
         body: dict[str, Any],
+        attempt: int,
         step: int,
         verifier_score: float | None,
         answered_at: float,
     ) -> SpendRecord:
+        """Price the `attempt`-th answer (numbered among answers: the first is always
+        `<request id>`), given by the `step`-th tier (its escalations)."""
         usage = reply_usage(done.deployment, endpoint, body, done.reply.body, call.prompt)
         return self._accountant.settle(
             call,
             done.deployment,
             usage,
-            attempt=step,
+            attempt=attempt,
+            escalations=step,
             verifier_score=verifier_score,
             answered_at=answered_at,
         )

@@ -132,10 +132,10 @@ class Proxy:
         admission = await self._limits.admit(
             runtime, principal, route, endpoint, body, candidates, strategy, request_id, call.prompt
         )
-        if admission.candidates:  # a soft budget limit downgraded the request
-            candidates = self._select(route, admission.candidates, strategy)
         response: Response | None = None
-        try:
+        try:  # from here on the admission's budget hold is released however it ends
+            if admission.candidates:  # a soft budget limit downgraded the request
+                candidates = self._select(route, admission.candidates, strategy)
             if strategy == "cascade":
                 response = await self._run_cascade(call, candidates, endpoint, body, deadline_s)
             elif call.stream:
@@ -206,10 +206,12 @@ class Proxy:
             await count_unreported(call.prompt, endpoint, body, [(done.deployment, reply)])
         finally:  # priced however these waits end (cut short: counted on the loop)
             usage = reply_usage(done.deployment, endpoint, body, reply, call.prompt)
-            record = self._accountant.settle(call, done.deployment, usage)
+            self._accountant.settle(call, done.deployment, usage)
         self._observe(call, done.deployment, "200")
         headers = cascade_headers(call, done.deployment, done.attempts)
-        headers["x-cascade-cost-usd"] = f"{usd(record.cost_nanos):.9f}"
+        # Every attempt this request paid for: the answer and any losing hedge.
+        cost_nanos = sum(r.cost_nanos for r in call.records)
+        headers["x-cascade-cost-usd"] = f"{usd(cost_nanos):.9f}"
         content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
         return Response(content, media_type="application/json", headers=headers)
 

@@ -39,7 +39,9 @@ def usd(nanos: int) -> float:
 @dataclass(frozen=True, slots=True)
 class SpendRecord:
     """One priced upstream attempt. `record_id` is the idempotency key:
-    `<request_id>` for the first attempt, `<request_id>:<n>` for later ones."""
+    `<request_id>` for the request's first answer (the one that counts the request and
+    carries its reference cost), `<request_id>:<n>` / `:h<n>` / `:o<n>` for later
+    answers, losing hedges and second opinions."""
 
     record_id: str
     request_id: str

@@ -36,9 +36,11 @@ def check_group_by(group_by: Sequence[str]) -> tuple[str, ...]:
 
 
 def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
-    """The counters one record adds, in `METRICS` order."""
+    """The counters one record adds, in `METRICS` order. `requests` counts client
+    requests: only a request's first answer (its record id is the request id) counts
+    one; its escalations, hedges and second opinions add cost, not requests."""
     return (
-        1,
+        int(rec.record_id == rec.request_id),
         int(rec.status == "error"),
         rec.prompt_tokens,
         rec.completion_tokens,

@@ -65,7 +65,7 @@ def expected_rows(
         if not day_from.isoformat() <= rec.day <= day_to.isoformat():
             continue
         row = totals.setdefault(tuple(rec.dimension(name) for name in group_by), [0] * 8)
-        row[0] += 1
+        row[0] += rec.record_id == rec.request_id  # a client request: its first answer
         row[1] += rec.status == "error"
         row[2] += rec.prompt_tokens
         row[3] += rec.completion_tokens

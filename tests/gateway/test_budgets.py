@@ -244,6 +244,28 @@ def test_past_the_soft_limit_requests_go_to_the_downgrade_tier(
     assert metric(base, "cascade_budget_downgrades_total") == 2
 
 
+def test_a_downgrade_tier_that_is_ejected_releases_its_hold(
+    start: Any, counters: Counters, cheap: FakeOpenAI
+) -> None:
+    """Past the soft limit with the downgrade tier's deployment ejected by its breaker:
+    the request is refused (503) and what admission reserved for it is released, so the
+    team is not later told its budget is spent."""
+    budget = (
+        "{scope: team, name: research, period: day, limit_usd: 1, "
+        f"soft_limit_usd: {1.5 * ACTUAL / 1e9}, downgrade_tier: local}}"
+    )
+    text = policy(budget).replace(
+        "gateway:\n", "gateway:\n  circuit_breaker: {failure_threshold: 1, cooldown_s: 600}\n"
+    )
+    base = start(text).url
+    assert [ask(base).status_code for _ in range(2)] == [200, 200]  # past the soft limit
+    cheap.fail(500, times=None)
+    assert ask(base).status_code == 502  # downgraded to cheap, which fails: ejected
+    refused = ask(base)
+    assert refused.status_code == 503 and "ejected" in refused.json()["error"]["message"]
+    counters.settled("team", "research", 2 * ACTUAL)  # nothing left reserved
+
+
 def test_a_cascade_reserves_one_answer_per_tier(start: Any, counters: Counters) -> None:
     cheap_worst = (PROMPT + MAX_TOKENS) * CHEAP_NANOS_PER_TOKEN
     exact = (WORST + cheap_worst) / 1e9  # both tiers' worst case fits, one nano less does not
@@ -360,3 +382,58 @@ def test_settlements_made_during_an_outage_reach_the_counters_after_it(
     finally:
         client.close()
         server.stop()
+
+
+async def timed(client: httpx.AsyncClient, base: str) -> tuple[int, float]:
+    body = {"model": "auto", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    started = time.monotonic()
+    response = await client.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+    return response.status_code, time.monotonic() - started
+
+
+async def test_a_hung_redis_costs_one_bounded_wait_then_none(
+    start: Any, redis_server: RedisServer
+) -> None:
+    """SIGSTOP: connections open but nothing answers. Requests in flight when Redis
+    stops wait one timeout (no retry); later ones never wait on a probe."""
+    budget = "{scope: key, name: k, period: day, limit_usd: 1}"
+    base = start(policy(budget), redis=redis_server.url).url
+    async with httpx.AsyncClient(timeout=30) as client:
+        assert (await timed(client, base))[0] == 200
+        redis_server.pause()
+        paused_at = time.monotonic()
+        try:
+            first = await asyncio.gather(*(timed(client, base) for _ in range(10)))
+            assert {status for status, _ in first} == {200}
+            assert max(took for _, took in first) < 0.9  # one 0.5 s timeout, not two
+            later = []
+            while time.monotonic() - paused_at < 4:  # several probe intervals
+                later.append(await timed(client, base))
+            assert {status for status, _ in later} == {200}
+            assert max(took for _, took in later) < 0.3, sorted(t for _, t in later)[-5:]
+        finally:
+            redis_server.resume()
+
+
+def test_limits_closed_by_a_hung_redis_reopen_when_it_answers(
+    start: Any, redis_server: RedisServer
+) -> None:
+    """Nothing is queued to settle here: the background probe alone ends the outage."""
+    budget = "{scope: key, name: k, period: day, limit_usd: 1}"
+    base = start(policy(budget, down="closed"), redis=redis_server.url).url
+    assert ask(base).status_code == 200
+    redis_server.pause()
+    try:
+        assert ask(base).status_code == 503  # after one timeout
+        for _ in range(20):
+            started = time.monotonic()
+            assert ask(base).status_code == 503
+            assert time.monotonic() - started < 0.3
+    finally:
+        redis_server.resume()
+    deadline = time.monotonic() + 5
+    while (response := ask(base)).status_code == 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert response.status_code == 200
+    assert metric(base, "cascade_limits_degraded") == 0

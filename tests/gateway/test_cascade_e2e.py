@@ -96,6 +96,9 @@ async def test_a_rejected_answer_escalates_and_both_are_priced(
     escalated = await wait_for_record(ledger_store, f"{request_id}:1")
     assert (cheap.deployment, escalated.deployment) == ("cheap", "premium")
     assert escalated.escalations == 1
+    # One request, priced once on the reference model (its first answer's tokens):
+    # the escalation adds cost, not another counterfactual.
+    assert cheap.reference_cost_nanos > 0 and escalated.reference_cost_nanos == 0
     total = cheap.cost_nanos + escalated.cost_nanos
     assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(total / 1e9)
     # The verifier judged one answer (the refusal, capped at 0.2): counted under 0.2.
@@ -156,7 +159,8 @@ async def test_a_cheap_tier_that_fails_escalates_to_the_next(
     base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI, ledger_store: RedisStore
 ) -> None:
     """A tier that cannot answer (its deployments fail) counts as rejected: the next
-    tier answers, and only that answer is priced (the failed tier sent none)."""
+    tier answers, and only that answer is priced (the failed tier sent none), as the
+    request's first answer (`<request id>`: it counts the request and its reference)."""
     fake_openai.fail(503, times=None)
     response = ask(base)
     assert response.status_code == 200
@@ -164,12 +168,11 @@ async def test_a_cheap_tier_that_fails_escalates_to_the_next(
     assert response.headers["x-cascade-escalations"] == "1"
     assert response.json()["choices"][0]["message"]["content"] == GOOD
     request_id = response.headers["x-request-id"]
-    escalated = await wait_for_record(ledger_store, f"{request_id}:1")
-    assert (escalated.deployment, escalated.escalations) == ("premium", 1)
-    assert await ledger_store.get(request_id) is None
-    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(
-        escalated.cost_nanos / 1e9
-    )
+    answer = await wait_for_record(ledger_store, request_id)
+    assert (answer.deployment, answer.escalations) == ("premium", 1)
+    assert answer.reference_cost_nanos == answer.cost_nanos  # premium is the reference
+    assert await ledger_store.get(f"{request_id}:1") is None
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(answer.cost_nanos / 1e9)
 
 
 def test_a_request_the_cheap_tier_rejects_is_not_escalated(

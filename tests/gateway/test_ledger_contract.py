@@ -41,6 +41,22 @@ async def test_record_then_get(store: LedgerStore) -> None:
     assert await store.get("never-recorded") is None
 
 
+async def test_extra_attempts_add_cost_not_requests(store: LedgerStore) -> None:
+    """An escalation (`<id>:1`), a losing hedge (`<id>:h1`) and a second opinion
+    (`<id>:o1`) are priced, but the request is counted once, by its first answer."""
+    first = make_record(1, team="research")
+    extras = [
+        make_record(1, team="research", record_id=f"req-1:{suffix}", reference_cost_nanos=0)
+        for suffix in ("1", "h1", "o1")
+    ]
+    for rec in (first, *extras):
+        assert await store.record(rec) is True
+    [row] = await store.aggregate(*WIDE, ["team"])
+    assert row.requests == 1
+    assert row.cost_nanos == 4 * first.cost_nanos
+    assert row.reference_cost_nanos == first.reference_cost_nanos
+
+
 async def test_duplicate_record_id_changes_nothing(store: LedgerStore) -> None:
     first = make_record(3)
     assert await store.record(first) is True

@@ -137,7 +137,13 @@ async def test_non_streaming_requests_are_hedged_too(
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "b"
     request_id = response.headers["x-request-id"]
-    assert (await wait_for_record(ledger_store, f"{request_id}:h1")).deployment == "a"
+    winner = await wait_for_record(ledger_store, request_id)
+    loser = await wait_for_record(ledger_store, f"{request_id}:h1")
+    assert loser.deployment == "a" and loser.cost_nanos > 0
+    # The reply's cost is what the request paid: the losing hedge's prompt too.
+    paid = winner.cost_nanos + loser.cost_nanos
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(paid / 1e9)
+    assert loser.reference_cost_nanos == 0  # one request, one counterfactual
 
 
 def test_no_hedge_when_the_first_token_is_on_time(
