@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from gateway.cascade import tier_groups
 from gateway.errors import BudgetExceeded
-from gateway.ledger.record import usd
 from gateway.limits.rules import BudgetRule, Period, Rules
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
+
+SIGNIFICANT_DIGITS = 6  # in dollar amounts of messages
 
 
 def output_tokens(endpoint: EndpointType, body: Mapping[str, Any], default: int) -> int:
@@ -72,22 +74,33 @@ def downgrade_plans(
     return plans
 
 
+def dollars(nanos: int) -> str:
+    """A USD amount for messages: `$12.50`, `$1234.57`, `$0.0003`, `$0.000123457`.
+    Up to 6 significant digits, trailing zeros trimmed, never fewer than cents (a
+    budget of $0.0003 must not read `$0.00`)."""
+    sign = "-" if nanos < 0 else ""
+    digits = len(str(abs(nanos)))
+    decimals = min(9, max(2, 9 - digits + SIGNIFICANT_DIGITS))
+    whole, _, fraction = f"{Decimal(abs(nanos)).scaleb(-9):.{decimals}f}".partition(".")
+    return f"{sign}${whole}.{fraction.rstrip('0').ljust(2, '0')}"
+
+
 def budget_exceeded(
     budget: BudgetRule, period: Period, used: int, cost: int, now: float
 ) -> BudgetExceeded:
     left = max(0, budget.limit_nanos - used)
+    limit = dollars(budget.limit_nanos)
     if cost > budget.limit_nanos:
         why = (
-            f"this request alone may cost up to ${usd(cost):.4f}, more than the whole "
-            f"budget of ${usd(budget.limit_nanos):.2f}; lower max_tokens"
+            f"this request alone may cost up to {dollars(cost)}, more than the whole "
+            f"budget of {limit}; lower max_tokens"
         )
     else:
         why = (
-            f"${usd(used):.4f} of ${usd(budget.limit_nanos):.2f} is spent or reserved and "
-            f"this request may cost up to ${usd(cost):.4f}"
+            f"{dollars(used)} of {limit} is spent or reserved and "
+            f"this request may cost up to {dollars(cost)}"
         )
     message = (
-        f"{budget.label} is exhausted: {why} (${usd(left):.4f} left); "
-        f"it resets at {period.ends_iso}"
+        f"{budget.label} is exhausted: {why} ({dollars(left)} left); it resets at {period.ends_iso}"
     )
     return BudgetExceeded(message, retry_after_s=math.ceil(period.ends_at - now))

@@ -16,8 +16,9 @@ settlements in pipelined batches.
 Redis unreachable: the policy's `gateway.limits_when_redis_down` decides: `open`
 serves without checks (counted, logged once per outage) and still queues the
 request's settlement so its spend reaches the budget counters when Redis is back;
-`closed` refuses with 503. An outage is probed at most once a second, so it costs
-no per-request timeouts.
+`closed` refuses with 503. Admissions in flight when the store hangs wait one
+bounded timeout; from then on they skip it, and a background task probes it once a
+second until it answers, so an outage costs no per-request timeouts.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gateway.errors import LimitsUnavailable
 from gateway.ledger.record import SpendRecord, usd
 from gateway.limits.budgets import (
     budget_exceeded,
+    dollars,
     downgrade_plans,
     output_tokens,
     worst_case_nanos,
@@ -59,7 +61,7 @@ from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)
 
-PROBE_INTERVAL_S = 1.0  # during an outage, how often one admission tries Redis again
+PROBE_INTERVAL_S = 1.0  # during an outage, how often the probe task tries the store
 HOLD_GRACE_S = 600.0  # a hold outlives the request timeout by this (streams run longer)
 BATCH_MAX = 64
 MAX_PENDING = 100_000  # settlements kept while Redis is down; older ones are dropped
@@ -115,8 +117,8 @@ class Limiter:
         self._calendar = Calendar()
         self._runtime: Runtime | None = None
         self._book = RuleBook({}, {}, {})
-        self._probe_at = 0.0  # monotonic; > now while the store is considered down
-        self._down = False
+        self._down = False  # admissions skip the store until the probe finds it again
+        self._prober: asyncio.Task[None] | None = None
         self._queue: deque[Charge] = deque()
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -151,9 +153,8 @@ class Limiter:
         plans = self._plans(runtime, route, candidates, rules)
         tokens = await prompt.count(plans[0][0].target.model, endpoint, body)
         ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id, tokens)
-        if self._store is None or (self._down and time.monotonic() < self._probe_at):
+        if self._store is None or self._down:
             return self._unchecked(runtime, ask, None)
-        self._probe_at = time.monotonic() + PROBE_INTERVAL_S  # others skip while we probe
         try:
             verdict = await self._store.admit(ask)
         except LimitsStoreUnavailable as exc:
@@ -254,12 +255,32 @@ class Limiter:
         return Admission(self, charge, ask.tokens)
 
     def _enter_outage(self, exc: LimitsStoreUnavailable | None) -> None:
-        self._probe_at = time.monotonic() + PROBE_INTERVAL_S
         if not self._down:
             self._down = True
             self._metrics.limits_degraded.set(1)
             why = "REDIS_URL is not set" if exc is None else str(exc)
             log.warning("limits store unavailable (%s): applying limits_when_redis_down", why)
+        if self._store is not None and not self._stopped and not self._probing:
+            self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    @property
+    def _probing(self) -> bool:
+        return self._prober is not None and not self._prober.done()
+
+    async def _probe_loop(self) -> None:
+        """Try the store once a second while it is down; the first answer ends the
+        outage. Off the request path: no admission ever waits on a probe."""
+        assert self._store is not None
+        while self._down:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            try:
+                await self._store.probe()
+            except LimitsStoreUnavailable:
+                continue
+            except Exception:  # a bug must not end probing and leave limits off for good
+                log.exception("probing the limits store failed")
+                continue
+            self._recovered()
 
     def _recovered(self) -> None:
         if self._down:
@@ -322,12 +343,12 @@ class Limiter:
             if soft is not None and before < soft <= balance.spent_nanos:
                 m.child(m.budget_soft_crossings, *labels).inc()
                 log.warning(
-                    "%s passed its soft limit of $%.2f for %s: $%.4f spent of $%.2f",
+                    "%s passed its soft limit of %s for %s: %s spent of %s",
                     budget.label,
-                    usd(soft),
+                    dollars(soft),
                     period.id,
-                    usd(balance.spent_nanos),
-                    usd(budget.limit_nanos),
+                    dollars(balance.spent_nanos),
+                    dollars(budget.limit_nanos),
                 )
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -342,10 +363,11 @@ class Limiter:
                 "their spend is in the ledger only",
                 len(self._queue),
             )
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
+        for task in (self._writer, self._prober):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._writer = self._prober = None
         if self._store is not None:
             await self._store.close()

@@ -15,12 +15,14 @@ Redis Cluster keeps them in one slot and one script may touch them all):
                                                          before; expires after 2 idle minutes
     P{limits}:settled:<request_id>                 string  the exactly-once marker of a
                                                          settlement (1 day)
+    P{limits}:probe                                string  written by outage probes (60 s)
 
 <scope> is `key`, `team` or `route` (`key` or `team` for rates).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
@@ -61,11 +63,14 @@ TRANSIENT_ERRORS: tuple[type[redis_errors.RedisError], ...] = (
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "CLUSTERDOWN")
 KEEP_AFTER_PERIOD_S = 7 * 86400  # budget counters stay readable a week past their period
 SETTLED_MARKER_TTL_S = 86400  # long enough for a retry after any outage a queue survives
+PROBE_TTL_S = 60
 
 
 class RedisLimitStore:
     """A `LimitStore` on Redis via `redis.asyncio`, with short timeouts: an admission
-    must fail fast when Redis is gone so the gateway can apply its outage policy.
+    must fail fast when Redis is gone so the gateway can apply its outage policy. It
+    takes at most `socket_timeout`, waiting for a connection included, and a timeout is
+    never retried (a hung Redis would cost two, and the timed-out script may have run).
 
     >>> store = RedisLimitStore("redis://localhost:6379/0"); verdict = await store.admit(ask)
     """
@@ -85,9 +90,11 @@ class RedisLimitStore:
             timeout=socket_timeout,
             socket_connect_timeout=socket_connect_timeout,
             socket_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 1),
+            # A dropped connection (Redis restarted, an idle one closed) is retried once.
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
             decode_responses=True,
         )
+        self._timeout_s = socket_timeout
         self._client: Redis = Redis.from_pool(pool)
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
@@ -111,8 +118,16 @@ class RedisLimitStore:
             soft = -1 if budget.soft_nanos is None else budget.soft_nanos
             args += [budget.limit_nanos, soft, down, _expire_at(period.ends_at)]
         with self._translate():
-            reply = await self._admit(keys, args)
+            async with asyncio.timeout(self._timeout_s):
+                reply = await self._admit(keys, args)
         return _verdict(cast(list[int], reply), len(ask.rates), len(ask.budgets))
+
+    async def probe(self) -> None:
+        """Raise `LimitsStoreUnavailable` unless Redis takes a write now, within one
+        timeout. A write, not a PING, which a replica or a Redis out of memory answers."""
+        with self._translate():
+            async with asyncio.timeout(self._timeout_s):
+                await self._client.set(self._base + "probe", "1", ex=PROBE_TTL_S)
 
     async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
         """Each charge's script call, pipelined in one round trip (each stays atomic).

@@ -7,7 +7,10 @@ Contract:
   Holds older than `hold_ms` are released by later admissions on the same budget.
 - `settle_many` settles each charge once (idempotent on the request id): releases the
   request's holds, adds its real cost to each budget and corrects its token count.
-- Connection failures raise `LimitsStoreUnavailable`, never a foreign exception.
+- `probe` returns if the store can take writes now, else raises (during an outage it
+  runs off the request path and tells when to admit through the store again).
+- Connection failures raise `LimitsStoreUnavailable`, never a foreign exception, and
+  come within a bounded wait (a hung store is a failure, not a stall).
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class Balance:
 
 class LimitStore(Protocol):
     async def admit(self, ask: Ask) -> Verdict: ...
+
+    async def probe(self) -> None: ...
 
     async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
         """Per charge: the balance of each of its budgets, or None if it was settled

@@ -1,6 +1,7 @@
 """The limits store's scripts on real Redis, and the arithmetic around them: expired
 holds, exactly-once settlement, token corrections across a window change, amounts
-past Lua's number formatting, worst cases and rate-limit waits."""
+past Lua's number formatting, worst cases, rate-limit waits and refusal messages,
+and a hung Redis."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.limits.budgets import output_tokens
-from gateway.limits.rate_limits import wait_s
+from gateway.limits.budgets import budget_exceeded, dollars, output_tokens
+from gateway.limits.rate_limits import rate_limited, wait_s
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import BudgetRule, Period, RateRule, periods_at
 from gateway.limits.store import (
@@ -123,7 +124,6 @@ async def test_the_first_refusal_is_the_rate_limit(store: RedisLimitStore) -> No
     [
         (0, 10, 30_000, 1, 10, 30 + 6),  # full now; next minute 10 weighs 0.9 at 6 s
         (10, 0, 0, 1, 10, 6),  # the previous minute fades: 10 * (1 - f) <= 9 at 6 s
-        (0, 0, 0, 11, 10, 60),  # never fits: one window, and the message says why
     ],
 )
 def test_rate_limit_waits(
@@ -131,6 +131,42 @@ def test_rate_limit_waits(
 ) -> None:
     refusal = RateRefusal(0, "requests", previous, current, elapsed_ms)
     assert wait_s(refusal, cost, limit) == pytest.approx(expected)
+
+
+def test_a_refusal_says_whether_waiting_helps() -> None:
+    tight = RateRule("key", "k", 100, 300)
+    later = rate_limited(tight, RateRefusal(0, "tokens", 0, 200, 30_000), 150)
+    assert later.headers["retry-after"] == "45"  # next minute: 200 * (1 - f) + 150 <= 300
+    assert "x-should-retry" not in later.headers
+    never = rate_limited(tight, RateRefusal(0, "tokens", 0, 0, 0), 4107)
+    assert "retry-after" not in never.headers
+    assert never.headers["x-should-retry"] == "false"
+    assert "request too large for key 'k': it counts 4107 tokens" in never.message
+    assert "the key's limit of 300 tokens per minute" in never.message
+
+
+@pytest.mark.parametrize(
+    ("nanos", "text"),
+    [
+        (0, "$0.00"),
+        (12_500_000_000, "$12.50"),
+        (500_000_000_000, "$500.00"),
+        (1_234_567_800_000, "$1234.57"),
+        (12_345_600_000, "$12.3456"),
+        (300_000, "$0.0003"),
+        (123_456_789, "$0.123457"),
+        (1, "$0.000000001"),
+    ],
+)
+def test_dollar_amounts_keep_small_ones_readable(nanos: int, text: str) -> None:
+    assert dollars(nanos) == text
+
+
+def test_a_small_budget_is_not_rounded_to_cents() -> None:
+    tiny = BudgetRule("key", "k", "day", 300_000, None, None)  # $0.0003
+    error = budget_exceeded(tiny, PERIOD, 250_000, 70_000, time.time())
+    assert "$0.00025 of $0.0003 is spent or reserved" in error.message
+    assert "may cost up to $0.00007 ($0.00005 left)" in error.message
 
 
 def test_output_tokens_cover_every_choice() -> None:
@@ -171,3 +207,21 @@ async def test_a_passing_refusal_keeps_the_batch_for_later(redis_server: RedisSe
     finally:
         await limits.close()
         await admin.aclose()
+
+
+async def test_a_hung_redis_fails_within_one_timeout(redis_server: RedisServer) -> None:
+    """SIGSTOP: the connection opens but nothing answers. No retry doubles the wait."""
+    limits = RedisLimitStore(redis_server.url, "cgtest-hung:", socket_timeout=0.3)
+    try:
+        await limits.probe()
+        redis_server.pause()
+        for call in (lambda: limits.admit(ask("r1", 1)), limits.probe):
+            started = time.monotonic()
+            with pytest.raises(LimitsStoreUnavailable):
+                await call()
+            assert time.monotonic() - started < 0.55
+        redis_server.resume()
+        await limits.probe()
+    finally:
+        redis_server.resume()
+        await limits.close()

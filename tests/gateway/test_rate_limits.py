@@ -151,11 +151,21 @@ def test_the_tighter_of_key_and_team_limits_is_reported(start: Any) -> None:
     assert response.headers["x-ratelimit-remaining-requests"] == "3"
 
 
-def test_a_request_larger_than_the_token_limit_is_told_why(start: Any) -> None:
-    base = start(policy(key="tokens_per_minute: 50")).url
+def test_a_request_larger_than_the_token_limit_is_told_not_to_retry(start: Any) -> None:
+    base = start(policy(team="tokens_per_minute: 50")).url
     refused = ask(base, max_tokens=100)
     assert refused.status_code == 429
-    assert "alone counts" in refused.json()["error"]["message"]
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limit_exceeded"
+    assert error["message"] == (
+        f"request too large for team 'research': it counts {PROMPT + 100} tokens (prompt + "
+        "max output tokens), more than the team's limit of 50 tokens per minute; lower "
+        "max_tokens or shorten the prompt"
+    )
+    # No wait makes it fit: the OpenAI SDKs must not wait and retry.
+    assert refused.headers["x-should-retry"] == "false"
+    assert "retry-after" not in refused.headers
+    assert refused.headers["x-ratelimit-limit-tokens"] == "50"
     assert ask(base).status_code == 200
 
 
