@@ -40,16 +40,18 @@ class KeyTable:
     def authenticate(self, authorization: str | None, client_host: str | None = None) -> Principal:
         """The caller's principal. Key-less callers get the policy's anonymous team,
         and only from this machine: a gateway bound to a public address must not
-        lend its upstream keys to anyone who finds it."""
+        lend its upstream keys to anyone who finds it. Where no client key exists at
+        all, any key counts as none: the OpenAI SDK always sends one."""
         secret = bearer_secret(authorization)
+        keyless = secret is None or not self.principals
+        if self.anonymous is not None and keyless and is_loopback(client_host):
+            return self.anonymous
         if secret is None:
-            if self.anonymous is not None and is_loopback(client_host):
-                return self.anonymous
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )
         principal = self.principals.get(hash_key(secret))
-        if principal is None:
+        if principal is None:  # a mistyped key is refused, not served as anonymous
             raise AuthenticationFailed("invalid API key")
         return principal
 

@@ -41,3 +41,21 @@ def test_admin_key() -> None:
     for header in (None, "Bearer fake-app-key", "Token fake-admin-key"):
         with pytest.raises(AuthenticationFailed):
             TABLE.authenticate_admin(header)
+
+
+KEYLESS = KeyTable(principals={}, admin_hashes=frozenset(), anonymous=ANONYMOUS)
+
+
+def test_without_client_keys_any_key_from_loopback_is_anonymous() -> None:
+    """The OpenAI SDK cannot send no key: on a gateway with no client key at all
+    (the embedded defaults), whatever it sends from this machine is served anonymously."""
+    assert KEYLESS.authenticate("Bearer sk-anything", "127.0.0.1") is ANONYMOUS
+    with pytest.raises(AuthenticationFailed):
+        KEYLESS.authenticate("Bearer sk-anything", "10.0.0.5")
+
+
+def test_with_client_keys_a_wrong_key_is_refused_even_from_loopback() -> None:
+    """A mistyped key must not quietly become the anonymous team."""
+    with pytest.raises(AuthenticationFailed) as refused:
+        TABLE.authenticate("Bearer fake-mistyped-key", "127.0.0.1")
+    assert refused.value.code == "invalid_api_key"

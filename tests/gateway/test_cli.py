@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.ledger import RedisStore
@@ -185,6 +186,9 @@ def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
         wait_for(lambda: httpx.get(f"{base}/healthz").status_code == 200, proc, 30)
         models = httpx.get(f"{base}/v1/models").json()  # anonymous access on localhost
         assert "auto" in {m["id"] for m in models["data"]}
+        # The OpenAI SDK always sends a key: with no client key configured, any will do.
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="not-needed", max_retries=0)
+        assert "auto" in {m.id for m in client.models.list()}
         # No keys: the premium route answers a clear 503 naming what is missing.
         reply = httpx.post(
             f"{base}/v1/chat/completions",
