@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import RoutingError
+from router.rows import Row, each, finite, print_lines, read_rows, score_rows
 
 if TYPE_CHECKING:
     from router.cascade_evaluation import CascadeReport
@@ -96,7 +98,9 @@ def add_router_commands(
     )
     _ledger_options(calibrate, "the scores ROUTE's recent requests got")
     calibrate.add_argument(
-        "--shares", required=True, help="tier=share,... cheapest first, e.g. local=0.7,premium=0.3"
+        "--shares",
+        required=True,
+        help="tier=share,... cheapest first (scaled to sum to 1), e.g. local=0.7,premium=0.3",
     )
     _classifier_option(calibrate)
     calibrate.set_defaults(func=run_calibrate, ledger_scores=ledger_scores)
@@ -166,15 +170,16 @@ def run_train_verifier(args: argparse.Namespace) -> int:
 
 def run_score(args: argparse.Namespace) -> int:
     try:
-        rows = list(_read_rows(args.input, _score_request))
+        rows = list(read_rows(args.input, _score_request))
         classifier = _load_classifier(args.classifier)
+        scores = score_rows(rows, classifier.score_batch)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    scores = classifier.score_batch([request for _, request in rows])
-    for (row_id, _), score in zip(rows, scores, strict=True):
-        print(json.dumps({"id": row_id, "score": round(score, 6)}))
-    return 0
+    return print_lines(
+        json.dumps({"id": row.id, "score": round(score, 6)})
+        for row, score in zip(rows, scores, strict=True)
+    )
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -187,16 +192,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(tiers_yaml(tiers), end="")
-    return 0
+    return print_lines([tiers_yaml(tiers).removesuffix("\n")])
 
 
 def _calibration_sample(args: argparse.Namespace) -> list[float]:
     """Scores of IN.jsonl's rows, or those of a route's requests in the ledger."""
     if _from_ledger(args):
         return _ledger_sample(args, "score")
-    rows = list(_read_rows(args.input, _score_request))
-    return _load_classifier(args.classifier).score_batch([request for _, request in rows])
+    rows = list(read_rows(args.input, _score_request))
+    return score_rows(rows, _load_classifier(args.classifier).score_batch)
 
 
 def _from_ledger(args: argparse.Namespace) -> bool:
@@ -223,26 +227,35 @@ def _ledger_sample(args: argparse.Namespace, field: ScoreField) -> list[float]:
 
 
 def _parse_shares(text: str) -> dict[str, float]:
+    """`local=0.7,premium=0.3` -> {"local": 0.7, "premium": 0.3}; the shares themselves
+    are checked by `calibrate`."""
     shares: dict[str, float] = {}
     for part in filter(None, text.split(",")):
         name, _, value = part.partition("=")
+        name = name.strip()
         try:
-            shares[name.strip()] = float(value)
+            share = float(value)
         except ValueError:
             raise RoutingError(f"--shares: '{part}' is not tier=share") from None
+        if not name:
+            raise RoutingError(f"--shares: '{part}' has no tier name")
+        if name in shares:
+            raise RoutingError(f"--shares: tier '{name}' is given twice")
+        shares[name] = share
     return shares
 
 
 def run_verify(args: argparse.Namespace) -> int:
     try:
-        rows = list(_read_rows(args.input, _verify_request))
-        scores = _verifier_scores([row for _, row in rows], run_code=args.run_code)
+        rows = list(read_rows(args.input, _verify_request))
+        scores = _verifier_scores(rows, run_code=args.run_code)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for (row_id, _), score in zip(rows, scores, strict=True):
-        print(json.dumps({"id": row_id, "score": round(float(score), 6)}))
-    return 0
+    return print_lines(
+        json.dumps({"id": row.id, "score": round(float(score), 6)})
+        for row, score in zip(rows, scores, strict=True)
+    )
 
 
 def run_calibrate_verify(args: argparse.Namespace) -> int:
@@ -254,24 +267,24 @@ def run_calibrate_verify(args: argparse.Namespace) -> int:
         if _from_ledger(args):
             scores = _ledger_sample(args, "verifier_score")
         else:
-            rows = [row for _, row in _read_rows(args.input, _verify_request)]
-            scores = _verifier_scores(rows)
+            scores = _verifier_scores(list(read_rows(args.input, _verify_request)))
         threshold = verify_threshold(scores, args.escalate)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     below = sum(score < threshold for score in scores) / len(scores)
-    print(f"verify_threshold: {threshold}  # escalates {below:.1%} of {len(scores)} answers")
     if abs(below - args.escalate) > 0.05:
         print(
             f"warning: tied scores: the nearest share to {args.escalate:.1%} this sample "
             f"allows is {below:.1%}",
             file=sys.stderr,
         )
-    return 0
+    return print_lines(
+        [f"verify_threshold: {threshold}  # escalates {below:.1%} of {len(scores)} answers"]
+    )
 
 
-def _verifier_scores(rows: Sequence[VerifyRow], *, run_code: bool = False) -> list[float]:
+def _verifier_scores(rows: Sequence[Row[VerifyRow]], *, run_code: bool = False) -> list[float]:
     """The shipped verifier's score of each row, with the shipped classifier's score of
     its prompt as the prior, as the gateway's cascade does; ``run_code``: with each code
     answer run against its own examples (``router.sandbox``)."""
@@ -283,22 +296,28 @@ def _verifier_scores(rows: Sequence[VerifyRow], *, run_code: bool = False) -> li
     if run_code:
         if (reason := sandbox.available()) is not None:
             raise RoutingError(f"--run-code: this host cannot isolate code: {reason}")
-        runs = sandbox.run_all([code_job(r.prompt, r.response) for r in rows])
+        runs = sandbox.run_all(
+            each(rows, lambda i: code_job(rows[i].value.prompt, rows[i].value.response))
+        )
     verifier, classifier = Verifier.load(), Classifier.load()
-    priors = classifier.score_batch([{"messages": [_user(r.prompt)]} for r in rows])
-    return [
-        verifier.score(
+    priors = score_rows(
+        rows, lambda batch: classifier.score_batch([{"messages": [_user(r.prompt)]} for r in batch])
+    )
+
+    def score(i: int) -> float:
+        row = rows[i].value
+        return verifier.score(
             row.prompt,
             row.response,
             logprobs=row.logprobs,
             finish_reason=row.finish_reason,
             response_format=row.response_format,
-            prompt_score=prior,
+            prompt_score=priors[i],
             samples=row.samples,
-            code_run=run,
+            code_run=runs[i],
         )
-        for row, prior, run in zip(rows, priors, runs, strict=True)
-    ]
+
+    return finite(rows, each(rows, score))
 
 
 def _user(text: str) -> dict[str, str]:
@@ -384,24 +403,6 @@ def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Cu
     return lines
 
 
-def _read_rows(path: Path, parse: Any) -> Iterator[tuple[Any, Any]]:
-    """(id, parsed) per non-blank line; a bad line raises naming the file and line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RoutingError(f"cannot read {path}: {exc}") from exc
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict) or "id" not in row:
-                raise ValueError("expected a JSON object with an 'id'")
-            yield row["id"], parse(row)
-        except ValueError as exc:
-            raise RoutingError(f"{path}:{number}: {exc}") from exc
-
-
 def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(row.get("prompt"), str):
         messages: Any = [_user(row["prompt"])]
@@ -455,11 +456,20 @@ def _verify_request(row: Mapping[str, Any]) -> VerifyRow:
     return VerifyRow(
         prompt,
         response,
-        [float(v) for v in logprobs] if logprobs is not None else None,
+        [_logprob(v) for v in logprobs] if logprobs is not None else None,
         finish_reason,
         response_format,
         tuple(samples),
     )
+
+
+def _logprob(value: float) -> float:
+    """A logprob as a float; an integer beyond a double's range is read as the same number
+    written as a float is (-1e400 is -inf): infinite, which the verifier skips."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from router.calibration import calibrate, tiers_yaml, verify_threshold
@@ -49,3 +51,46 @@ def test_the_verify_threshold_is_rounded_down_so_the_quantile_is_kept() -> None:
     scores = [0.123456, 0.9]
     threshold = verify_threshold(scores, 0.0)
     assert sum(s < threshold for s in scores) == 0
+
+
+def test_a_tier_with_the_whole_share_takes_every_score_and_one_with_none_none() -> None:
+    """Scores below `below` go to a tier: a tier whose later tiers have share 0 takes
+    every score (below 1, the highest a policy takes), one with share 0 takes none, even
+    where rounding `below` to 4 decimals would have caught the lowest score."""
+    scores = [0.12345678, 0.5, 0.99999]
+
+    def counts(shares: dict[str, float]) -> dict[str, int]:
+        tiers = calibrate(scores, shares)
+        chosen = [choose_tier(tiers, score).tier for score in scores]
+        return {name: chosen.count(name) for name in shares}
+
+    assert counts({"local": 1, "premium": 0}) == {"local": 3, "premium": 0}
+    assert counts({"local": 0, "premium": 1}) == {"local": 0, "premium": 3}
+    assert counts({"a": 0, "b": 0, "c": 1}) == {"a": 0, "b": 0, "c": 3}
+    assert counts({"a": 0.5, "b": 0.5, "c": 0}) == {"a": 1, "b": 2, "c": 0}
+    assert calibrate(scores, {"local": 1, "premium": 0})[0].below == 1.0
+    assert calibrate(scores, {"local": 0, "premium": 1})[0].below == 0.1234
+
+
+@pytest.mark.parametrize(
+    "shares",
+    [
+        {"a": math.nan, "b": 1},
+        {"a": math.inf, "b": 0},
+        {"a": 0, "b": 0},
+        {"": 0.5, "b": 0.5},
+        {" ": 1},
+        {},
+    ],
+)
+def test_shares_are_finite_named_and_sum_above_zero(shares: dict[str, float]) -> None:
+    with pytest.raises(RoutingError):
+        calibrate([0.1, 0.2], shares)
+
+
+def test_shares_are_scaled_to_sum_to_one() -> None:
+    """Shares rounded to two decimals, or given as percentages, mean their proportions."""
+    scores = [i / 1000 for i in range(1001)]
+    tiers = calibrate(scores, {"a": 0.33, "b": 0.33, "c": 0.33})
+    assert [t.below for t in tiers] == [0.3333, 0.6667, None]
+    assert calibrate(scores, {"a": 70, "b": 30}) == calibrate(scores, {"a": 0.7, "b": 0.3})
