@@ -37,6 +37,9 @@ _TIMES_X = re.compile(r"(?<=[\d)])\s*x\s*(?=[\d(])")
 _PERCENT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)%")
 _HAS_DIGIT = re.compile(r"\d")
 _SENTENCE_END = re.compile(r"^\.\s++")  # the full stop before a step: "... time. 2 * 3 = 6"
+# A full stop or comma after a number, before a space or the end: it ends one step, as
+# in "48 / 2 = 24. 48 + 24 = 72" or "3 * 4 = 12, 12 + 1 = 13" (not "1,000" or "2.5").
+_STEP_END = re.compile(r"(?<=\d)[.,](?=\s|$)")
 _HAS_OPERATOR = re.compile(r"[\d)%]\s*[-+*/]")
 # A first side that starts with an operator was cut from a longer expression (a variable
 # or a word before it: "y + 7 = 13"): what it equals is unknown.
@@ -119,6 +122,7 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
 def check_arithmetic(text: str) -> tuple[int, int]:
     """``(checked, wrong)``: the arithmetic steps found in ``text``, and how many are false."""
     text = text.replace("<<", " ; ").replace(">>", " ; ").replace("\\*", "*")
+    text = _STEP_END.sub(" ;", text)
     text = _UNIT_SUM.sub(_mixed_sum_cut, _COMPOUND.sub(_compound_cut, text))
     text = _UNIT_BEFORE_EQUALS.sub(r"\1\2", _UNIT_BEFORE_OPERATOR.sub(r"\1", text))
     checked = wrong = 0

@@ -63,6 +63,13 @@ class Classifier:
     hash_coef: FloatArray
     intercept: float
     training: Mapping[str, Any] = field(default_factory=dict)
+    # Each dense feature is clipped into [low, high] before it is weighed: the range seen
+    # in training (wider for the prior-weighted ones). A request far outside it (a prompt
+    # all in Chinese where training had 0.5% non-ASCII, a 60,000-character one) then
+    # weighs as the most extreme training request did, not 200 standard deviations more.
+    # None: no clipping (model files written before the bounds existed).
+    dense_low: FloatArray | None = None
+    dense_high: FloatArray | None = None
     # The standardisation folded into the weights, so a score is two dot products.
     _dense_weights: FloatArray = field(init=False, repr=False)
     _bias: float = field(init=False, repr=False)
@@ -98,6 +105,8 @@ class Classifier:
                 hash_coef=hash_coef,
                 intercept=float(document["intercept"]),
                 training=dict(document.get("training", {})),
+                dense_low=_optional_array(document.get("dense_low")),
+                dense_high=_optional_array(document.get("dense_high")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise RoutingError(f"classifier model {source} is malformed: {exc!r}") from exc
@@ -115,6 +124,8 @@ class Classifier:
             "hash_coef": {"index": nonzero.tolist(), "value": rounded(self.hash_coef[nonzero])},
             "intercept": rounded(np.array([self.intercept]))[0],
             "training": dict(self.training),
+            **({} if self.dense_low is None else {"dense_low": rounded(self.dense_low, -1)}),
+            **({} if self.dense_high is None else {"dense_high": rounded(self.dense_high, 1)}),
         }
 
     def save(self, path: Path) -> None:
@@ -136,7 +147,10 @@ class Classifier:
         return self.score_features(features)
 
     def score_features(self, features: RequestFeatures) -> float:
-        z = self._bias + float(features.dense @ self._dense_weights)
+        dense = features.dense
+        if self.dense_low is not None and self.dense_high is not None:
+            dense = np.minimum(np.maximum(dense, self.dense_low), self.dense_high)
+        z = self._bias + float(dense @ self._dense_weights)
         z += float(features.hash_value @ self.hash_coef[features.hash_index])
         return _sigmoid(z)
 
@@ -164,9 +178,26 @@ def write_artifact(path: Path, document: Mapping[str, Any]) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
-def rounded(values: FloatArray) -> list[float]:
-    """Coefficients rounded so that a model file is small and reproducible."""
-    return [float(f"{v:.{SIGNIFICANT_DIGITS}g}") for v in values.tolist()]
+def rounded(values: FloatArray, direction: int = 0) -> list[float]:
+    """Coefficients rounded so that a model file is small and reproducible; `direction`
+    -1 / 1 rounds down / up instead (bounds that must still hold what they bound)."""
+    out = []
+    for value in values.tolist():
+        near = float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+        if direction and (near - value) * direction < 0:  # rounded the wrong way: one step
+            step = 10 ** (math.floor(math.log10(abs(value))) - SIGNIFICANT_DIGITS + 1)
+            near = float(f"{near + direction * step:.{SIGNIFICANT_DIGITS}g}")
+        out.append(near)
+    return out
+
+
+def _optional_array(values: Sequence[float] | None) -> FloatArray | None:
+    if values is None:
+        return None
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != (len(DENSE_NAMES),):
+        raise ValueError(f"expected {len(DENSE_NAMES)} bounds, got shape {array.shape}")
+    return array
 
 
 def _sigmoid(z: float) -> float:

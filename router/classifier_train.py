@@ -9,6 +9,7 @@ randomness in the features or the fit, coefficients rounded on save).
 from __future__ import annotations
 
 import datetime
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,13 @@ from router.evaluation import (
     route_curve,
     route_intervals,
 )
-from router.features import DENSE_NAMES, HASH_FEATURES, RequestFeatures, extract
+from router.features import (
+    DENSE_NAMES,
+    HASH_FEATURES,
+    MAX_TOKENS_READ,
+    RequestFeatures,
+    extract,
+)
 from router.gain_regression import fit_gain, sign_consistent
 
 FeatureSetType = Literal["all", "sign-consistent"]
@@ -65,6 +72,21 @@ RECIPES = tuple(
     for ridge in RIDGE_GRID
 )
 LENGTH_COLUMN = DENSE_NAMES.index("log_chars")  # the length router's signal
+# Fixed weights (logit per unit, and the highest value read) for what the training data
+# never varies (single user prompts: no tools, system prompt, JSON mode or max_tokens),
+# used while a feature is constant in training; retraining on traffic that varies them
+# learns them instead. Tools and JSON output ask more of a model; a small `max_tokens`
+# asks for a short answer (neutral at 512 tokens, -0.5 at 16, +0.3 at 4096); a system
+# prompt (shared by a route's requests) adds a little.
+PRIOR_WEIGHTS: dict[str, tuple[float, float]] = {
+    "has_tools": (0.3, 1.0),
+    "log_tools": (0.1, math.log1p(128)),
+    "json_output": (0.3, 1.0),
+    "log_max_tokens": (0.15, math.log1p(MAX_TOKENS_READ)),
+    "has_max_tokens": (-0.15 * math.log1p(512), 1.0),
+    "has_system": (0.1, 1.0),
+    "log_system_chars": (0.03, math.log1p(1_000_000)),
+}
 ROUTERS = ("classifier", "random", "length")
 
 
@@ -109,13 +131,20 @@ def fit(
     scale[scale < 1e-9] = 1.0  # constant in training (e.g. tools): weight stays 0
     coef = _gain_coef(rows, (dense - mean) / scale, recipe)
     slope, intercept = _probability_map(rows, (dense - mean) / scale @ coef)
+    coef, low, high = slope * coef, dense.min(axis=0), dense.max(axis=0)
+    for name, (weight, highest) in PRIOR_WEIGHTS.items():
+        i = DENSE_NAMES.index(name)
+        if np.ptp(dense[:, i]) < 1e-9:  # constant in training: the prior stands in
+            coef[i], low[i], high[i] = weight, min(low[i], 0.0), highest
     fitted = Classifier(
         dense_mean=mean,
         dense_scale=scale,
-        dense_coef=slope * coef,
+        dense_coef=coef,
         hash_coef=np.zeros(HASH_FEATURES),
         intercept=intercept,
         training=_summary(rows, recipe),
+        dense_low=low,
+        dense_high=high,
     )
     # What ships is the rounded JSON, so judge and return exactly that.
     return Classifier.from_dict(fitted.to_dict())
@@ -359,7 +388,12 @@ positive): {datasets}.
 
 ## Limits
 System prompt, tools, `response_format` and `max_tokens` features are constant in this
-data (single user prompts), so their weights are 0 until traffic data exists. Prompt
+data (single user prompts), so they carry fixed prior weights (`PRIOR_WEIGHTS` in
+`router/classifier_train.py`: tools and JSON output raise the score, a small
+`max_tokens` lowers it) until training data that varies them replaces the priors with
+learned weights. Every feature is clipped into the range training saw (the JSON's
+`dense_low` / `dense_high`), so a request unlike any training prompt (another script, a
+prompt longer than any) weighs as the most extreme training one did. Prompt
 length largely identifies the dataset here; the per-dataset curves are what to trust.
 The within-task signal in these prompts is weak (every feature's within-dataset
 correlation with the gain is at most about 0.16 in absolute value) and the labels are single

@@ -34,6 +34,7 @@ import numpy.typing as npt
 from router.text import head_and_tail
 
 FEATURE_VERSION = 2
+MAX_TOKENS_READ = 10**7  # a larger max_tokens reads as this (a 400-digit one overflows a float)
 HASH_FEATURES = 2**12
 # Content features read at most this much of a conversation: its head and its tail (the
 # question is at the end); lengths stay exact. Every training prompt is shorter (under
@@ -348,7 +349,7 @@ def _structure(
         len(DIGIT.findall(scanned)) / chars,
         len(NON_ASCII.findall(scanned)) / chars,
         len(UPPERCASE.findall(scanned)) / chars,
-        math.log1p(max(max_tokens or 0, 0)),
+        math.log1p(min(max(max_tokens or 0, 0), MAX_TOKENS_READ)),
         float(max_tokens is not None),
         float(bool(tools)),
         math.log1p(len(tools or ())),

@@ -101,12 +101,17 @@ SCORE_CAPS: dict[str, float] = {
     "math_no_number": 0.3,
     "degenerate_loop": 0.3,
 }
+# Hard rules on maths questions only (`math_prompt`): a wrong arithmetic step. On the
+# shared GSM8K answers 14% of those with one are right (75% of all); in code answers
+# the step check misreads assignments (56% right, as the rest), so there it only weighs.
+MATH_SCORE_CAPS: dict[str, float] = {"math_wrong_step": 0.3}
 
 MAX_ANALYSED_CHARS = 4000  # word and repetition statistics look at the head only
 # A long prompt is read at its head (a system prompt) and tail (the question): its scans
 # stay bounded (unbounded, a 4 MB conversation took 1.1 s). Training prompts are shorter.
 MAX_PROMPT_CHARS = 16_000
 MAX_ARITHMETIC_CHARS = 8000  # worked steps are checked in the head of long answers
+BARE_ANSWER_WORDS = 8  # up to this, an answer without worked steps is a bare answer
 LOW_LOGPROB = math.log(0.1)  # a token the model gave under 10% probability
 # Logprob features are centred on typical values so that "absent" (0.0) is neutral.
 TYPICAL_MEAN_LOGPROB = -0.3
@@ -146,9 +151,13 @@ _OTHER_LANGUAGE_SET = frozenset(OTHER_LANGUAGES)
 # and next to a word that makes them a language: "in C", "a Go function", "R code".
 _LETTER_NAMES = ("c", "go", "r")
 
+# An answer that opens by declining. "Unfortunately" only before "I" (the shared data's
+# cut-off "Unfortunately I"; "Unfortunately for Pluto fans, no." answers), and "I do not"
+# only as not having or knowing ("I don't think so; it is 4" answers).
 _REFUSAL = re.compile(
-    r"^\W*(i'?m sorry|i am sorry|sorry,|i apologi[sz]e|i cannot|i can'?t|i can not|"
-    r"i'?m unable|i am unable|i won'?t|i will not|unfortunately|as an ai\b|i do not|i don'?t)"
+    r"^\W*(?:i'?m sorry|i am sorry|sorry,|i apologi[sz]e|as an ai\b|unfortunately,? i\b|"
+    r"i (?:cannot|can'?t|can not|won'?t|will not|am unable|'?m unable|am not able|'?m not able)\b|"
+    r"i (?:do not|don'?t) (?:have|know)\b)"
 )
 _AS_AN_AI = re.compile(r"\bas an ai(?: language model)?\b")
 _HEDGE = re.compile(
@@ -156,6 +165,19 @@ _HEDGE = re.compile(
     r"cannot be determined|can'?t be determined|unclear|i'?m not able to)\b"
 )
 _PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# A maths answer without digits may still give a number ("Four.") or answer a yes/no
+# question ("Is 7 * 8 greater than 50?" "Yes.").
+_NUMBER_WORD = re.compile(
+    r"\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|"
+    r"fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|"
+    r"seventy|eighty|ninety|hundred|thousand|million|billion|half|quarter|none)\b",
+    re.IGNORECASE,
+)
+_YES_NO_QUESTION = re.compile(
+    r"\byes or no\b|\btrue or false\b|(?:^|[.!?]\s+)(?:is|are|was|were|does|do|did|can|could|"
+    r"will|would|should|has|have)\b[^.!?]*\?\s*(?:answer\b[^.!?]*[.!?]?\s*)?$",
+    re.IGNORECASE,
+)
 _STEP_RESULT = re.compile(r"=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")  # what a worked step computed
 _COUNT_QUESTION = re.compile(r"\bhow many\b", re.IGNORECASE)
 _FINAL_MARKER = re.compile(r"####|\\boxed|answer is|answer:|final answer|total of|= *\$?\d")
@@ -180,6 +202,17 @@ _PYTHON_FUNCTION = re.compile(
     r"^[ \t]*+(?:async[ \t]++)?def[ \t]++\w++[ \t]*+\(|\blambda\b", re.MULTILINE
 )
 _JSON_PROMPT = re.compile(r"\bjson\b", re.IGNORECASE)
+# A prompt that asks for JSON output, not one about JSON ("What is JSON?", "parse JSON in
+# Python"): "respond in JSON", "return it as a JSON object", "valid JSON", "JSON only".
+_JSON_REQUEST = re.compile(
+    r"\b(?:respond|reply|answer|output|return|give|provide|format|write|produce|generate|"
+    r"print|emit|express)\w*\b[^.?!\n]{0,60}?\b(?:in|as|with|using|into)\b[^.?!\n]{0,20}?\bjson\b"
+    r"|\bvalid json\b|\bjson only\b|\bonly (?:valid )?json\b"
+    r"|\bjson (?:object|array)s? (?:with|that|containing)\b|\bfollowing json schema\b",
+    re.IGNORECASE,
+)
+# An answer that tries to be JSON: it opens with an object or array, or a json fence.
+_JSON_ATTEMPT = re.compile(r"^\s*[\[{]|```json", re.IGNORECASE)
 _JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 _WORD = re.compile(r"\w+")
 _TERMINAL = frozenset(".!?)]}\"'`*:;>")
@@ -273,7 +306,12 @@ def _json_features(
 ) -> dict[str, float]:
     kind = (response_format or {}).get("type")
     strict = kind in ("json_object", "json_schema")
-    requested = strict or bool(_JSON_PROMPT.search(prompt))
+    # Asked for JSON, or a prompt that names JSON answered with an attempt at it.
+    requested = (
+        strict
+        or bool(_JSON_REQUEST.search(prompt))
+        or bool(_JSON_ATTEMPT.search(answer) and _JSON_PROMPT.search(prompt))
+    )
     if not requested:
         return {"json_requested": 0.0, "json_invalid": 0.0, "json_schema_mismatch": 0.0}
     parsed, ok = _parse_json(answer, lenient=not strict)
@@ -296,7 +334,7 @@ def _parse_json(answer: str, *, lenient: bool) -> tuple[Any, bool]:
     for text in candidates:
         try:
             return json.loads(text), True
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: not usable
             continue
     return None, False
 
@@ -346,7 +384,12 @@ def _format_features(prompt: str, question: str, answer: str, kind: PromptKind) 
         "mc_prompt": float(mc),
         "mc_no_clear_option": float(mc and len(chosen_options(answer)) != 1),
         "math_prompt": float(math_prompt),
-        "math_no_number": float(math_prompt and not NUMBER.search(answer)),
+        "math_no_number": float(
+            math_prompt
+            and not NUMBER.search(answer)
+            and not _NUMBER_WORD.search(answer)
+            and not _YES_NO_QUESTION.search(_last_block(question))
+        ),
         "math_final_marker": float(math_prompt and bool(_FINAL_MARKER.search(answer.lower()))),
         "code_prompt": float(code),
         **(_code_features(prompt, question, answer) if code else NO_CODE_FEATURES),
@@ -434,7 +477,8 @@ def _repetition_features(words: list[str], lowered: str) -> dict[str, float]:
 
 
 def _logprob_features(logprobs: Sequence[float] | None) -> dict[str, float]:
-    values = [max(-20.0, float(v)) for v in logprobs or () if math.isfinite(v)]
+    # A log probability is at most 0: a larger one (a broken upstream) counts as certain.
+    values = [min(0.0, max(-20.0, float(v))) for v in logprobs or () if math.isfinite(v)]
     if not values:
         return {
             "no_logprobs": 1.0,
@@ -468,7 +512,10 @@ def _arithmetic_features(prompt: str, answer: str, kind: PromptKind) -> dict[str
     if kind != "math":
         return features
     question = _numbers(_last_block(prompt))
-    if question:
+    # A bare answer ("4" to "What is 2 + 2?") restates none of the question's numbers by
+    # nature: only an answer that shows its working can skip a fact.
+    bare = checked == 0 and len(head.split()) <= BARE_ANSWER_WORDS
+    if question and not bare:
         features["math_unused_numbers"] = len(question - _numbers(head)) / len(question)
     value = final_number(head)
     if value is not None:
@@ -586,4 +633,6 @@ class Verifier:
                 logit += coef * (value - mean) / scale
         probability = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, logit))))
         caps = [cap for name, cap in SCORE_CAPS.items() if features[name] > 0]
+        if features["math_prompt"] > 0:
+            caps += [cap for name, cap in MATH_SCORE_CAPS.items() if features[name] > 0]
         return min([probability, *caps])

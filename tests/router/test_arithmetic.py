@@ -92,3 +92,16 @@ def test_hostile_input_is_bounded() -> None:
     # A right side's leading number is found without rescanning its spaces.
     assert check_arithmetic("2+2 =" + " " * 8000 + "-(5+1)") == (1, 1)
     assert time.perf_counter() - start < 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("48 / 2 = 24. 48 + 24 = 82.", (2, 1)),  # a full stop ends a step
+        ("3 * 4 = 12, 12 + 1 = 14", (2, 1)),  # so does a comma
+        ("1,000 * 2 = 2,000", (1, 0)),  # a thousands separator does not
+        ("2.5 * 2 = 5.", (1, 0)),
+    ],
+)
+def test_steps_on_one_line_are_each_checked(text: str, expected: tuple[int, int]) -> None:
+    assert check_arithmetic(text) == expected

@@ -8,6 +8,7 @@ import pytest
 
 from router.classifier import DEFAULT_PATH, Classifier
 from router.errors import RoutingError
+from router.features import extract
 
 EASY = [{"role": "user", "content": "hi, what's the capital of France?"}]
 HARD = [
@@ -43,7 +44,8 @@ def test_scores_are_probabilities_and_rank_hard_above_easy(classifier: Classifie
         {"messages": EASY},
         {"messages": HARD, "max_tokens": 100, "tools": []},
     ]
-    assert classifier.score_batch(requests) == pytest.approx([easy, hard])
+    hard_short = classifier.score(HARD, max_tokens=100, tools=[])
+    assert classifier.score_batch(requests) == pytest.approx([easy, hard_short])
 
 
 def test_json_round_trip_is_exact(classifier: Classifier, tmp_path: Path) -> None:
@@ -68,3 +70,55 @@ def test_unreadable_model_names_the_file(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(RoutingError, match=r"broken\.json"):
         Classifier.load(path)
+
+
+def logit(p: float) -> float:
+    return float(np.log(p / (1 - p)))
+
+
+QUESTION = "Explain how quantum entanglement differs from classical correlation."
+TRANSLATIONS = [
+    "解释量子纠缠与经典相关性有何不同。",
+    "Объясните, чем квантовая запутанность отличается от классической корреляции.",
+    "اشرح كيف يختلف التشابك الكمومي عن الارتباط الكلاسيكي.",
+]
+
+
+def test_a_request_outside_the_training_range_weighs_as_its_edge(classifier: Classifier) -> None:
+    """Features are clipped into the range training saw: the same question in another
+    script (training had under 12% non-ASCII text) or padded far past the longest
+    training prompt moves the score by a bounded amount, not 200 standard deviations'."""
+    english = logit(classifier.score([{"role": "user", "content": QUESTION}]))
+    for text in TRANSLATIONS:
+        assert abs(logit(classifier.score([{"role": "user", "content": text}])) - english) < 2.5
+    assert classifier.dense_high is not None
+    longest = float(np.expm1(classifier.dense_high[0]))  # log_chars, the longest prompt
+    padded = [{"role": "user", "content": "filler " * int(longest) + QUESTION}]
+    more = [{"role": "user", "content": "filler " * int(4 * longest) + QUESTION}]
+    assert classifier.score(more) == pytest.approx(classifier.score(padded), abs=0.02)
+
+
+def test_request_options_the_data_never_varied_carry_prior_weights(
+    classifier: Classifier,
+) -> None:
+    """Tools and JSON output ask more of a model, a small max_tokens less."""
+    plain = classifier.score(EASY)
+    assert classifier.score(EASY, tools=[{"type": "function"}]) > plain
+    assert classifier.score(EASY, response_format={"type": "json_object"}) > plain
+    assert classifier.score(EASY, max_tokens=16) < classifier.score(EASY, max_tokens=4096)
+    assert 0.0 < classifier.score(EASY, max_tokens=10**400) < 1.0  # read as 10**7
+
+
+def test_a_model_file_without_bounds_scores_unclipped(classifier: Classifier) -> None:
+    document = classifier.to_dict()
+    del document["dense_low"], document["dense_high"]
+    older = Classifier.from_dict(document)
+    assert older.dense_low is None
+    assert classifier.dense_low is not None and classifier.dense_high is not None
+    inside = [{"role": "user", "content": HARD[0]["content"][:300]}]
+    dense = extract(inside).dense
+    assert np.all((classifier.dense_low <= dense) & (dense <= classifier.dense_high))
+    assert older.score(inside) == pytest.approx(classifier.score(inside), rel=1e-9)
+    # EASY is shorter than any training prompt: clipped, it scores as the shortest one.
+    assert extract(EASY).dense[0] < classifier.dense_low[0]
+    assert older.score(EASY) != pytest.approx(classifier.score(EASY), rel=1e-6)

@@ -89,6 +89,82 @@ def test_refusal_scores_below_direct_answer(verifier: Verifier) -> None:
     assert refusal < direct
 
 
+def features_of(prompt: str, response: str, **signals: object) -> dict[str, float]:
+    return extract_features(prompt, response, Signals(**signals))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "requested", "invalid"),
+    [
+        ("What is JSON?", "JSON is a lightweight text format for exchanging data.", 0, 0),
+        ("How do I parse JSON in Python?", "Call json.loads on the text.", 0, 0),
+        ("Compare JSON and XML.", "JSON is terser; XML has attributes.", 0, 0),
+        ("Return the user as a JSON object with name and age.", "The name is Bob.", 1, 1),
+        ("Answer in valid JSON: who wrote Hamlet?", '{"author": "Shakespeare"}', 1, 0),
+        ("Describe JSON.", '{"broken": ', 1, 1),  # named, and the answer tries it: checked
+    ],
+)
+def test_json_is_checked_when_asked_for_not_when_named(
+    prompt: str, response: str, requested: int, invalid: int
+) -> None:
+    features = features_of(prompt, response)
+    assert (features["json_requested"], features["json_invalid"]) == (requested, invalid)
+
+
+def test_an_answer_nested_past_the_parsers_depth_is_invalid_json_not_an_error() -> None:
+    features = features_of("Reply in JSON.", "[" * 100_000)
+    assert features["json_invalid"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("response", "refusal"),
+    [
+        ("Unfortunately for Pluto fans, no. It is a dwarf planet.", 0),
+        ("I don't think so: 7 is prime.", 0),
+        ("I do not agree; the answer is 4.", 0),
+        ("Unfortunately I", 1),  # the shared data's cut-off refusal
+        ("Unfortunately, I cannot share that.", 1),
+        ("I can't help with that.", 1),
+        ("I don't have access to real-time data.", 1),
+        ("As an AI, I have no opinion.", 1),
+    ],
+)
+def test_a_refusal_is_an_answer_that_declines(response: str, refusal: int) -> None:
+    assert features_of("Is Pluto a planet?", response)["refusal"] == refusal
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response"),
+    [
+        ("Is 7 * 8 greater than 50? Answer yes or no.", "Yes."),
+        ("What is 2 + 2?", "Four."),
+    ],
+)
+def test_a_maths_answer_in_words_or_yes_no_has_its_number(prompt: str, response: str) -> None:
+    features = features_of(prompt, response)
+    assert features["math_prompt"] == 1.0
+    assert features["math_no_number"] == 0.0
+    assert features["math_unused_numbers"] == 0.0  # a bare answer restates none by nature
+
+
+def test_a_maths_answer_that_shows_no_working_is_not_a_skipped_fact() -> None:
+    bare = features_of("What is 12 * 7?", "84")
+    worked = features_of(MATHS, "3 boxes make 36 apples, so 31 are left.\n#### 31")
+    assert bare["math_unused_numbers"] == 0.0
+    assert worked["math_unused_numbers"] > 0.0  # 5 was never used
+
+
+def test_a_wrong_step_caps_a_maths_answer_but_not_code(verifier: Verifier) -> None:
+    right = verifier.score("What is 12 * 7?", "12 * 7 = 84")
+    wrong = verifier.score("What is 12 * 7?", "12 * 7 = 85")
+    assert wrong <= verifier_module.MATH_SCORE_CAPS["math_wrong_step"] < right
+    code = "Write a Python function that adds one."
+    answer = "```python\ndef add_one(x):\n    return x + 1  # 2 + 1 = 4? no: 3\n```"
+    features = features_of(code, answer)
+    assert (features["math_prompt"], features["math_wrong_step"]) == (0.0, 1.0)
+    assert verifier.score(code, answer) > verifier_module.MATH_SCORE_CAPS["math_wrong_step"]
+
+
 def test_truncated_answer_scores_below_complete(verifier: Verifier) -> None:
     prompt = "Explain briefly why the sky is blue."
     complete = "Sunlight scatters off air molecules, and blue light scatters the most."
@@ -377,6 +453,9 @@ def test_low_logprobs_lower_the_score(verifier: Verifier) -> None:
     assert unsure < confident
     assert absent["no_logprobs"] == 1.0
     assert absent["logprob_mean"] == 0.0
+    # A positive "log probability" (a broken upstream) is no surer than certainty.
+    certain = verifier.score(prompt, response, logprobs=[0.0] * 4)
+    assert verifier.score(prompt, response, logprobs=[5.0] * 4) == certain
 
 
 def test_scoring_is_fast(verifier: Verifier) -> None:
