@@ -22,7 +22,7 @@ from router.cli import ScoreField, add_router_commands
 
 if TYPE_CHECKING:
     from gateway.ledger import RedisStore
-    from gateway.runtime import RouteRuntime
+    from gateway.runtime import RouteRuntime, Runtime
     from gateway.settings import Settings
     from router import Plan
 
@@ -111,17 +111,18 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
-    model = args.model or runtime.policy.gateway.default_route or "auto"
     try:
-        route = runtime.resolve(model)
+        route = runtime.resolve(args.model or explained_route(runtime))
     except GatewayError as exc:
-        print(exc.message, file=sys.stderr)
+        hint = "" if args.model else " (choose one with --model ROUTE)"
+        print(exc.message + hint, file=sys.stderr)
         return 1
-    score = None
-    if route.strategy in SCORED_STRATEGIES:
-        messages = [{"role": "user", "content": args.prompt}]
-        score = RequestScorer()("chat", {"messages": messages}, route.classifier)
-    plan = runtime.plan(route, score)
+    # The complexity score of the prompt, whether or not the route routes by it: a
+    # cascade's verifier weighs it as its prior, and ops compare it with the tiers.
+    messages = [{"role": "user", "content": args.prompt}]
+    score = RequestScorer()("chat", {"messages": messages}, route.classifier)
+    routed_by_score = route.strategy in SCORED_STRATEGIES
+    plan = runtime.plan(route, score if routed_by_score else None)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
         "prompt_chars": len(args.prompt),
@@ -130,15 +131,34 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "tier": first.tier if first else None,
         "deployment": first.name if first else None,
         "score": score,
-        "classifier": route.classifier if score is not None else None,
+        "classifier": route.classifier,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
         "reasons": plan.reasons()
+        + ([] if routed_by_score else [unused_score_reason(route, score)])
         + sla_reasons(route)
         + opinion_reasons(route, args.prompt, plan)
         + code_run_reasons(route, args.prompt),
     }
     print(json.dumps(decision, indent=2))
     return 0
+
+
+def explained_route(runtime: Runtime) -> str:
+    """The route a request without `--model` meets: the policy's default route, else
+    `auto`, else the policy's only route."""
+    default = runtime.policy.gateway.default_route
+    if default or "auto" in runtime.routes or len(runtime.routes) != 1:
+        return default or "auto"
+    return next(iter(runtime.routes))
+
+
+def unused_score_reason(route: RouteRuntime, score: float) -> str:
+    why = (
+        "the verifier's prior on the cheap answer; a cascade starts at its cheapest tier"
+        if route.strategy == "cascade"
+        else f"strategy '{route.strategy}' does not route by it"
+    )
+    return f"complexity score {score:.3f} ({why})"
 
 
 def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
@@ -150,6 +170,8 @@ def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
     usable = [d.name for d in configured(route)]
     names = ", ".join(d.name for d in route.second_opinions)
     tiers = {s.tier for s in plan.steps}
+    if not plan.steps:
+        return [f"second opinions ({names}) not asked: no deployment of the route is available"]
     if len(tiers) < 2 or route.max_escalations == 0:
         return [f"second opinions ({names}) not asked: the cascade has no tier to escalate to"]
     if not usable:

@@ -118,7 +118,11 @@ def plan_cascade(spec: RouteSpec, score: float | None) -> Plan:
     """The deployments in the order listed (cheapest tier first); the gateway asks one
     tier at a time and escalates while the verifier rejects the answer."""
     tiers = list(dict.fromkeys(v.tier for v in spec.deployments if v.available))
-    note = f"cascade through tiers {' -> '.join(tiers)}, verifying each answer"
+    note = (
+        f"cascade through tiers {' -> '.join(tiers)}, verifying each answer"
+        if tiers
+        else "cascade: no deployment of the route is available"
+    )
     return _available_in_order(spec, spec.deployments, score, (note,))
 
 

@@ -19,6 +19,7 @@ import pytest
 from gateway.ledger import RedisStore
 from policies import hash_key
 from router import sandbox
+from router.classifier import Classifier
 from router.embedding_classifier import shipped
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import (
@@ -71,6 +72,44 @@ def test_policy_explain_names_route_deployment_and_reasons() -> None:
     assert decision["route"] == "auto"
     assert decision["deployment"] == "local-cpu"
     assert any("skip" in reason and "OPENAI_API_KEY" in reason for reason in decision["reasons"])
+
+
+def test_policy_explain_scores_every_prompt_and_says_when_the_route_ignores_it() -> None:
+    result = run("policy", "explain", str(POLICIES / "default.yaml"), "--prompt", "hello")
+    decision = json.loads(result.stdout)
+    assert decision["strategy"] == "fallback"
+    expected = Classifier.load().score([{"role": "user", "content": "hello"}])
+    assert decision["score"] == pytest.approx(expected, abs=1e-9)
+    assert decision["classifier"] == "features"
+    assert any("does not route by it" in reason for reason in decision["reasons"])
+
+
+@pytest.mark.parametrize(
+    ("routes", "chosen"),
+    [(["exam"], "exam"), (["exam", "auto"], "auto")],
+)
+def test_policy_explain_without_model_takes_auto_or_the_only_route(
+    tmp_path: Path, routes: list[str], chosen: str
+) -> None:
+    policy = tmp_path / "routes.yaml"
+    policy.write_text(
+        'deployments:\n  a: {model: m, api_base: "http://127.0.0.1:9/v1"}\nroutes:\n'
+        + "".join(f"  {name}: {{strategy: fixed, deployments: [a]}}\n" for name in routes)
+    )
+    result = run("policy", "explain", str(policy), "--prompt", "hi")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["route"] == chosen
+
+
+def test_policy_explain_without_a_route_to_take_says_to_choose_one(tmp_path: Path) -> None:
+    policy = tmp_path / "routes.yaml"
+    policy.write_text(
+        'deployments:\n  a: {model: m, api_base: "http://127.0.0.1:9/v1"}\nroutes:\n'
+        "  one: {strategy: fixed, deployments: [a]}\n  two: {strategy: fixed, deployments: [a]}\n"
+    )
+    result = run("policy", "explain", str(policy), "--prompt", "hi")
+    assert result.returncode == 1
+    assert "--model" in result.stderr and "one, two" in result.stderr
 
 
 def test_policy_explain_scores_with_the_routes_classifier(tmp_path: Path) -> None:
