@@ -101,6 +101,21 @@ async def count_unreported(
     await prompt.prepare(models, endpoint, request)
 
 
+def _sla_verdict(
+    route: RouteRuntime,
+    status: StatusType,
+    label: str | None,
+    ttft_s: float | None,
+    latency_s: float,
+    missed: bool,
+) -> bool | None:
+    if label:  # a hedge that lost the race answered nobody: priced, not judged
+        return None
+    if status == "error":  # no answer: missed if the route's fault, however fast it failed
+        return False if missed and route.sla is not None else None
+    return sla_met(route, ttft_s, latency_s)
+
+
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
     """`<request id>`, `<request id>:<n>` for the n-th escalation, `<request id>:<label>`
     for other extra attempts (`h1`: a hedge that lost the race)."""
@@ -151,6 +166,7 @@ class Accountant:
         label: str | None = None,
         verifier_score: float | None = None,
         answered_at: float | None = None,
+        missed_sla: bool = False,
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger.
         `answered_at` (perf_counter) is when the answer came, if it is settled later
@@ -160,7 +176,7 @@ class Accountant:
         what the request would have cost sent once to the route's reference model.
         Escalations, hedges and second opinions add cost only, so savings are not
         counted once per attempt."""
-        first_answer = attempt == 0 and label is None
+        first_answer = attempt == 0 and label is None and status != "error"
         route = call.route
         now = time.perf_counter()
         ended = now if answered_at is None else answered_at
@@ -195,14 +211,23 @@ class Accountant:
             ttft_ms=ttft_ms,
             escalations=attempt if escalations is None else escalations,
             score=call.score,
-            # A hedge that lost the race answered nobody: it is priced, not judged.
-            sla_met=None if label else sla_met(route, ttft_s, latency_ms / 1000),
+            sla_met=_sla_verdict(route, status, label, ttft_s, latency_ms / 1000, missed_sla),
             verifier_score=verifier_score,
         )
         self._observe(record, deployment)
         self._ledger.submit(record)
         call.records.append(record)
         return record
+
+    def settle_failure(
+        self, call: Call, deployment: DeploymentRuntime, missed_sla: bool
+    ) -> SpendRecord:
+        """A request that got no answer at all: one `error` record under its id, with no
+        tokens, cost or reference, so that the ledger's `requests` and `errors` count it
+        (`deployment`: the first the plan named; which of them failed is in the logs).
+        `missed_sla`: the route's fault (upstreams failed), not the client's."""
+        usage = Usage(0, 0, "none")
+        return self.settle(call, deployment, usage, status="error", missed_sla=missed_sla)
 
     def price_of(self, deployment: DeploymentRuntime) -> TokenPrice:
         return self._measured.get(deployment.name) or deployment.price
@@ -214,5 +239,5 @@ class Accountant:
         m.child(m.tokens, *labels, "completion").inc(record.completion_tokens)
         m.child(m.cost, *labels).inc(usd(record.cost_nanos))
         m.child(m.reference_cost, record.route, record.team).inc(usd(record.reference_cost_nanos))
-        if not deployment.price.priced:
+        if not deployment.price.priced and record.status != "error":
             m.child(m.unpriced, record.deployment).inc()

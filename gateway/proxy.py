@@ -146,6 +146,9 @@ class Proxy:
                 response = await self._complete(call, candidates, endpoint, body, deadline_s)
         except GatewayError as error:
             self._count_sla_failure(route, error)
+            if candidates and not any(r.record_id == request_id for r in call.records):
+                # No answer at all: the request is recorded as an error.
+                self._accountant.settle_failure(call, candidates[0], missed_sla(error))
             raise
         finally:
             if not isinstance(response, RelayedStream):  # a relayed stream settles as it ends
@@ -163,9 +166,7 @@ class Proxy:
         return self._guard.select(route, candidates, use_sla=strategy != "cascade")
 
     def _count_sla_failure(self, route: RouteRuntime, error: GatewayError) -> None:
-        """A request the upstreams failed (or that was shed) missed its SLA; one the
-        client or its limits refused is not the route's to count."""
-        if self._guard is not None and (error.status >= 500 or error.code in SLA_FAILURES):
+        if self._guard is not None and missed_sla(error):
             self._guard.count_missed(route)
 
     def _candidates(
@@ -495,6 +496,12 @@ def cascade_verdict(route: RouteRuntime, result: CascadeResult) -> str:
         agreeing, answered = result.second_opinions
         verdict += f"; second opinions: {agreeing} of {answered} agreeing"
     return verdict
+
+
+def missed_sla(error: GatewayError) -> bool:
+    """A request the upstreams failed (or that was shed) missed its SLA; one the client
+    or its limits refused is not the route's to count."""
+    return error.status >= 500 or error.code in SLA_FAILURES
 
 
 def effective_strategy(route: RouteRuntime, stream: bool, endpoint: EndpointType) -> str:

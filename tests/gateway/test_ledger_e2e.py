@@ -104,3 +104,30 @@ async def test_shutdown_finishes_in_flight_requests_and_flushes_the_ledger(
     assert [r.status_code for r in responses] == [200] * 6
     for response in responses:  # written before the process would have exited
         assert await ledger_store.get(response.headers["x-request-id"]) is not None
+
+
+async def test_a_request_that_gets_no_answer_is_recorded_once_as_an_error(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    """Finance's `errors` and request counts include requests the upstreams failed (and
+    ones they refused): one `error` record each, no tokens, no cost, no reference."""
+    base = start_gateway(openai_compatible_policy(), UPSTREAM_BASE_URL=fake_openai.url).url
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    fake_openai.fail(500, times=None)
+    failed = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    fake_openai.fail(400, times=None)
+    refused = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert (failed.status_code, refused.status_code) == (502, 400)
+    for response in (failed, refused):
+        record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        assert (record.status, record.deployment, record.route) == ("error", "upstream", "auto")
+        assert (record.prompt_tokens, record.cost_nanos, record.reference_cost_nanos) == (0, 0, 0)
+    fake_openai.fail(500, times=0)
+    answered = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert answered.status_code == 200
+    await wait_for_record(ledger_store, answered.headers["x-request-id"])
+    today = datetime.now(UTC).date()
+    [total] = await ledger_store.aggregate(today, today, [])
+    assert (total.requests, total.errors) == (3, 2)
+    events = await ledger_store.events()
+    assert sorted(e.status for e in events) == ["error", "error", "ok"]
