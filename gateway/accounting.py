@@ -112,13 +112,14 @@ def _sla_verdict(
     if label:  # a hedge that lost the race answered nobody: priced, not judged
         return None
     if status == "error":  # no answer: missed if the route's fault, however fast it failed
-        return False if missed and route.sla is not None else None
+        return False if missed and route.sla is not None and route.sla.promises_time else None
     return sla_met(route, ttft_s, latency_s)
 
 
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
-    """`<request id>`, `<request id>:<n>` for the n-th escalation, `<request id>:<label>`
-    for other extra attempts (`h1`: a hedge that lost the race)."""
+    """`<request id>` for the first answer, `<request id>:<n>` for the n-th answer after
+    it (a cascade's escalations), `<request id>:<label>` for other extra attempts (`h1`:
+    a hedge that lost the race, `o1`: a second opinion)."""
     if label is not None:
         return f"{request_id}:{label}"
     return request_id if attempt == 0 else f"{request_id}:{attempt}"

@@ -118,10 +118,12 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         print(exc.message + hint, file=sys.stderr)
         return 1
     # The complexity score of the prompt, whether or not the route routes by it: a
-    # cascade's verifier weighs it as its prior, and ops compare it with the tiers.
+    # cascade's verifier weighs the default classifier's as its prior, and ops compare
+    # it with the tiers. Only a classifier route scores with its own classifier.
     messages = [{"role": "user", "content": args.prompt}]
-    score = RequestScorer()("chat", {"messages": messages}, route.classifier)
     routed_by_score = route.strategy in SCORED_STRATEGIES
+    classifier = route.classifier if routed_by_score else "features"
+    score = RequestScorer()("chat", {"messages": messages}, classifier)
     plan = runtime.plan(route, score if routed_by_score else None)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
@@ -131,7 +133,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "tier": first.tier if first else None,
         "deployment": first.name if first else None,
         "score": score,
-        "classifier": route.classifier,
+        "classifier": classifier,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
         "reasons": plan.reasons()
         + ([] if routed_by_score else [unused_score_reason(route, score)])
@@ -144,8 +146,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 
 
 def explained_route(runtime: Runtime) -> str:
-    """The route a request without `--model` meets: the policy's default route, else
-    `auto`, else the policy's only route."""
+    """The route explained without `--model`: the policy's `gateway.default_route`,
+    else `auto`, else the policy's only route."""
     default = runtime.policy.gateway.default_route
     if default or "auto" in runtime.routes or len(runtime.routes) != 1:
         return default or "auto"

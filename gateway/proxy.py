@@ -115,12 +115,13 @@ class Proxy:
         if strategy in SCORED_STRATEGIES:
             score = await self._scorer.score(endpoint, body, route.classifier)
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
+        call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         try:
             candidates = self._select(
                 route, self._candidates(runtime, route, score, strategy, request_id), strategy
             )
-        except GatewayError as error:
-            self._count_sla_failure(route, error)
+        except GatewayError as error:  # nothing may serve it (unavailable, ejected, shed)
+            self._fail(runtime, call, [], error)
             raise
         deadline_s = runtime.request_timeout_s
         if route.sla is not None and route.sla.timeout_s is not None:
@@ -128,7 +129,6 @@ class Proxy:
         # Time spent deciding counts: a request queued for the embedding classifier
         # has that much less for its upstreams.
         deadline_s = max(0.001, deadline_s - (time.perf_counter() - started))
-        call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         admission = await self._limits.admit(
             runtime, principal, route, endpoint, body, candidates, strategy, request_id, call.prompt
         )
@@ -145,10 +145,7 @@ class Proxy:
             else:
                 response = await self._complete(call, candidates, endpoint, body, deadline_s)
         except GatewayError as error:
-            self._count_sla_failure(route, error)
-            if candidates and not any(r.record_id == request_id for r in call.records):
-                # No answer at all: the request is recorded as an error.
-                self._accountant.settle_failure(call, candidates[0], missed_sla(error))
+            self._fail(runtime, call, candidates, error)
             raise
         finally:
             if not isinstance(response, RelayedStream):  # a relayed stream settles as it ends
@@ -165,9 +162,23 @@ class Proxy:
         # A cascade keeps its tier order: only ejected deployments are dropped.
         return self._guard.select(route, candidates, use_sla=strategy != "cascade")
 
-    def _count_sla_failure(self, route: RouteRuntime, error: GatewayError) -> None:
+    def _fail(
+        self,
+        runtime: Runtime,
+        call: Call,
+        planned: list[DeploymentRuntime],
+        error: GatewayError,
+    ) -> None:
+        """A request that ends in `error` after its route was chosen: counted against the
+        route's SLA when the fault is the route's, and, unless something answered it,
+        recorded once as an error under the deployment its plan named first."""
         if self._guard is not None and missed_sla(error):
-            self._guard.count_missed(route)
+            self._guard.count_missed(call.route)
+        if any(r.record_id == call.request_id for r in call.records):
+            return
+        first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
+        if first is not None:
+            self._accountant.settle_failure(call, first, missed_sla(error))
 
     def _candidates(
         self,

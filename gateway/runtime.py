@@ -65,11 +65,16 @@ class RouteSla:
     priority: int | None  # vLLM's `priority` (lower runs first) for priority-scheduled engines
     p99_s: float | None = None  # end-to-end p99 target: reported against, not enforced
 
+    @property
+    def promises_time(self) -> bool:
+        """Whether it sets a time to keep (a priority or a hedge alone promises none)."""
+        return self.ttft_s is not None or self.timeout_s is not None
+
     def met(self, ttft_s: float, total_s: float) -> bool | None:
         """Did a request keep this SLA: first token within `ttft_s` (a non-streamed
         answer's first token is the answer) and all of it within `timeout_s`, counted from
-        arrival? None when the SLA sets neither (a priority alone promises no time)."""
-        if self.ttft_s is None and self.timeout_s is None:
+        arrival? None when the SLA sets neither."""
+        if not self.promises_time:
             return None
         return (self.ttft_s is None or ttft_s <= self.ttft_s) and (
             self.timeout_s is None or total_s <= self.timeout_s

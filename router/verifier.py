@@ -156,8 +156,8 @@ _LETTER_NAMES = ("c", "go", "r")
 # only as not having or knowing ("I don't think so; it is 4" answers).
 _REFUSAL = re.compile(
     r"^\W*(?:i'?m sorry|i am sorry|sorry,|i apologi[sz]e|as an ai\b|unfortunately,? i\b|"
-    r"i (?:cannot|can'?t|can not|won'?t|will not|am unable|'?m unable|am not able|'?m not able)\b|"
-    r"i (?:do not|don'?t) (?:have|know)\b)"
+    r"i (?:cannot|can'?t|can not|won'?t|will not|am unable|am not able)\b|"
+    r"i'?m (?:unable|not able)\b|i (?:do not|don'?t) (?:have|know)\b)"
 )
 _AS_AN_AI = re.compile(r"\bas an ai(?: language model)?\b")
 _HEDGE = re.compile(
@@ -206,7 +206,8 @@ _JSON_PROMPT = re.compile(r"\bjson\b", re.IGNORECASE)
 # Python"): "respond in JSON", "return it as a JSON object", "valid JSON", "JSON only".
 _JSON_REQUEST = re.compile(
     r"\b(?:respond|reply|answer|output|return|give|provide|format|write|produce|generate|"
-    r"print|emit|express)\w*\b[^.?!\n]{0,60}?\b(?:in|as|with|using|into)\b[^.?!\n]{0,20}?\bjson\b"
+    r"print|emit|express)\w*\b[^.?!\n]{0,60}?\b(?:in|as|with|using|into)\s+"
+    r"(?:(?:a|an|the|valid|strict|proper|pure|plain)\s+)*json\b"
     r"|\bvalid json\b|\bjson only\b|\bonly (?:valid )?json\b"
     r"|\bjson (?:object|array)s? (?:with|that|containing)\b|\bfollowing json schema\b",
     re.IGNORECASE,
@@ -254,7 +255,7 @@ def extract_features(prompt: str, response: str, signals: Signals) -> dict[str, 
         **_truncation_features(answer, len(words), signals.finish_reason),
         "refusal": float(bool(_REFUSAL.match(lowered) or _AS_AN_AI.search(lowered))),
         "hedge": float(bool(_HEDGE.search(lowered))),
-        **_json_features(prompt, answer, signals.response_format),
+        **_json_features(prompt, answer, signals.response_format, kind),
         **_format_features(prompt, question, answer, kind),
         **_repetition_features(words, lowered[:MAX_ANALYSED_CHARS]),
         **_logprob_features(signals.logprobs),
@@ -302,15 +303,18 @@ def _brackets_unbalanced(text: str) -> bool:
 
 
 def _json_features(
-    prompt: str, answer: str, response_format: Mapping[str, Any] | None
+    prompt: str, answer: str, response_format: Mapping[str, Any] | None, prompt_kind: PromptKind
 ) -> dict[str, float]:
     kind = (response_format or {}).get("type")
     strict = kind in ("json_object", "json_schema")
-    # Asked for JSON, or a prompt that names JSON answered with an attempt at it.
-    requested = (
-        strict
-        or bool(_JSON_REQUEST.search(prompt))
-        or bool(_JSON_ATTEMPT.search(answer) and _JSON_PROMPT.search(prompt))
+    # Asked for JSON, or a prompt that names JSON answered with an attempt at it; on a
+    # code question ("write a Python function that returns JSON") the answer is code.
+    requested = strict or (
+        prompt_kind != "code"
+        and (
+            bool(_JSON_REQUEST.search(prompt))
+            or bool(_JSON_ATTEMPT.search(answer) and _JSON_PROMPT.search(prompt))
+        )
     )
     if not requested:
         return {"json_requested": 0.0, "json_invalid": 0.0, "json_schema_mismatch": 0.0}

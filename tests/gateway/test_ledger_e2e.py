@@ -131,3 +131,23 @@ async def test_a_request_that_gets_no_answer_is_recorded_once_as_an_error(
     assert (total.requests, total.errors) == (3, 2)
     events = await ledger_store.events()
     assert sorted(e.status for e in events) == ["error", "error", "ok"]
+
+
+async def test_a_request_nothing_may_serve_is_recorded_as_an_error(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    """Refused before any upstream is asked (every deployment ejected by its breaker):
+    still one `error` record, as for one the upstreams failed."""
+    policy = openai_compatible_policy().read_text() + (
+        "gateway:\n  circuit_breaker: {failure_threshold: 1, cooldown_s: 600}\n"
+    )
+    base = start_gateway(policy, UPSTREAM_BASE_URL=fake_openai.url).url
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    fake_openai.fail(500, times=None)
+    tripped = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    ejected = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert (tripped.status_code, ejected.status_code) == (502, 503)
+    asked = len(fake_openai.requests)
+    record = await wait_for_record(ledger_store, ejected.headers["x-request-id"])
+    assert (record.status, record.deployment, record.cost_nanos) == ("error", "upstream", 0)
+    assert len(fake_openai.requests) == asked  # the ejected one reached no upstream

@@ -11,7 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.ledger import RedisStore
+from gateway.accounting import Accountant, Call
+from gateway.ledger import RedisStore, SpendRecord
+from gateway.metrics import Metrics
+from gateway.pricing import TokenPrice
+from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
+from gateway.upstreams.base import UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway, wait_for_record
 
@@ -320,3 +325,31 @@ async def test_self_hosted_tokens_are_priced_from_measured_throughput(
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     health = httpx.get(f"{base}/admin/policy", headers=admin).json()["deployments"]["gpu"]
     assert 0 < health["health"]["measured_price_per_mtok"] < 10
+
+
+def _failed_request_verdict(sla: RouteSla | None, missed: bool) -> bool | None:
+    """`sla_met` of the error record of a request that got no answer."""
+    ledger: list[SpendRecord] = []
+
+    class Sink:
+        def submit(self, record: SpendRecord) -> None:
+            ledger.append(record)
+
+    target = UpstreamTarget("a", "openai", "m", "http://unused", None)
+    price = TokenPrice(1e-6, 1e-6, "policy")
+    first = DeploymentRuntime("a", "t", "openai", target, price, 0, 0.0, None)
+    route = RouteRuntime("chat", "fallback", ("a",), "m", first.price, sla=sla)
+    call = Call("req_1", "team", "key", route, False, time.perf_counter())
+    Accountant(Sink(), Metrics()).settle_failure(call, first, missed)  # type: ignore[arg-type]
+    [record] = ledger
+    assert (record.status, record.cost_nanos, record.reference_cost_nanos) == ("error", 0, 0)
+    return record.sla_met
+
+
+def test_a_failed_request_misses_the_sla_only_when_the_route_failed_a_time_it_promised() -> None:
+    timed = RouteSla(0.5, 10.0, False, "degrade", None, 1, None)
+    priority_only = RouteSla(None, None, False, "degrade", None, 1, 0)
+    assert _failed_request_verdict(timed, missed=True) is False
+    assert _failed_request_verdict(timed, missed=False) is None  # the client's fault
+    assert _failed_request_verdict(priority_only, missed=True) is None  # no time promised
+    assert _failed_request_verdict(None, missed=True) is None

@@ -102,6 +102,9 @@ def features_of(prompt: str, response: str, **signals: object) -> dict[str, floa
         ("Return the user as a JSON object with name and age.", "The name is Bob.", 1, 1),
         ("Answer in valid JSON: who wrote Hamlet?", '{"author": "Shakespeare"}', 1, 0),
         ("Describe JSON.", '{"broken": ', 1, 1),  # named, and the answer tries it: checked
+        # A code question's answer is code, even when the code is about JSON.
+        ("Write a function in Python that parses JSON.", "def f(t):\n    return t", 0, 0),
+        ("Write a Python function that returns its input as JSON.", "def f(x): ...", 0, 0),
     ],
 )
 def test_json_is_checked_when_asked_for_not_when_named(
@@ -125,6 +128,9 @@ def test_an_answer_nested_past_the_parsers_depth_is_invalid_json_not_an_error() 
         ("Unfortunately I", 1),  # the shared data's cut-off refusal
         ("Unfortunately, I cannot share that.", 1),
         ("I can't help with that.", 1),
+        ("I'm unable to provide information on that topic.", 1),
+        ("Im not able to answer that.", 1),
+        ("I\u2019m unable to help.", 1),
         ("I don't have access to real-time data.", 1),
         ("As an AI, I have no opinion.", 1),
     ],
