@@ -49,9 +49,9 @@ KEYLESS = KeyTable(principals={}, admin_hashes=frozenset(), anonymous=ANONYMOUS)
 def test_without_client_keys_any_key_from_loopback_is_anonymous() -> None:
     """The OpenAI SDK cannot send no key: on a gateway with no client key at all
     (the embedded defaults), whatever it sends from this machine is served anonymously."""
-    assert KEYLESS.authenticate("Bearer sk-anything", "127.0.0.1") is ANONYMOUS
+    assert KEYLESS.authenticate("Bearer fake-any-key", "127.0.0.1") is ANONYMOUS
     with pytest.raises(AuthenticationFailed):
-        KEYLESS.authenticate("Bearer sk-anything", "10.0.0.5")
+        KEYLESS.authenticate("Bearer fake-any-key", "10.0.0.5")
 
 
 def test_with_client_keys_a_wrong_key_is_refused_even_from_loopback() -> None:
