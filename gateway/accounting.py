@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,6 +229,20 @@ class Accountant:
         `missed_sla`: the route's fault (upstreams failed), not the client's."""
         usage = Usage(0, 0, "none")
         return self.settle(call, deployment, usage, status="error", missed_sla=missed_sla)
+
+    def cut_off_pricer(
+        self, call: Call, endpoint: EndpointType, request: Mapping[str, Any]
+    ) -> Callable[[DeploymentRuntime], None]:
+        """What prices an attempt of `call` that was sent and then timed out: its prompt,
+        as for a losing hedge (`<request id>:t<n>`, `partial`); the upstream had it."""
+
+        def price(deployment: DeploymentRuntime) -> None:
+            usage = counted_usage(deployment.target.model, endpoint, request, (), call.prompt)
+            prefix = f"{call.request_id}:t"
+            n = 1 + sum(r.record_id.startswith(prefix) for r in call.records)
+            self.settle(call, deployment, usage, status="partial", label=f"t{n}")
+
+        return price
 
     def price_of(self, deployment: DeploymentRuntime) -> TokenPrice:
         return self._measured.get(deployment.name) or deployment.price

@@ -141,6 +141,7 @@ class Cascade:
                     body,
                     max(0.001, ends_at - time.monotonic()),
                     logprobs=ask and verified,
+                    cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
                 )
             except GatewayError as error:
                 if final is None and verified and _upstream_failed(error):

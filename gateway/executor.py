@@ -59,6 +59,9 @@ UPSTREAM_ERROR_FIELDS = ("type", "code", "param")
 MAX_ERROR_FIELD_CHARS = 128
 
 AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one deployment
+# Told of each attempt that was sent and then cut off by a timeout (its own, or the
+# request's deadline): the upstream had the prompt, so the caller prices it.
+CutOffFn = Callable[[DeploymentRuntime], None]
 
 
 @dataclass(slots=True)
@@ -114,6 +117,7 @@ class _Run:
     tried: set[str] = field(default_factory=set)  # deployments called so far
     hedges: int = 0
     won_by_hedge: bool = False
+    cut_off: CutOffFn = lambda deployment: None
 
 
 class Executor:
@@ -141,6 +145,7 @@ class Executor:
         hedge: Hedge | None = None,
         priority: int | None = None,
         logprobs: bool = False,
+        cut_off: CutOffFn | None = None,
     ) -> Completed:
         """One answer from the first candidate that gives one; `logprobs` asks those
         that return token logprobs for them (a cascade verifying the answer)."""
@@ -149,7 +154,9 @@ class Executor:
             request = upstream_body(d, body, priority, logprobs)
             return await self.client_for(d).complete(d.target, endpoint, request)
 
-        deployment, reply, run, losers = await self._run(candidates, call, deadline_s, hedge)
+        deployment, reply, run, losers = await self._run(
+            candidates, call, deadline_s, hedge, cut_off
+        )
         return Completed(deployment, reply, run.attempts, losers, run.hedges, run.won_by_hedge)
 
     async def open_stream(
@@ -160,6 +167,7 @@ class Executor:
         deadline_s: float,
         hedge: Hedge | None = None,
         priority: int | None = None,
+        cut_off: CutOffFn | None = None,
     ) -> Opened:
         async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
             request = upstream_body(d, body, priority)
@@ -174,7 +182,7 @@ class Executor:
             return first, events
 
         deployment, (first, rest), run, losers = await self._run(
-            candidates, call, deadline_s, hedge
+            candidates, call, deadline_s, hedge, cut_off
         )
         opened_at = time.perf_counter()
         return Opened(
@@ -187,8 +195,9 @@ class Executor:
         call: AttemptFn,
         deadline_s: float,
         hedge: Hedge | None,
+        cut_off: CutOffFn | None = None,
     ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
-        run = _Run()
+        run = _Run() if cut_off is None else _Run(cut_off=cut_off)
         try:
             async with asyncio.timeout(deadline_s):
                 if hedge is None or len(candidates) < 2:
@@ -196,6 +205,8 @@ class Executor:
                     return deployment, result, run, []
                 return await self._hedged(candidates, call, run, hedge)
         except TimeoutError:
+            for deployment in run.current.values():  # in flight when the deadline hit
+                run.cut_off(deployment)
             raise UpstreamTimeout(
                 f"no deployment answered within the request limit of {deadline_s:g}s"
             ) from None
@@ -280,6 +291,8 @@ class Executor:
                     except UpstreamFailure as failure:
                         run.current.pop(chain, None)  # nothing in flight while it waits
                         run.failures.append(failure)
+                        if isinstance(failure, UpstreamTimedOut):
+                            run.cut_off(deployment)
                         if guard is not None:
                             guard.failed(deployment.name, failure)
                         wait = self._next_wait(deployment, failure, retry, last)

@@ -208,7 +208,13 @@ class Proxy:
     ) -> Response:
         route = call.route
         done = await self._executor.complete(
-            candidates, endpoint, body, deadline_s, hedge_of(route), priority_of(route)
+            candidates,
+            endpoint,
+            body,
+            deadline_s,
+            hedge_of(route),
+            priority_of(route),
+            cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
         )
         reply = done.reply.body
         try:
@@ -245,7 +251,8 @@ class Proxy:
         self._observe(call, final.deployment, "200")
         headers = cascade_headers(call, final.deployment, final.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
-        headers["x-cascade-cost-usd"] = f"{usd(result.cost_nanos):.9f}"
+        # Every attempt the request paid for: its answers, opinions, timed-out tries.
+        headers["x-cascade-cost-usd"] = f"{usd(sum(r.cost_nanos for r in call.records)):.9f}"
         if result.second_opinions is not None:
             agreeing, answered = result.second_opinions
             headers["x-cascade-second-opinions"] = f"{agreeing}/{answered}"
@@ -283,7 +290,13 @@ class Proxy:
         upstream = {**body, "stream_options": {**options, "include_usage": True}}
         route = call.route
         opened = await self._executor.open_stream(
-            candidates, endpoint, upstream, deadline_s, hedge_of(route), priority_of(route)
+            candidates,
+            endpoint,
+            upstream,
+            deadline_s,
+            hedge_of(route),
+            priority_of(route),
+            cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
         )
         try:
             await self._settle_hedges(

@@ -326,10 +326,12 @@ def test_an_upstream_error_releases_the_reservation(
 def test_a_request_cancelled_at_its_deadline_releases_the_reservation(
     start: Any, counters: Counters, premium: FakeOpenAI, cheap: FakeOpenAI
 ) -> None:
+    """Nothing is left reserved; the attempt in flight had the prompt, so the budget is
+    charged that (premium's price), and nothing more."""
     premium.delay_s = cheap.delay_s = 5.0
     base = start(policy("{scope: key, name: k, period: day, limit_usd: 1}", timeout_s=0.3)).url
     assert ask(base).status_code == 504  # the upstream calls were cancelled
-    counters.settled("key", "k", 0)
+    counters.settled("key", "k", PROMPT * PREMIUM_NANOS_PER_TOKEN)
 
 
 @pytest.mark.parametrize(("down", "status"), [("open", 200), ("closed", 503)])

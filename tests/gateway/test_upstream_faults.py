@@ -1,5 +1,6 @@
 """Retries, fallback and upstream failures, through the real gateway over loopback,
-against fake upstreams with fault knobs. Spend is recorded only for answers."""
+against fake upstreams with fault knobs. Spend is recorded for answers, and for the prompt of an
+attempt a timeout cut off after it was sent."""
 
 from __future__ import annotations
 
@@ -317,3 +318,36 @@ def test_upstream_credential_errors_do_not_echo_the_upstream(
     message = response.json()["error"]["message"]
     assert "rejected the gateway's credentials" in message
     assert "Incorrect API key" not in message
+
+
+async def test_an_attempt_that_timed_out_is_charged_its_prompt(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    """The first deployment had the prompt when its timeout cut it off: it is priced as
+    a losing hedge is (`:t1`, partial, prompt only), and the reply's cost includes it."""
+    base = start(TIMEOUT_S="0.3")
+    fake_openai.delay_s = 2
+    response = post(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "second"
+    request_id = response.headers["x-request-id"]
+    answer = await wait_for_record(ledger_store, request_id)
+    cut = await wait_for_record(ledger_store, f"{request_id}:t1")
+    assert (cut.deployment, cut.status, cut.completion_tokens) == ("first", "partial", 0)
+    assert cut.prompt_tokens > 0 and cut.cost_nanos > 0 and cut.reference_cost_nanos == 0
+    paid = answer.cost_nanos + cut.cost_nanos
+    assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(paid / 1e9)
+
+
+async def test_a_request_cut_off_by_its_deadline_is_charged_the_prompt_in_flight(
+    start: Any, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> None:
+    base = start(REQUEST_TIMEOUT_S="0.5")
+    fake_openai.delay_s = 3
+    response = post(base, model="only-first")
+    assert response.status_code == 504
+    request_id = response.headers["x-request-id"]
+    failed = await wait_for_record(ledger_store, request_id)
+    cut = await wait_for_record(ledger_store, f"{request_id}:t1")
+    assert (failed.status, failed.cost_nanos) == ("error", 0)
+    assert (cut.status, cut.deployment) == ("partial", "first") and cut.prompt_tokens > 0
