@@ -107,10 +107,14 @@ def test_eagle3_and_mtp_and_extra_fields() -> None:
 
 
 def test_api_key_goes_in_the_environment_not_argv() -> None:
-    keyed = spec(api_key="s3cret", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    keyed = spec(api_key="fake-engine-key", env={"CUDA_VISIBLE_DEVICES": "0,1"})
 
     env = vllm_env(keyed, base={"PATH": "/usr/bin", "VLLM_API_KEY": "inherited"})
 
-    assert "s3cret" not in " ".join(vllm_argv(keyed))
-    assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1", "VLLM_API_KEY": "s3cret"}
+    assert "fake-engine-key" not in " ".join(vllm_argv(keyed))
+    assert env == {
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "VLLM_API_KEY": "fake-engine-key",
+    }
     assert vllm_env(spec(), base={"VLLM_API_KEY": "inherited"}) == {}

@@ -236,6 +236,6 @@ def test_engine_api_key_must_come_from_the_environment(tmp_path: Path) -> None:
         load_policy(path, env={})
 
     path.write_text(body % "'${ENGINE_KEY}'")
-    loaded = load_policy(path, env={"ENGINE_KEY": "s3cret"})
-    assert loaded.policy.engines["small"].api_key == "s3cret"
-    assert loaded.policy.deployments["local"].api_key == "s3cret"
+    loaded = load_policy(path, env={"ENGINE_KEY": "fake-engine-key"})
+    assert loaded.policy.engines["small"].api_key == "fake-engine-key"
+    assert loaded.policy.deployments["local"].api_key == "fake-engine-key"
