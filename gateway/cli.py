@@ -148,10 +148,11 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 def explained_route(runtime: Runtime) -> str:
     """The route explained without `--model`: the policy's `gateway.default_route`,
     else `auto`, else the policy's only route."""
-    default = runtime.policy.gateway.default_route
-    if default or "auto" in runtime.routes or len(runtime.routes) != 1:
-        return default or "auto"
-    return next(iter(runtime.routes))
+    if default := runtime.policy.gateway.default_route:
+        return default
+    if len(runtime.routes) == 1 and "auto" not in runtime.routes:
+        return next(iter(runtime.routes))
+    return "auto"  # absent: the error lists the routes
 
 
 def unused_score_reason(route: RouteRuntime, score: float) -> str:

@@ -8,7 +8,7 @@
     ├── AuthenticationFailed          401
     ├── PermissionDenied              403
     ├── NotFound                      404 (unknown model / route)
-    ├── RateLimited                   429 with Retry-After
+    ├── RateLimited                   429 with Retry-After (x-should-retry: false if no wait helps)
     │   └── BudgetExceeded            429 insufficient_quota, until the budget's period ends
     ├── LimitsUnavailable             503 (limits cannot be checked and policy says closed)
     └── UpstreamError                 502 bad gateway
@@ -114,10 +114,17 @@ class RateLimited(GatewayError):
     type = "rate_limit_error"
     default_code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after_s: float, code: str | None = None) -> None:
-        super().__init__(
-            message, code=code, headers={"retry-after": str(max(1, round(retry_after_s)))}
+    def __init__(
+        self, message: str, *, retry_after_s: float | None, code: str | None = None
+    ) -> None:
+        """`retry_after_s` None: no wait lets it through, so the client is told not to
+        retry (`x-should-retry: false`, which the OpenAI SDKs honour) instead of when."""
+        headers = (
+            {"x-should-retry": "false"}
+            if retry_after_s is None
+            else {"retry-after": str(max(1, round(retry_after_s)))}
         )
+        super().__init__(message, code=code, headers=headers)
 
 
 class BudgetExceeded(RateLimited):

@@ -78,7 +78,4 @@ def too_large(rule: RateRule, tokens: int, limit: int) -> RateLimited:
         f"(prompt + max output tokens), more than the {rule.scope}'s limit of {limit} "
         "tokens per minute; lower max_tokens or shorten the prompt"
     )
-    error = RateLimited(message, retry_after_s=0)
-    del error.headers["retry-after"]
-    error.headers["x-should-retry"] = "false"
-    return error
+    return RateLimited(message, retry_after_s=None)
