@@ -140,6 +140,11 @@ class Call:
     # Every attempt priced so far (escalations and hedges too): what budgets settle.
     records: list[SpendRecord] = field(default_factory=list)
 
+    @property
+    def cost_nanos(self) -> int:
+        """What the request has paid for so far: every attempt priced (`records`)."""
+        return sum(r.cost_nanos for r in self.records)
+
 
 class Accountant:
     def __init__(

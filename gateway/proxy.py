@@ -227,9 +227,7 @@ class Proxy:
             self._accountant.settle(call, done.deployment, usage)
         self._observe(call, done.deployment, "200")
         headers = cascade_headers(call, done.deployment, done.attempts)
-        # Every attempt this request paid for: the answer and any losing hedge.
-        cost_nanos = sum(r.cost_nanos for r in call.records)
-        headers["x-cascade-cost-usd"] = f"{usd(cost_nanos):.9f}"
+        headers["x-cascade-cost-usd"] = f"{usd(call.cost_nanos):.9f}"  # hedges, cut-offs too
         content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
         return Response(content, media_type="application/json", headers=headers)
 
@@ -251,8 +249,7 @@ class Proxy:
         self._observe(call, final.deployment, "200")
         headers = cascade_headers(call, final.deployment, final.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
-        # Every attempt the request paid for: its answers, opinions, timed-out tries.
-        headers["x-cascade-cost-usd"] = f"{usd(sum(r.cost_nanos for r in call.records)):.9f}"
+        headers["x-cascade-cost-usd"] = f"{usd(call.cost_nanos):.9f}"  # opinions, cut-offs too
         if result.second_opinions is not None:
             agreeing, answered = result.second_opinions
             headers["x-cascade-second-opinions"] = f"{agreeing}/{answered}"
