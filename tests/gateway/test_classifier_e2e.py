@@ -77,6 +77,27 @@ async def test_easy_stays_cheap_and_hard_goes_premium(
     assert 'cascade_tier_requests_total{route="auto",tier="premium"} 1.0' in metrics
 
 
+def test_request_options_move_the_score_through_the_gateway(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """Tools, JSON output and max_tokens reach the classifier (their prior weights):
+    the same prompt scores higher with tools or JSON mode, lower with a small budget."""
+    policy = POLICY.replace("THRESHOLD", "0.5")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+    def scored(**extra: Any) -> float:
+        body = {"model": "auto", "messages": [{"role": "user", "content": EASY}], **extra}
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+        return float(response.headers["x-cascade-score"])
+
+    plain = scored()
+    assert scored(tools=[tool]) > plain
+    assert scored(response_format={"type": "json_object"}) > plain
+    assert scored(max_tokens=16) < plain < scored(max_tokens=4096)
+
+
 # A pasted document of about 1 MB, then the question.
 DOCUMENT = " ".join(f"Clause {i}: the supplier delivers lot {i * 7 % 1000}." for i in range(22_000))
 
