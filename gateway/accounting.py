@@ -108,8 +108,9 @@ def _sla_verdict(
     ttft_s: float | None,
     latency_s: float,
     missed: bool,
+    delivered: bool,
 ) -> bool | None:
-    if label:  # a hedge that lost the race answered nobody: priced, not judged
+    if label or not delivered:  # e.g. a hedge that lost the race: priced, not judged
         return None
     if status == "error":  # no answer: missed if the route's fault, however fast it failed
         return False if missed and route.sla is not None and route.sla.promises_time else None
@@ -173,10 +174,12 @@ class Accountant:
         verifier_score: float | None = None,
         answered_at: float | None = None,
         missed_sla: bool = False,
+        delivered: bool = True,
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger.
         `answered_at` (perf_counter) is when the answer came, if it is settled later
-        (a cascade judges it first); its time and latency are those of then.
+        (a cascade judges it first); its time and latency are those of then. Only an
+        answer the client got (`delivered`, and no `label`) is judged against the SLA.
 
         The request's first answer (attempt 0, no `label`) carries the reference cost:
         what the request would have cost sent once to the route's reference model.
@@ -217,7 +220,9 @@ class Accountant:
             ttft_ms=ttft_ms,
             escalations=attempt if escalations is None else escalations,
             score=call.score,
-            sla_met=_sla_verdict(route, status, label, ttft_s, latency_ms / 1000, missed_sla),
+            sla_met=_sla_verdict(
+                route, status, label, ttft_s, latency_ms / 1000, missed_sla, delivered
+            ),
             verifier_score=verifier_score,
         )
         self._observe(record, deployment)

@@ -4,8 +4,9 @@ Each tier is one `Executor.complete` over that tier's deployments (so a failing
 deployment still falls back within its tier); a tier whose deployments all fail counts
 as rejected. Every answer is priced in the ledger, the rejected ones too
 (`<request_id>:<n>` for the n-th answer after the first), because every one was paid
-for. If an escalation fails outright, the last answer received is returned rather than
-an error: an unverified answer beats none.
+for; only the one the client gets is judged against the route's SLA. If an escalation
+fails outright, the last answer received is returned rather than an error: an
+unverified answer beats none.
 
 The verifier reads token logprobs, so on chat every tier but the last (whose answer is
 not verified) is asked for them (`logprobs: true`) where its upstream returns them. A
@@ -14,7 +15,7 @@ have sent it.
 
 A route's `second_opinions` (see `gateway.opinions`) are asked alongside the first tier
 and handed to the verifier as samples; they are priced, and cancelled, however the
-cascade ends.
+cascade ends, or as soon as only the last tier (not verified) is left.
 """
 
 from __future__ import annotations
@@ -127,65 +128,74 @@ class Cascade:
         """Ask tier after tier while the verifier rejects the answer; the answer kept,
         the verifier's scores and the escalations (the tiers climbed to the answer
         kept: past rejected answers and past tiers that failed). Each answer is priced
-        into `records`."""
+        into `records`; a rejected one once the next tier's outcome says whether the
+        client gets it after all (its escalation failed), so that only the answer the
+        client gets is judged against the route's SLA: one verdict per request."""
         scores: list[float] = []
-        final: Completed | None = None
-        escalations = 0
+        latest: _Answer | None = None  # the last answer, not priced yet
+        delivered = False  # whether `latest` is the client's answer
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
-        for step, group in enumerate(groups):
-            verified = step < len(groups) - 1
-            try:
-                done = await self._executor.complete(
-                    group,
-                    endpoint,
-                    body,
-                    max(0.001, ends_at - time.monotonic()),
-                    logprobs=ask and verified,
-                    cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
-                )
-            except GatewayError as error:
-                if final is None and verified and _upstream_failed(error):
-                    # A tier that cannot answer counts as rejected: the next one is up.
+        try:
+            for step, group in enumerate(groups):
+                verified = step < len(groups) - 1
+                if not verified and opinions is not None:
+                    await opinions.close()  # no answer left for them to judge
+                try:
+                    done = await self._executor.complete(
+                        group,
+                        endpoint,
+                        body,
+                        max(0.001, ends_at - time.monotonic()),
+                        logprobs=ask and verified,
+                        cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
+                    )
+                except GatewayError as error:
+                    if latest is None and verified and _upstream_failed(error):
+                        # A tier that cannot answer counts as rejected: the next one is up.
+                        log.warning(
+                            "tier %d of %s failed (%s); escalating", step, call.request_id, error
+                        )
+                        continue
+                    if latest is None:
+                        raise
                     log.warning(
-                        "tier %d of %s failed (%s); escalating", step, call.request_id, error
+                        "escalation %d of %s failed; answering with the last answer",
+                        step,
+                        call.request_id,
                     )
-                    continue
-                if final is None:
-                    raise
-                log.warning(
-                    "escalation %d of %s failed; answering with the last answer",
-                    step,
-                    call.request_id,
+                    # The client gets it now, after the failed escalation: so its latency.
+                    latest.answered_at, delivered = time.perf_counter(), True
+                    break
+                if latest is not None:  # rejected, and another answer came: not the client's
+                    records.append(self._settle(call, latest, endpoint, body, len(records)))
+                latest = _Answer(done, step, time.perf_counter())
+                await count_unreported(
+                    call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
                 )
-                break
-            final, answered_at, escalations = done, time.perf_counter(), step
-            judged: float | None = None
-            try:
-                answer = [(done.deployment, done.reply.body)]
-                await count_unreported(call.prompt, endpoint, body, answer)
-                if verified:
-                    samples, code_run = await self._evidence(
-                        call, endpoint, body, done.reply.body, ends_at, opinions
-                    )
-                    judged = self._verify(call, endpoint, body, done.reply.body, samples, code_run)
-            finally:
-                # Priced with its verdict, and whatever happens while it is judged: a
-                # request cancelled while waiting for its opinions is priced all the same.
-                attempt = len(records)
-                records.append(
-                    self._settle(call, done, endpoint, body, attempt, step, judged, answered_at)
+                if not verified:
+                    delivered = True
+                    break
+                samples, code_run = await self._evidence(
+                    call, endpoint, body, done.reply.body, ends_at, opinions
                 )
-            if not verified:
-                break
-            score = 0.0 if judged is None else judged  # a verifier that broke: escalate
-            scores.append(score)
-            self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
-            if score >= call.route.verify_threshold:
-                break
-        assert final is not None  # the first group either answered or raised
-        if ask:
-            final = without_logprobs(final)
-        return final, tuple(scores), escalations
+                latest.judged = self._verify(
+                    call, endpoint, body, done.reply.body, samples, code_run
+                )
+                score = 0.0 if latest.judged is None else latest.judged  # broke: escalate
+                scores.append(score)
+                self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
+                if score >= call.route.verify_threshold:
+                    delivered = True
+                    break
+        finally:
+            # Priced with its verdict, however the climb ends: a request cancelled while
+            # its answer is judged or escalated is priced all the same (and judged as
+            # answered to nobody).
+            if latest is not None:
+                records.append(self._settle(call, latest, endpoint, body, len(records), delivered))
+        assert latest is not None  # the first group either answered or raised
+        final = without_logprobs(latest.done) if ask else latest.done
+        return final, tuple(scores), latest.step
 
     async def _evidence(
         self,
@@ -233,26 +243,37 @@ class Cascade:
     def _settle(
         self,
         call: Call,
-        done: Completed,
+        answer: _Answer,
         endpoint: EndpointType,
         body: dict[str, Any],
         attempt: int,
-        step: int,
-        verifier_score: float | None,
-        answered_at: float,
+        delivered: bool = False,
     ) -> SpendRecord:
         """Price the `attempt`-th answer (numbered among answers: the first is always
-        `<request id>`), given by the `step`-th tier (its escalations)."""
+        `<request id>`), given by the `answer.step`-th tier (its escalations);
+        `delivered`: it is the one the client gets."""
+        done = answer.done
         usage = reply_usage(done.deployment, endpoint, body, done.reply.body, call.prompt)
         return self._accountant.settle(
             call,
             done.deployment,
             usage,
             attempt=attempt,
-            escalations=step,
-            verifier_score=verifier_score,
-            answered_at=answered_at,
+            escalations=answer.step,
+            verifier_score=answer.judged,
+            answered_at=answer.answered_at,
+            delivered=delivered,
         )
+
+
+@dataclass(slots=True)
+class _Answer:
+    """An answer of the climb: which tier gave it, when, and the verifier's verdict."""
+
+    done: Completed
+    step: int
+    answered_at: float  # perf_counter
+    judged: float | None = None  # the verifier's score; None: not judged, or it broke
 
 
 def _upstream_failed(error: GatewayError) -> bool:

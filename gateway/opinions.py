@@ -76,6 +76,7 @@ class SecondOpinions:
         self._asked: dict[asyncio.Task[Completed], tuple[str, DeploymentRuntime]] = {}
         self._samples: tuple[str, ...] | None = None
         self._priced: set[str] = set()  # labels of the opinions priced
+        self._closed = False
         self.records: list[SpendRecord] = []
         self.agreeing = 0  # opinions that agree with the first verified answer (agrees)
 
@@ -119,7 +120,11 @@ class SecondOpinions:
         return tuple(texts)
 
     async def close(self) -> None:
-        """Cancel the opinions still running, wait for them, price those that answered."""
+        """Cancel the opinions still running, wait for them, price those that answered.
+        Once: a cascade closes them as soon as no answer is left for them to judge."""
+        if self._closed:
+            return
+        self._closed = True
         pending = [(deployment, reply) for _, deployment, reply in self._unpriced()]
         try:  # prompts to charge are counted first, off the loop when long
             await count_unreported(self._call.prompt, self._endpoint, self._body, pending)

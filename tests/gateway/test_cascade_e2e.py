@@ -443,3 +443,24 @@ def test_code_in_the_language_asked_for_is_kept(
     assert response.headers["x-cascade-escalations"] == "0"
     assert response.json()["choices"][0]["message"]["content"] == fake_openai.reply_text
     assert premium.requests == []
+
+
+async def test_a_cascaded_request_is_judged_against_its_sla_once(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+) -> None:
+    """SLA attainment counts requests: the rejected cheap answer is priced but not
+    judged; the answer the client got is."""
+    timed = POLICY.replace("max_escalations: 1", "max_escalations: 1\n    sla: {timeout_ms: 30000}")
+    fake_openai.reply_text, premium.reply_text = REFUSAL, GOOD
+    base = start_gateway(timed, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    response = ask(base)
+    assert response.headers["x-cascade-escalations"] == "1"
+    request_id = response.headers["x-request-id"]
+    cheap = await wait_for_record(ledger_store, request_id)
+    escalated = await wait_for_record(ledger_store, f"{request_id}:1")
+    assert (cheap.sla_met, escalated.sla_met) == (None, True)
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'cascade_sla_requests_total{outcome="met",route="careful"} 1.0' in metrics

@@ -22,7 +22,7 @@ from gateway.ledger import RedisStore, SpendRecord
 from gateway.limits.budgets import worst_case_nanos
 from gateway.metrics import Metrics
 from gateway.pricing import TokenPrice
-from gateway.runtime import DeploymentRuntime, RouteRuntime, build_runtime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla, build_runtime
 from gateway.scoring import AnswerVerifier
 from gateway.upstreams.base import EndpointType, UpstreamReply, UpstreamStatus, UpstreamTarget
 from policies import LoadedPolicy, Policy
@@ -361,9 +361,11 @@ async def run_cascade(
     deadline_s: float = 10.0,
     max_escalations: int = 1,
     ledger: Ledger | None = None,
+    sla: RouteSla | None = None,
 ) -> tuple[Any, Ledger, Verifier, ScriptedClient]:
     """Run a cascade over CHEAP, MID, PREMIUM (as many as `max_escalations` allows) with
-    JUDGE as second opinion; the result (or the error raised) and what it left."""
+    JUDGE as second opinion, on a route with `sla`; the result (or the error raised)
+    and what it left."""
     metrics, verifier = Metrics(), Verifier()
     ledger = Ledger() if ledger is None else ledger
     client = ScriptedClient(behaviours)
@@ -373,6 +375,7 @@ async def run_cascade(
     route = RouteRuntime(
         "careful", "cascade", ("cheap", "mid", "premium"), "premium-model", PREMIUM.price,
         verify_threshold=0.5, max_escalations=max_escalations, second_opinions=(JUDGE,),
+        sla=sla,
     )  # fmt: skip
     call = Call("req_1", "team", "key", route, False, time.perf_counter())
     tiers = [CHEAP, MID, PREMIUM]
@@ -471,6 +474,45 @@ async def test_past_a_failing_first_tier_the_next_is_judged_against_the_opinions
     assert by_id["req_1:o1"].reference_cost_nanos == 0  # an opinion adds cost only
 
 
+async def test_opinions_stop_when_only_the_unverified_last_tier_is_left() -> None:
+    """Past a failing first tier, the last tier's answer is not judged: the opinion
+    still running is cut off then (charged its prompt), not paid for in full while
+    the last tier answers."""
+    behaviours = {"cheap": fails(), "mid": says("B", 0.3), "judge": says("B", 0.15)}
+    result, ledger, verifier, _ = await run_cascade(behaviours)
+    assert result.final.deployment is MID and verifier.samples == []
+    [opinion] = [r for r in ledger if r.deployment == "judge"]
+    assert (opinion.status, opinion.completion_tokens) == ("partial", 0)
+    assert leftover_tasks() == set()
+
+
+TIMED = RouteSla(None, 10.0, False, "degrade", None, 0, None)
+
+
+async def test_only_the_answer_the_client_gets_is_judged_against_the_sla() -> None:
+    """One verdict per request: the rejected cheap answer is priced, not judged; the
+    answer kept is judged on the time the client waited for it."""
+    behaviours = {"cheap": says("A"), "mid": says("B", 0.1), "judge": says("B")}
+    result, ledger, _, _ = await run_cascade(behaviours, sla=TIMED)
+    assert result.escalations == 1
+    by_id = {r.record_id: r for r in ledger}
+    assert by_id["req_1"].sla_met is None and by_id["req_1:o1"].sla_met is None
+    assert by_id["req_1:1"].sla_met is True and by_id["req_1:1"].latency_ms >= 100
+
+
+async def test_an_answer_kept_after_a_failed_escalation_is_judged_when_delivered() -> None:
+    """The escalation fails, so the client gets the rejected answer after all: that
+    answer carries the verdict, timed when the client got it (after the failure)."""
+    sla = RouteSla(None, 0.25, False, "degrade", None, 0, None)
+    behaviours = {"cheap": says("A"), "mid": fails(0.3), "judge": says("B")}
+    result, ledger, _, _ = await run_cascade(behaviours, sla=sla)
+    assert result.final.deployment is CHEAP
+    by_id = {r.record_id: r for r in ledger}
+    assert sorted(by_id) == ["req_1", "req_1:o1"]
+    assert by_id["req_1"].sla_met is False and by_id["req_1"].latency_ms >= 300
+    assert by_id["req_1"].verifier_score == 0.0  # rejected, and still the answer given
+
+
 async def test_an_opinion_that_answered_before_every_tier_failed_is_priced() -> None:
     behaviours = {"cheap": fails(0.05), "mid": fails(), "judge": says("B")}
     result, ledger, _, _ = await run_cascade(behaviours)
@@ -486,7 +528,7 @@ async def test_an_opinion_later_than_half_the_time_left_counts_as_absent() -> No
     assert 0.4 < time.monotonic() - started < 2.5  # waited half of the 1 s, not 5 s
     assert verifier.samples == [()]  # judged without it, so rejected and escalated
     assert result.second_opinions == (0, 0) and result.escalations == 1
-    assert [(r.record_id, r.status) for r in ledger] == [
+    assert sorted((r.record_id, r.status) for r in ledger) == [
         ("req_1", "ok"),
         ("req_1:1", "ok"),
         ("req_1:o1", "partial"),  # cut off: charged its prompt
