@@ -16,6 +16,7 @@ Errors raised here are ``RoutingError`` (a missing or malformed artifact).
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -74,6 +75,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "code_other_language",
     "code_lines",
     "code_no_function",
+    "code_stub",
     "repetition",
     "degenerate_loop",
     "no_logprobs",
@@ -100,6 +102,7 @@ SCORE_CAPS: dict[str, float] = {
     "finish_length": 0.3,
     "math_no_number": 0.3,
     "degenerate_loop": 0.3,
+    "code_stub": 0.2,
 }
 # Hard rules on maths questions only (`math_prompt`): a wrong arithmetic step. On the
 # shared GSM8K answers 14% of those with one are right (75% of all); in code answers
@@ -401,7 +404,7 @@ def _format_features(prompt: str, question: str, answer: str, kind: PromptKind) 
 
 
 NO_CODE_FEATURES = dict.fromkeys(
-    ("code_missing", "code_other_language", "code_lines", "code_no_function"), 0.0
+    ("code_missing", "code_other_language", "code_lines", "code_no_function", "code_stub"), 0.0
 )
 
 
@@ -425,7 +428,42 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
         "code_no_function": float(
             asks_function and not named and not _PYTHON_FUNCTION.search(code)
         ),
+        # Python whose every function is a placeholder (`pass`, `...`, `raise
+        # NotImplementedError`, a docstring): no answer yet, however well it reads.
+        "code_stub": float(_only_stubs(code)),
     }
+
+
+def _only_stubs(code: str) -> bool:
+    """Whether `code` parses as Python, defines functions, and none has a body."""
+    if "def " not in code or not _PLACEHOLDER_LINE.search(code):  # parsing costs ~1 ms
+        return False
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python: no verdict
+        return False
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return bool(functions) and all(map(_placeholder_body, functions))
+
+
+_PLACEHOLDER_LINE = re.compile(r"(?:^|:)[ \t]*(?:pass\b|\.\.\.|raise NotImplementedError\b)", re.M)
+
+
+def _placeholder_body(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return all(map(_placeholder, function.body))
+
+
+def _placeholder(statement: ast.stmt) -> bool:
+    if isinstance(statement, ast.Pass):
+        return True
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+        return statement.value.value is Ellipsis or isinstance(statement.value.value, str)
+    return isinstance(statement, ast.Raise) and _names_not_implemented(statement.exc)
+
+
+def _names_not_implemented(exc: ast.expr | None) -> bool:
+    target = exc.func if isinstance(exc, ast.Call) else exc
+    return isinstance(target, ast.Name) and target.id == "NotImplementedError"
 
 
 def _code_run_features(run: ExampleRun | None) -> dict[str, float]:

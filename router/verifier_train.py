@@ -532,7 +532,8 @@ below the route's threshold. Built {date} by `router/verifier_train.py`.
 Logistic regression over cheap text signals (`router.verifier.FEATURE_NAMES`), standardised
 with the training means/scales stored in `verifier.json`, then hard caps
 (`router.verifier.SCORE_CAPS`: empty answer, invalid requested JSON, schema mismatch,
-refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops).
+refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops,
+Python whose every function is a placeholder).
 Worked maths is checked step by step (`router/arithmetic.py`: every `a op b = c` link and
 GSM8K `<<a*b=c>>` annotation is evaluated without `eval`; a wrong step is a strong sign
 of a wrong answer); a maths answer that never uses a number of the question, whose

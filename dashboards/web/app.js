@@ -18,12 +18,12 @@
     "forecast_usd",
   ]);
   const PCT_COLUMNS = new Set(["savings_pct", "used_pct", "attainment_pct"]);
-  const SPEND_COLUMNS = ["requests", "cost_usd", "reference_cost_usd", "savings_usd", "savings_pct",
-    "cost_per_1k_requests_usd"];
+  const SPEND_COLUMNS = ["requests", "calls", "cost_usd", "reference_cost_usd", "savings_usd",
+    "savings_pct", "cost_per_1k_requests_usd"];
   // Narrow panels show fewer columns; their CSV export has them all.
   const SHORT_COLUMNS = ["requests", "cost_usd", "savings_usd", "savings_pct"];
   const LABELS = {
-    cost_usd: "Cost", reference_cost_usd: "Reference cost", savings_usd: "Savings",
+    calls: "Upstream calls", cost_usd: "Cost", reference_cost_usd: "Reference cost", savings_usd: "Savings",
     savings_pct: "Savings %", cost_per_1k_requests_usd: "Per 1k requests", limit_usd: "Limit",
     soft_limit_usd: "Soft limit", spent_usd: "Spent", remaining_usd: "Remaining", used_pct: "Used %",
     burn_rate_usd_per_day: "Burn / day", forecast_usd: "Forecast", soft_crossed: "Soft crossed",
@@ -260,7 +260,9 @@
         show("spend-stack", "/v1/spend", { ...params, group_by: `day,${by}` },
           ["day", by, ...SPEND_COLUMNS]),
         show("daily", "/v1/spend", { ...params, group_by: "day" }, ["day", ...SPEND_COLUMNS]),
-        show("tiers", "/v1/spend", { ...params, group_by: "tier" }, ["tier", ...SHORT_COLUMNS]),
+        // A tier that only answers escalations has calls, not requests.
+        show("tiers", "/v1/spend", { ...params, group_by: "tier" },
+          ["tier", "requests", "calls", "cost_usd", "savings_usd", "savings_pct"]),
         show("teams", "/v1/spend", { ...params, group_by: "team", sort: "-cost_usd", limit: "10" },
           ["team", ...SHORT_COLUMNS]),
         show("keys", "/v1/spend", { ...params, group_by: "key", sort: "-cost_usd", limit: "10" },

@@ -129,6 +129,7 @@ class AggregateRow:
     reference_cost_nanos: int
     sla_met: int = 0  # records on routes with an SLA that met it
     sla_missed: int = 0  # ... and that missed it
+    calls: int = 0  # upstream calls priced (escalations, hedges, second opinions too)
 
     @property
     def savings_nanos(self) -> int:

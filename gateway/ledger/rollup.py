@@ -22,6 +22,7 @@ METRICS: tuple[str, ...] = (
     "reference_cost_nanos",
     "sla_met",
     "sla_missed",
+    "calls",
 )
 GROUPABLE: tuple[str, ...] = ("day", *DIMENSIONS)
 
@@ -38,7 +39,10 @@ def check_group_by(group_by: Sequence[str]) -> tuple[str, ...]:
 def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
     """The counters one record adds, in `METRICS` order. `requests` counts client
     requests: only a request's first answer (its record id is the request id) counts
-    one; its escalations, hedges and second opinions add cost, not requests."""
+    one; its escalations, hedges and second opinions add cost, not requests. `calls`
+    counts the upstream calls priced: every record but that of a request that got no
+    answer (an error record), so a deployment that only answers escalations shows how
+    often it was called."""
     return (
         int(rec.record_id == rec.request_id),
         int(rec.status == "error"),
@@ -48,13 +52,14 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
         rec.reference_cost_nanos,
         int(rec.sla_met is True),
         int(rec.sla_met is False),
+        int(rec.status != "error"),
     )
 
 
 class Rollup:
     """Totals per group for one `aggregate` query.
 
-    >>> rollup = Rollup(("team",)); rollup.add(("research",), (1, 0, 10, 5, 300, 900, 1, 0))
+    >>> rollup = Rollup(("team",)); rollup.add(("research",), (1, 0, 10, 5, 300, 900, 1, 0, 1))
     """
 
     def __init__(self, group_by: tuple[str, ...]) -> None:

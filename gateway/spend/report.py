@@ -1,10 +1,10 @@
 """Spend reports from the ledger's aggregates: rows finance can read and export.
 
 Each row: the group's values, requests, errors, tokens, cost, the counterfactual cost
-on the routes' reference models, the savings (absolute and percent) and the cost per
-1,000 requests. JSON rows also carry the money as integer nano-dollars; CSV writes
-dollars as exact decimals (nine places), never as floats, so both reconcile with the
-ledger to the nano-dollar.
+on the routes' reference models, the savings (absolute and percent), the cost per
+1,000 requests and the upstream calls priced. JSON rows also carry the money as integer
+nano-dollars; CSV writes dollars as exact decimals (nine places), never as floats, so
+both reconcile with the ledger to the nano-dollar.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ COLUMNS = (
     "savings_usd",
     "savings_pct",
     "cost_per_1k_requests_usd",
+    "calls",
 )
 # Dollar columns and the integer nano-dollar fields (JSON only) they are written from.
 USD_NANOS = {
@@ -74,6 +75,7 @@ def report_row(row: AggregateRow) -> dict[str, Any]:
         "savings_usd": round(usd(row.savings_nanos), 9),
         "savings_pct": percent(row.savings_nanos, reference),
         "cost_per_1k_requests_usd": round(usd(per_1k), 9),
+        "calls": row.calls,
         "cost_nanos": row.cost_nanos,
         "reference_cost_nanos": reference,
         "savings_nanos": row.savings_nanos,

@@ -64,7 +64,7 @@ def expected_rows(
     for rec in records:
         if not day_from.isoformat() <= rec.day <= day_to.isoformat():
             continue
-        row = totals.setdefault(tuple(rec.dimension(name) for name in group_by), [0] * 8)
+        row = totals.setdefault(tuple(rec.dimension(name) for name in group_by), [0] * 9)
         row[0] += rec.record_id == rec.request_id  # a client request: its first answer
         row[1] += rec.status == "error"
         row[2] += rec.prompt_tokens
@@ -73,6 +73,7 @@ def expected_rows(
         row[5] += rec.reference_cost_nanos
         row[6] += rec.sla_met is True
         row[7] += rec.sla_met is False
+        row[8] += rec.status != "error"  # an upstream call priced
     return [
         AggregateRow(dict(zip(group_by, group, strict=True)), *row)
         for group, row in sorted(totals.items())

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 from collections.abc import Iterator
+from datetime import date
 from typing import Any
 
 import httpx
@@ -108,6 +109,13 @@ async def test_a_rejected_answer_escalates_and_both_are_priced(
     # The ledger keeps each answer's verdict: the refusal's, none for the last tier's.
     assert cheap.verifier_score is not None and cheap.verifier_score <= 0.2
     assert escalated.verifier_score is None
+    # By deployment: the request counts at its first answer; both were called once.
+    day = date.fromisoformat(cheap.day)
+    rows = await ledger_store.aggregate(day, day, ["deployment"])
+    assert [(r.group["deployment"], r.requests, r.calls) for r in rows] == [
+        ("cheap", 1, 1),
+        ("premium", 0, 1),
+    ]
 
 
 def test_invalid_json_in_json_mode_escalates(

@@ -16,6 +16,7 @@ from router.errors import RoutingError
 from router.verifier import (
     FEATURE_NAMES,
     MAX_PROMPT_CHARS,
+    SCORE_CAPS,
     Signals,
     Verifier,
     code_job,
@@ -505,3 +506,45 @@ def test_examples_cover_every_source() -> None:
     sources = {e.source for e in examples}
     assert "gsm8k" in sources and "routerbench_mbpp" in sources
     assert all(not e.response.startswith("['") for e in examples)
+
+
+@pytest.mark.parametrize(
+    ("answer", "stub"),
+    [
+        ("```python\ndef add(a, b):\n    pass\n```", 1.0),
+        ('```python\ndef add(a, b):\n    """Add a and b."""\n    ...\n```', 1.0),
+        ("```python\ndef add(a, b): raise NotImplementedError('todo')\n```", 1.0),
+        (
+            "```python\ndef add(a, b):\n    # TODO: implement\n    pass\n\nprint(add(1, 2))\n```",
+            1.0,
+        ),
+        # Some function does something: an answer, maybe wrong, not a placeholder.
+        ("```python\ndef add(a, b):\n    if a is None:\n        pass\n    return a + b\n```", 0.0),
+        ("```python\ndef helper():\n    pass\n\ndef add(a, b):\n    return a + b\n```", 0.0),
+        ("```python\ndef add(a, b):\n    raise ValueError('no')\n```", 0.0),
+        # Not Python, or no function: the check has nothing to say.
+        ("```c\nint add(int a, int b) { pass; }\n```", 0.0),
+        ("```python\npass\n```", 0.0),
+    ],
+)
+def test_code_whose_every_function_is_a_placeholder_is_a_stub(answer: str, stub: float) -> None:
+    prompt = "Write a python function to add two numbers."
+    assert extract_features(prompt, answer, Signals())["code_stub"] == stub
+
+
+def test_a_stub_is_capped_however_well_it_reads(verifier: Verifier) -> None:
+    prompt = "Write a python function to add two numbers."
+    working = "```python\ndef add(a, b):\n    return a + b\n```"
+    stub = "```python\ndef add(a, b):\n    # add the two numbers\n    pass\n```"
+    assert verifier.score(prompt, stub, finish_reason="stop") <= SCORE_CAPS["code_stub"]
+    assert verifier.score(prompt, working, finish_reason="stop") > SCORE_CAPS["code_stub"]
+
+
+def test_the_stub_check_stays_cheap_on_long_code() -> None:
+    """Code without a placeholder line is not parsed; hostile nesting is no verdict."""
+    long_code = "def f(x):\n    return x\n" * 2000
+    nested = "def f():\n    pass\n    return " + "(" * 5000 + ")" * 5000
+    started = time.perf_counter()
+    assert not verifier_module._only_stubs(long_code)
+    assert not verifier_module._only_stubs(nested)
+    assert time.perf_counter() - started < 2.0
