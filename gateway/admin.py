@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.breaker import STATE_VALUES
 from gateway.errors import InvalidRequest
 from gateway.metrics import CONTENT_TYPE
 from gateway.services import Services, get_services
@@ -42,16 +43,40 @@ async def metrics(services: ServicesDep) -> Response:
     m = services.metrics
     m.ledger_degraded.set(1 if services.ledger.degraded else 0)
     m.ledger_spooled.set(services.ledger.spooled_count)
-    for d in services.runtime.deployments.values():
-        m.deployment_available.labels(d.name, d.tier).set(0 if d.unavailable_reason else 1)
-    for route in services.runtime.routes.values():
-        sla = route.sla
-        if sla is None:
-            continue
-        for kind, target in (("ttft", sla.ttft_s), ("timeout", sla.timeout_s), ("p99", sla.p99_s)):
-            if target is not None:
-                m.sla_target.labels(route.name, kind).set(target)
+    m.policy_edit_rejected.set(1 if services.last_reload_error() else 0)
+    _policy_gauges(services)
     return Response(m.render(), media_type=CONTENT_TYPE)
+
+
+def _policy_gauges(services: Services) -> None:
+    """The gauges that describe the serving policy, as of now: set for what it has, and
+    pruned of what a reload removed (a deployment, its old tier, an SLA, a budget)."""
+    m, runtime, breakers = services.metrics, services.runtime, services.guard.breakers
+    deployments = runtime.deployments
+    available = {(d.name, d.tier): 0 if d.unavailable_reason else 1 for d in deployments.values()}
+    targets = {
+        (route.name, kind): target
+        for route in runtime.routes.values()
+        if route.sla is not None
+        for kind, target in (
+            ("ttft", route.sla.ttft_s),
+            ("timeout", route.sla.timeout_s),
+            ("p99", route.sla.p99_s),
+        )
+        if target is not None
+    }
+    budgets = {(b.scope, b.name, b.period) for b in runtime.policy.budgets}
+    m.prune(m.deployment_available, available.__contains__)
+    m.prune(m.sla_target, targets.__contains__)
+    m.prune(m.budget_remaining, budgets.__contains__)
+    for gauge in (m.breaker_state, m.predicted_ttft, m.engine_requests, m.engine_kv_cache):
+        m.prune(gauge, lambda labels: labels[0] in deployments)
+    for labels, value in available.items():
+        m.deployment_available.labels(*labels).set(value)
+    for labels, target in targets.items():
+        m.sla_target.labels(*labels).set(target)
+    for name in deployments:  # an open breaker whose cooldown is over reads half-open
+        m.child(m.breaker_state, name).set(STATE_VALUES[breakers.state(name)])
 
 
 @router.post("/admin/reload")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -29,7 +30,7 @@ from gateway.metrics import Metrics
 from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
 from gateway.runtime import build_runtime
 from gateway.scoring import warm
-from gateway.services import Services
+from gateway.services import Services, log_unserved
 from gateway.settings import Settings
 from gateway.sla import build_guard
 from gateway.spend import api as spend_api
@@ -108,6 +109,7 @@ async def start_services(settings: Settings) -> Services:
     executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
     redis_url, prefix = settings.redis_url, settings.redis_prefix
     limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)
+    log_unserved(loaded)
     services = Services(
         settings=settings,
         runtime=build_runtime(loaded),
@@ -130,6 +132,7 @@ async def start_services(settings: Settings) -> Services:
     )
     services.reloader.start()
     guard.start(lambda: services.runtime)
+    limits.watch(lambda: services.runtime)
     return services
 
 
@@ -159,9 +162,15 @@ def error_response(request: Request, error: GatewayError) -> Response:
     services: Services | None = getattr(request.app.state, "services", None)
     if services is not None:
         route = str(getattr(request.state, "route", "-"))
+        team = str(getattr(request.state, "team", "-"))
         m = services.metrics
         m.child(m.errors, route, error.type).inc()
-        m.child(m.requests, route, "-", "-", str(error.status)).inc()
+        m.child(m.requests, route, "-", team, str(error.status)).inc()
+        started = getattr(request.state, "started", None)
+        if error.status >= 500 and route != "-" and started is not None:
+            # What its client waited for nothing (a timeout, every upstream down): the
+            # latency panels and p99 alerts must see it, under no deployment.
+            m.child(m.latency, route, "-").observe(time.perf_counter() - started)
     headers = {"x-request-id": request_id, **error.headers}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 

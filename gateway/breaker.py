@@ -97,8 +97,16 @@ class CircuitBreakers:
             breaker = self._breakers[deployment] = _Breaker()
         return breaker
 
-    def state(self, deployment: str) -> BreakerStateType:
-        return self._get(deployment).state
+    def state(self, deployment: str, now: float | None = None) -> BreakerStateType:
+        """Its state now: an open breaker whose cooldown is over is half-open (due for a
+        probe) whether or not a request has come to probe it yet, so that a deployment
+        no traffic reaches does not read as ejected long after its cooldown."""
+        breaker = self._breakers.get(deployment)
+        if breaker is None:
+            return "closed"
+        if breaker.state == "open" and (time.time() if now is None else now) >= breaker.open_until:
+            self._move(deployment, breaker, "half_open")
+        return breaker.state
 
     def is_ejected(self, deployment: str, now: float | None = None) -> bool:
         """Would `allows` refuse now? (A pure read: takes and frees no probe slot.)"""

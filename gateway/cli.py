@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 from local_engine.cli import add_engine_commands
@@ -36,8 +41,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from local_engine.autostart import start_engines, stop_engines
 
     given = {"policy": args.policy, "host": args.host, "port": args.port, "workers": args.workers}
-    settings = Settings(**{name: value for name, value in given.items() if value is not None})
-    policy = load_policy(settings.policy).policy  # fail fast, with the message, before binding
+    given = {name: value for name, value in given.items() if value is not None}
+    try:
+        settings = Settings(**given)
+        policy = load_policy(settings.policy).policy  # fail fast, before binding
+    except ValidationError as exc:  # a bad setting: named as the operator set it
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            where = f"--{field}" if field in given else f"CASCADE_{field.upper()}"
+            print(f"serve: {where}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
+        return 2
+    except PolicyError as exc:
+        print(f"serve: the policy does not load:\n{exc}", file=sys.stderr)
+        return 1
     # Workers are separate processes that build their own Settings from the environment.
     os.environ["CASCADE_POLICY"] = str(settings.policy)
     logging.basicConfig(
@@ -50,10 +66,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # that runs `finally` (Ctrl-C's KeyboardInterrupt already does), so engines stop too.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        _run_uvicorn(settings)
+        with _worker_metrics(settings.workers):
+            _run_uvicorn(settings)
     finally:
         stop_engines(engines)
     return 0
+
+
+@contextlib.contextmanager
+def _worker_metrics(workers: int) -> Iterator[None]:
+    """With several workers, a fresh directory for their counters (see gateway.metrics),
+    set in the environment they inherit and removed when they are gone. One set by the
+    operator is used as it is."""
+    from gateway.metrics import MULTIPROCESS_DIR_VARIABLE
+
+    if workers <= 1 or MULTIPROCESS_DIR_VARIABLE in os.environ:
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="cascade-metrics-")
+    os.environ[MULTIPROCESS_DIR_VARIABLE] = path
+    try:
+        yield
+    finally:
+        del os.environ[MULTIPROCESS_DIR_VARIABLE]
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -78,6 +114,8 @@ def _run_uvicorn(settings: Settings) -> None:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
+    from gateway.runtime import unserved_notes
+
     try:
         loaded = load_policy(Path(args.path))
     except PolicyError as exc:
@@ -88,10 +126,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         f"{args.path}: ok ({len(policy.deployments)} deployments, {len(policy.routes)} routes, "
         f"{len(policy.keys)} keys)"
     )
-    for name, spec in policy.deployments.items():
-        reason = spec.unavailable_reason()
-        if reason:
-            print(f"  note: deployment '{name}' is unavailable until configured: {reason}")
+    for note in unserved_notes(policy):
+        print(f"  note: {note}")
     if policy.budgets:
         print(
             f"  note: {len(policy.budgets)} budget(s) enforced on Redis (REDIS_URL); when it is "

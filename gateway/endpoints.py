@@ -8,6 +8,8 @@ FastAPI's per-request dependency solving costs more than the rest of the proxyin
 
 from __future__ import annotations
 
+import time
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -67,9 +69,11 @@ ROUTES = [
 
 async def _proxy(request: Request, endpoint: EndpointType) -> Response:
     services = services_of(request)
+    request.state.started = time.perf_counter()
     request.state.request_id = request_id = services.proxy.request_ids.next()
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
     principal = authenticate(request, runtime)
+    request.state.team = principal.team  # a policy name: error metrics stay bounded
     raw = await read_body(request, runtime.max_body_bytes)
 
     def label_route(model: str) -> None:  # only known names: metric labels stay bounded

@@ -12,7 +12,7 @@
     │   └── BudgetExceeded            429 insufficient_quota, until the budget's period ends
     ├── LimitsUnavailable             503 (limits cannot be checked and policy says closed)
     └── UpstreamError                 502 bad gateway
-        ├── UpstreamUnavailable       503 (no deployment can take the request)
+        ├── UpstreamUnavailable       503 (no deployment can take it; Retry-After if one is due)
         └── UpstreamTimeout           504
 
 Endpoints raise; one handler in `gateway.app` renders `{"error": {...}}`.
@@ -20,6 +20,7 @@ Endpoints raise; one handler in `gateway.app` renders `{"error": {...}}`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 
@@ -160,6 +161,16 @@ class UpstreamError(GatewayError):
 class UpstreamUnavailable(UpstreamError):
     status = 503
     default_code = "no_deployment_available"
+
+    def __init__(
+        self, message: str, *, retry_after_s: float | None = None, code: str | None = None
+    ) -> None:
+        """`retry_after_s`: when a deployment is expected back (a breaker's cooldown,
+        the upstreams' own Retry-After), sent as `Retry-After`."""
+        headers = (
+            {} if retry_after_s is None else {"retry-after": str(max(1, math.ceil(retry_after_s)))}
+        )
+        super().__init__(message, code=code, headers=headers)
 
 
 class UpstreamTimeout(UpstreamError):

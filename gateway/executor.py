@@ -439,7 +439,11 @@ def final_error(
     if failures and all(isinstance(f, UpstreamTimedOut) for f in failures):
         return UpstreamTimeout(f"every deployment timed out ({names}): {summary}")
     if failures and all(_is_unavailable(f) for f in failures):
-        return UpstreamUnavailable(f"no deployment could take the request ({names}): {summary}")
+        waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
+        return UpstreamUnavailable(
+            f"no deployment could take the request ({names}): {summary}",
+            retry_after_s=min(waits) if waits else None,
+        )
     return UpstreamError(f"every deployment failed ({names}): {summary}")
 
 

@@ -1,16 +1,30 @@
 """Prometheus metrics, on a registry owned by the app (no module globals), so
 several apps in one process (tests) do not collide.
 
+With several worker processes (`serve --workers N`) a scrape reaches one of them, so
+counters and histograms are kept in prometheus_client's multiprocess files
+(`PROMETHEUS_MULTIPROC_DIR`, which `serve` sets up) and every scrape sums every
+worker's: a counter read from whichever worker answers would jump between their
+values, and Prometheus would take each drop for a reset. Gauges are the answering
+worker's own view (the policy it serves, its breakers, the engine load it scraped).
+
 Names are a contract with dashboards/ and alert rules: change them together.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# Where worker processes keep their counters (read by prometheus_client at import).
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 # Latency buckets in seconds: gateway overhead is sub-millisecond, LLM calls take seconds.
 LATENCY_BUCKETS = (
@@ -128,6 +142,12 @@ class Metrics:
         )
         self.policy_reloads = Counter(
             "cascade_policy_reloads", "Policy reload attempts by result", ["result"], registry=r
+        )
+        self.policy_edit_rejected = Gauge(
+            "cascade_policy_edit_rejected",
+            "1 while the policy on disk is an edit that was rejected (the last good policy "
+            "keeps serving)",
+            registry=r,
         )
         self.deployment_available = Gauge(
             "cascade_deployment_available",
@@ -266,7 +286,35 @@ class Metrics:
         )
 
     def render(self) -> bytes:
+        if MULTIPROCESS_DIR_VARIABLE in os.environ:
+            return generate_latest(_AllWorkers(self.registry))
         return generate_latest(self.registry)
+
+    def prune(self, gauge: Gauge, keep: Callable[[tuple[str, ...]], bool]) -> None:
+        """Drop `gauge`'s series whose label values `keep` refuses (what a reloaded policy
+        no longer has: a gauge left behind reads as a live figure, and can keep an alert
+        firing), and the cached children that would write to them."""
+        for values in list(gauge._metrics):  # prometheus_client's series, by label values
+            labels = tuple(values)
+            if not keep(labels):
+                gauge.remove(*labels)
+                self.child.forget(gauge, labels)
+
+
+class _AllWorkers:
+    """A multiprocess scrape: every worker's counters and histograms, summed from their
+    files, and this worker's gauges."""
+
+    def __init__(self, own: CollectorRegistry) -> None:
+        self._own = own
+
+    def collect(self) -> Iterator[Metric]:
+        for family in MultiProcessCollector(None).collect():  # type: ignore[no-untyped-call]
+            if family.type != "gauge":
+                yield family
+        for family in self._own.collect():
+            if family.type == "gauge":
+                yield family
 
 
 class LabelCache:
@@ -282,3 +330,6 @@ class LabelCache:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def forget(self, metric: MetricWrapperBase, labels: tuple[str, ...]) -> None:
+        self._children.pop((id(metric), labels), None)

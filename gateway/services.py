@@ -12,7 +12,7 @@ from gateway.ledger import CostLedger, LedgerStore
 from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy
-from gateway.runtime import Runtime, build_runtime
+from gateway.runtime import Runtime, build_runtime, unserved_notes
 from gateway.scoring import warm
 from gateway.settings import Settings
 from gateway.sla import SlaGuard
@@ -39,6 +39,7 @@ class Services:
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
         self.runtime = build_runtime(loaded)
+        log_unserved(loaded)
         warm(self.runtime.routes.values(), self.settings.embedding_threads)
         self.guard.configure(loaded.policy)
         self.metrics.policy_reloads.labels("ok").inc()
@@ -51,6 +52,11 @@ class Services:
     def last_reload_error(self) -> str | None:
         error = self.reloader.last_error if self.reloader is not None else None
         return None if error is None else str(error)
+
+
+def log_unserved(loaded: LoadedPolicy) -> None:
+    for note in unserved_notes(loaded.policy):
+        log.warning("policy %s: %s", ", ".join(map(str, loaded.source)), note)
 
 
 def services_of(request: Request) -> Services:

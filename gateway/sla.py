@@ -88,7 +88,8 @@ class SlaGuard:
             wait = self.breakers.reopens_in(names)
             raise UpstreamUnavailable(
                 f"every deployment of route '{route.name}' is ejected by its circuit "
-                f"breaker ({', '.join(names)}); the first is probed again in {wait:.1f}s"
+                f"breaker ({', '.join(names)}); the first is probed again in {wait:.1f}s",
+                retry_after_s=wait,
             )
         if chosen.skipped:
             log.debug("route '%s' skipped %s", route.name, chosen.skipped)

@@ -10,7 +10,10 @@
 `<run-dir>/supervisor.log`), waits until every engine is ready or has failed, prints
 the status and exits. `status` and `down` work from any invocation: they read the state
 files in the run directory; `down` asks the supervisor to stop an engine (a `<name>.stop`
-file) and stops the process group itself when the supervisor is gone.
+file) and stops the process group itself when the supervisor is gone. Only `up` hands the
+engine's `api_key` to vLLM, so only `up` refuses an `api_key: ${VAR}` whose VAR is unset
+(`${VAR:-}` is a key that may be unset: the engine then runs without one); `status` and
+`down` never read the key, so an on-call shell without the secret can inspect and stop.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def _add_command(
 
 def run_up(args: argparse.Namespace) -> int:
     try:
-        specs = _selected_engines(args)
+        specs = _selected_engines(args, launching=True)
         if args.detach:
             return _up_detached(args, specs)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -231,7 +234,15 @@ def stop_engine(spec: EngineSpec, record: EngineRecord, run_dir: Path) -> str:
     return "stopped (no live supervisor)" if stopped else "stopped (process was gone)"
 
 
-def _selected_engines(args: argparse.Namespace) -> dict[str, EngineSpec]:
+def _selected_engines(
+    args: argparse.Namespace, *, launching: bool = False
+) -> dict[str, EngineSpec]:
+    """The engines `--engine` names (default: all the policy declares).
+
+    `launching` (`up` alone: it hands `api_key` to vLLM) also refuses an engine whose
+    `api_key: ${VAR}` has VAR unset, rather than start it open to anyone; `${VAR:-}` says
+    the key may be unset, and the engine then runs without one, as the gateway calls it.
+    `status` and `down` never read the key."""
     loaded = load_policy(args.policy)
     engines = loaded.policy.engines
     if not engines:
@@ -241,12 +252,23 @@ def _selected_engines(args: argparse.Namespace) -> dict[str, EngineSpec]:
     if unknown:
         message = f"no engine named {', '.join(unknown)}; declared: {', '.join(engines)}"
         raise PolicyError([_problem(args.policy, "engines", message)])
-    for name in names:
-        unset = loaded.unset_env.get(f"engines.{name}.api_key")
-        if unset:
-            message = f"api_key references ${{{unset[0]}}}, which is unset; set it or drop api_key"
-            raise PolicyError([_problem(args.policy, f"engines.{name}.api_key", message)])
+    if launching:
+        problems = [
+            _problem(args.policy, f"engines.{name}.api_key", _unset_key_message(unset[0]))
+            for name in names
+            if (unset := loaded.unset_env.get(f"engines.{name}.api_key"))
+        ]
+        if problems:
+            raise PolicyError(problems)
     return {name: engines[name] for name in names}
+
+
+def _unset_key_message(variable: str) -> str:
+    return (
+        f"api_key references ${{{variable}}}, which is unset; engine up hands the key to "
+        f"vLLM: set {variable}, or write ${{{variable}:-}} to run the engine without a key "
+        "while it is unset"
+    )
 
 
 def _problem(path: Path, field: str, message: str) -> Problem:

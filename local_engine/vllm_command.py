@@ -62,9 +62,10 @@ def vllm_env(spec: EngineSpec, base: Mapping[str, str]) -> dict[str, str]:
     """The engine's environment: `base` (the supervisor's), the spec's `env`, the API key.
 
     An inherited VLLM_API_KEY is dropped: the policy alone decides whether the engine
-    asks for a key, so the deployments pointing at it agree."""
+    asks for a key, so the deployments pointing at it agree. An empty key (`${VAR:-}`
+    with VAR unset) is no key, as for the gateway, which then sends none."""
     env = {**base, **spec.env}
     env.pop(API_KEY_ENV, None)
-    if spec.api_key is not None:
+    if spec.api_key:
         env[API_KEY_ENV] = spec.api_key
     return env

@@ -176,11 +176,20 @@ class CostLedger:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval)
             try:
-                await self.catch_up()
+                if self.degraded:
+                    await self.catch_up()
+                else:
+                    await self.check()
             except Exception:  # a bug here must not end the task and strand the spool
                 log.exception("spend replay from %s failed", self._spool.path)
+            await asyncio.sleep(self._interval)
+
+    async def check(self) -> None:
+        """Ping the store while all is well, so that an outage shows (`degraded`, the
+        log, /readyz) from startup on, before a record meets it."""
+        if not await self._store.ping():
+            self._enter_outage(LedgerUnavailable("it does not answer a ping"))
 
     async def catch_up(self) -> int:
         """One replay attempt if degraded and the store answers; returns records replayed."""

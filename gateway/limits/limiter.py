@@ -62,6 +62,7 @@ from gateway.upstreams.base import EndpointType
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 1.0  # during an outage, how often the probe task tries the store
+WATCH_INTERVAL_S = 5.0  # otherwise, how often the watch task does (see `watch`)
 HOLD_GRACE_S = 600.0  # a hold outlives the request timeout by this (streams run longer)
 BATCH_MAX = 64
 MAX_PENDING = 100_000  # settlements kept while Redis is down; older ones are dropped
@@ -119,6 +120,7 @@ class Limiter:
         self._book = RuleBook({}, {}, {})
         self._down = False  # admissions skip the store until the probe finds it again
         self._prober: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._queue: deque[Charge] = deque()
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -144,10 +146,7 @@ class Limiter:
     ) -> Admission:
         """Admit the request or raise `RateLimited`, `BudgetExceeded` or (store down,
         policy closed) `LimitsUnavailable`. The prompt's count lands in `prompt`."""
-        if runtime is not self._runtime:
-            self._book = RuleBook.build(runtime.policy)
-            self._runtime = runtime
-        rules = self._book.rules_for(principal.key_id, principal.team, route.name)
+        rules = self._book_of(runtime).rules_for(principal.key_id, principal.team, route.name)
         if rules is None or not candidates:  # no candidates: nothing will be called
             return UNLIMITED
         plans = self._plans(runtime, route, candidates, rules)
@@ -263,6 +262,32 @@ class Limiter:
         if self._store is not None and not self._stopped and not self._probing:
             self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
 
+    def _book_of(self, runtime: Runtime) -> RuleBook:
+        if runtime is not self._runtime:
+            self._book = RuleBook.build(runtime.policy)
+            self._runtime = runtime
+        return self._book
+
+    def watch(self, runtime: Callable[[], Runtime]) -> None:
+        """While the serving policy (`runtime()`) sets limits, probe the store every
+        `WATCH_INTERVAL_S` from startup on, so that an outage shows
+        (`cascade_limits_degraded`, the log) before an admission meets it. Needs a
+        running loop; `stop` ends it."""
+        if self._store is not None and self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_loop(runtime))
+
+    async def _watch_loop(self, runtime: Callable[[], Runtime]) -> None:
+        assert self._store is not None
+        while not self._stopped:
+            if not self._down and not self._book_of(runtime()).empty:
+                try:
+                    await self._store.probe()
+                except LimitsStoreUnavailable as exc:
+                    self._enter_outage(exc)
+                except Exception:  # a bug must not end the watch
+                    log.exception("probing the limits store failed")
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
     @property
     def _probing(self) -> bool:
         return self._prober is not None and not self._prober.done()
@@ -363,11 +388,11 @@ class Limiter:
                 "their spend is in the ledger only",
                 len(self._queue),
             )
-        for task in (self._writer, self._prober):
+        for task in (self._writer, self._prober, self._watcher):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._writer = self._prober = None
+        self._writer = self._prober = self._watcher = None
         if self._store is not None:
             await self._store.close()

@@ -133,7 +133,7 @@ def test_dashboards_cover_what_ops_watch() -> None:
 
 
 def test_alert_rules_are_prometheus_rules_on_real_metrics(exported: set[str]) -> None:
-    assert {p.name for p in ALERTS} >= {"budgets.yaml", "sla.yaml"}
+    assert {p.name for p in ALERTS} >= {"budgets.yaml", "operations.yaml", "sla.yaml"}
     seen: set[str] = set()
     for path in ALERTS:
         document = yaml.safe_load(path.read_text())
@@ -149,4 +149,8 @@ def test_alert_rules_are_prometheus_rules_on_real_metrics(exported: set[str]) ->
                 assert rule["annotations"]["summary"] and rule["annotations"]["description"]
                 names = metric_names(rule["expr"])
                 assert names and names <= exported, (rule["alert"], names - exported)
-    assert {"CascadeBudgetSoftLimitCrossed", "CascadeSlaAttainmentLow"} <= seen
+    assert {
+        "CascadeBudgetSoftLimitCrossed",
+        "CascadeSlaAttainmentLow",
+        "CascadePolicyEditRejected",
+    } <= seen

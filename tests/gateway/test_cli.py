@@ -49,6 +49,45 @@ def test_policy_check_accepts_the_shipped_policies() -> None:
         assert "ok" in result.stdout
 
 
+def test_policy_check_notes_what_serves_nothing_until_configured(tmp_path: Path) -> None:
+    """A key or deployment whose env var is unset is no error (it may be set where the
+    gateway runs), but check says so, as the serving gateway's log does."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "deployments:\n"
+        "  paid: {api_base: 'https://api.openai.com/v1', model: gpt-4o,"
+        " api_key: '${UNSET_PAID_KEY}', requires_key: true}\n"
+        "routes:\n"
+        "  auto: {deployments: [paid]}\n"
+        "keys:\n"
+        "  ci: {secret: '${UNSET_CI_KEY}'}\n"
+        "admin_keys: ['${UNSET_ADMIN_KEY}']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNSET_")}
+    result = run("policy", "check", str(policy), env=env)
+    assert result.returncode == 0, result.stderr
+    notes = [line.strip() for line in result.stdout.splitlines() if "note:" in line]
+    assert any("deployment 'paid'" in n and "UNSET_PAID_KEY" in n for n in notes), notes
+    assert any("key 'ci' is disabled" in n and "UNSET_CI_KEY" in n for n in notes), notes
+    assert "note: no client key is enabled: the gateway serves nobody" in notes
+    assert "note: no admin key is set: /admin answers 401" in notes
+
+
+def test_serve_refuses_a_bad_policy_or_setting_with_the_message_alone(tmp_path: Path) -> None:
+    """What a crash-looping pod's log shows: the problem, named as the operator wrote
+    it (file, line and field; the environment variable), not a traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("deployments:\n  a: {model: m, timeout_s: soon}\nroutes: {}\n")
+    result = run("serve", "--policy", str(bad))
+    assert result.returncode == 1
+    assert f"{bad}:2:" in result.stderr and "deployments.a.timeout_s" in result.stderr
+    assert "Traceback" not in result.stderr
+    env = {**os.environ, "CASCADE_PORT": "eighty"}
+    result = run("serve", env=env)
+    assert result.returncode == 2
+    assert "CASCADE_PORT='eighty'" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_policy_check_reports_file_line_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway
@@ -74,9 +77,13 @@ def test_health_readiness_and_metrics(start_gateway: StartGateway, fake_openai: 
 
 
 def test_admin_policy_reports_unavailable_deployments(
-    start_gateway: StartGateway, fake_openai: FakeOpenAI
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.services")
     base = start_gateway(POLICY.replace("MODEL_NAME", "m1"), UPSTREAM_BASE_URL=fake_openai.url).url
+    # The log says so at load: a request that meets it only gets a 503.
+    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.services"]
+    assert any("deployment 'needs-key'" in m and "SOME_UNSET_KEY" in m for m in logged), logged
     status = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()
     assert status["deployments"]["upstream"]["available"] is True
     reason = status["deployments"]["needs-key"]["unavailable_reason"]
@@ -148,7 +155,80 @@ def test_a_bad_edit_found_by_the_poller_is_reported(
         return bool(status["last_reload_error"])
 
     wait_until(reported)
-    assert (
-        'cascade_policy_reloads_total{result="rejected"} 1.0' in httpx.get(f"{base}/metrics").text
-    )
+    text = httpx.get(f"{base}/metrics").text
+    assert 'cascade_policy_reloads_total{result="rejected"} 1.0' in text
+    assert "cascade_policy_edit_rejected 1.0" in text  # for as long as the file is bad
     assert chat(base).status_code == 200
+    path.write_text(POLICY.replace("MODEL_NAME", "m1"))  # the edit undone
+    wait_until(lambda: not reported())
+    assert "cascade_policy_edit_rejected 0.0" in httpx.get(f"{base}/metrics").text
+
+
+RICH = """
+deployments:
+  upstream:
+    api_base: ${UPSTREAM_BASE_URL}
+    model: m
+    tier: TIER
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+EXTRA
+routes:
+  auto: {deployments: [upstream], reference_model: gpt-4o}
+ROUTE
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+gateway:
+  reload_interval_s: 0.1
+BUDGETS
+"""
+OLD = """  old:
+    api_base: ${UPSTREAM_BASE_URL}
+    model: m-old
+    price: {input_per_mtok: 1, output_per_mtok: 2}"""
+TIMED = "  timed: {deployments: [old], reference_model: gpt-4o, sla: {timeout_ms: 5000}}"
+BUDGET = "budgets:\n  - {scope: key, name: k, period: day, limit_usd: 5}"
+
+
+def test_a_reload_prunes_the_gauges_of_what_it_removed(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A gauge left behind by a reload reads as live: a deleted deployment, a tier it
+    left, an SLA or a budget dropped must leave /metrics (and their alerts) with it."""
+    path = tmp_path / "live.yaml"
+    before = RICH.replace("TIER", "cheap").replace("EXTRA", OLD).replace("ROUTE", TIMED)
+    path.write_text(before.replace("BUDGETS", BUDGET))
+    base = start_gateway(path, UPSTREAM_BASE_URL=fake_openai.url).url
+    assert chat(base).status_code == 200
+    gone = [
+        'cascade_deployment_available{deployment="old",tier="default"}',
+        'cascade_deployment_available{deployment="upstream",tier="cheap"}',
+        'cascade_breaker_state{deployment="old"}',
+        'cascade_sla_target_seconds{kind="timeout",route="timed"}',
+        'cascade_budget_remaining_usd{name="k",period="day",scope="key"}',
+    ]
+    wait_until(lambda: all(series in httpx.get(f"{base}/metrics").text for series in gone))
+
+    after = RICH.replace("TIER", "premium").replace("EXTRA", "").replace("ROUTE", "")
+    path.write_text(after.replace("BUDGETS", ""))
+    wait_until(lambda: "timed" not in httpx.get(f"{base}/admin/policy", headers=ADMIN).text)
+    text = httpx.get(f"{base}/metrics").text
+    assert [series for series in gone if series in text] == []
+    assert 'cascade_deployment_available{deployment="upstream",tier="premium"} 1.0' in text
+    assert 'cascade_breaker_state{deployment="upstream"} 0.0' in text
+
+
+def test_an_unreachable_redis_shows_before_any_request(start_gateway: StartGateway) -> None:
+    """Readiness and the degraded gauges tell ops at once, not when traffic meets it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"  # bound, not listening
+        limited = POLICY + BUDGET  # the limits store is watched while there are limits
+        base = start_gateway(limited, redis=closed, UPSTREAM_BASE_URL="http://127.0.0.1:9/v1").url
+
+        def degraded() -> bool:
+            text = httpx.get(f"{base}/metrics").text
+            return "cascade_ledger_degraded 1.0" in text and "cascade_limits_degraded 1.0" in text
+
+        wait_until(degraded)
+        assert httpx.get(f"{base}/readyz").json()["ledger"] == "degraded"

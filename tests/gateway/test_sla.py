@@ -237,6 +237,21 @@ def test_breaker_ejects_a_failing_engine_then_probes_it(
     assert metric(base, 'cascade_breaker_state{deployment="a"}') == 0
 
 
+def test_an_ejected_deployment_no_traffic_reaches_reads_half_open_after_its_cooldown(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    """Its cooldown is over, so it is due for a probe, not ejected: /metrics (and the
+    ejection alert) must not read "open" until some request happens to reach it."""
+    base = start(COOLDOWN_S="1")
+    engine_a.fail(500, times=None)
+    for _ in range(2):
+        chat(base, "plain")
+    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 2
+    time.sleep(1.1)  # no request meanwhile
+    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 1
+    assert len(chat_requests(engine_a)) == 2  # nothing probed it
+
+
 def test_an_ejection_is_shared_with_other_gateways_through_redis(
     start_gateway: StartGateway, engine_a: FakeOpenAI, engine_b: FakeOpenAI
 ) -> None:
@@ -263,6 +278,7 @@ def test_every_ejected_deployment_means_503(start: Any, engine_a: FakeOpenAI) ->
     response = chat(base, "a")  # the deployment by name: nothing else to fall back to
     assert response.status_code == 503
     assert "circuit breaker" in response.json()["error"]["message"]
+    assert 1 <= int(response.headers["retry-after"]) <= 30  # the cooldown left
 
 
 def test_priority_is_forwarded_to_priority_scheduled_engines(
@@ -286,6 +302,16 @@ def test_timeout_ms_bounds_the_request(
     assert time.monotonic() - began < 1.5
     # A request the route failed is a miss for its SLA attainment, not left uncounted.
     assert metric(base, 'cascade_sla_requests_total{outcome="missed",route="chat"}') == 1
+    # Counted under its caller's team, and in the latency its client saw (no deployment).
+    [failed] = [
+        line
+        for line in httpx.get(f"{base}/metrics").text.splitlines()
+        if line.startswith("cascade_requests_total{") and 'status="504"' in line
+    ]
+    assert 'team="-"' not in failed and failed.endswith(" 1.0")
+    waited = 'cascade_request_duration_seconds_count{deployment="-",route="chat"}'
+    assert metric(base, waited) == 1
+    assert metric(base, 'cascade_request_duration_seconds_sum{deployment="-",route="chat"}') >= 0.3
 
 
 MEASURED = """

@@ -143,6 +143,17 @@ def test_all_rate_limited_is_429_with_retry_after(
     assert response.json()["error"]["type"] == "rate_limit_error"
 
 
+def test_every_deployment_busy_is_503_with_their_retry_after(
+    start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
+) -> None:
+    base = start()
+    fake_openai.fail(503, times=None, retry_after="4")
+    second.fail(503, times=None, retry_after="2")
+    response = post(base)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "2"  # the first one expected back
+
+
 def test_all_failing_is_502_and_unreachable_is_503(
     start: Any, fake_openai: FakeOpenAI, second: FakeOpenAI
 ) -> None:
@@ -157,6 +168,7 @@ def test_all_failing_is_502_and_unreachable_is_503(
     response = post(base)
     assert response.status_code == 503
     assert "cannot connect" in response.json()["error"]["message"]
+    assert "retry-after" not in response.headers  # nothing says when they come back
 
 
 def test_timeout_is_504(start: Any, fake_openai: FakeOpenAI) -> None:

@@ -118,3 +118,5 @@ def test_api_key_goes_in_the_environment_not_argv() -> None:
         "VLLM_API_KEY": "fake-engine-key",
     }
     assert vllm_env(spec(), base={"VLLM_API_KEY": "inherited"}) == {}
+    # `${VAR:-}` with VAR unset: no key, as the gateway (which then sends none) sees it
+    assert vllm_env(spec(api_key=""), base={"VLLM_API_KEY": "inherited"}) == {}

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from local_engine.cli import main
@@ -62,6 +63,33 @@ def run_dir(tmp_path: Path) -> Iterator[Path]:
 
 def cli(*args: str) -> int:
     return main(list(args))
+
+
+def shell(*args: str, without: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """`cascade-gateway engine ARGS` in a fresh process (the gateway's own entry point),
+    from a shell where the variables in `without` are unset: an on-call engineer's."""
+    env = {name: value for name, value in os.environ.items() if name not in without}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "engine", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def with_api_key(policy: Path, value: str) -> None:
+    line = f"    api_key: {value}\n"
+    text = policy.read_text()
+    policy.write_text(text.replace("    stop_timeout_s: 2\n", f"    stop_timeout_s: 2\n{line}"))
+
+
+def chat(base_url: str, key: str | None = None) -> int:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    body = {"model": "fake/small", "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(f"{base_url}/chat/completions", json=body, headers=headers).status_code
 
 
 def record(run_dir: Path, state: str | None = None) -> EngineRecord:
@@ -184,3 +212,86 @@ def test_policy_without_engines_or_with_unset_key(
     )
     assert cli("up", "--policy", str(policy)) == 2
     assert "api_key references ${FAKE_ENGINE_KEY}, which is unset" in capsys.readouterr().err
+
+
+def test_status_and_down_from_a_shell_without_the_engine_key(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_api_key(policy, "${FAKE_ENGINE_KEY}")
+    monkeypatch.setenv("FAKE_ENGINE_KEY", "fake-engine-key")
+    assert cli("up", "--policy", str(policy), "--run-dir", str(run_dir), "--detach") == 0
+    ready = record(run_dir, "ready")
+    capsys.readouterr()
+    assert chat(ready.base_url) == 401  # the engine got the key and asks for it
+    assert chat(ready.base_url, "fake-engine-key") == 200
+
+    common = ("--policy", str(policy), "--run-dir", str(run_dir))
+    status = shell("status", *common, "--json", without=("FAKE_ENGINE_KEY",))
+    assert (status.returncode, status.stderr) == (0, "")
+    row = json.loads(status.stdout)
+    assert (row["state"], row["health"], row["pid"]) == ("ready", "ok", ready.pid)
+    table = shell("status", *common, without=("FAKE_ENGINE_KEY",))
+    assert table.returncode == 0 and table.stdout.splitlines()[1].split()[:4] == [
+        "small",
+        str(ready.pid),
+        "ready",
+        "ok",
+    ]
+
+    down = shell("down", *common, without=("FAKE_ENGINE_KEY",))
+    assert (down.returncode, down.stdout, down.stderr) == (0, "small: stopped\n", "")
+    assert not pid_alive(ready.pid)
+    wait_for(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to exit")
+
+
+def test_up_refuses_an_unset_key_naming_the_field_and_variable(policy: Path, run_dir: Path) -> None:
+    with_api_key(policy, "${FAKE_ENGINE_KEY}")
+    common = ("--policy", str(policy), "--run-dir", str(run_dir))
+    for detach in ((), ("--detach",)):
+        up = shell("up", *common, *detach, without=("FAKE_ENGINE_KEY",))
+        assert up.returncode == 2 and up.stdout == ""
+        assert (
+            f"{policy}: engines.small.api_key: api_key references ${{FAKE_ENGINE_KEY}}, "
+            "which is unset; engine up hands the key to vLLM: set FAKE_ENGINE_KEY, or write "
+            "${FAKE_ENGINE_KEY:-} to run the engine without a key" in up.stderr
+        )
+        assert not run_dir.exists()  # nothing started, no state written
+
+    status = shell("status", *common, "--json", without=("FAKE_ENGINE_KEY",))
+    assert status.returncode == 0
+    assert json.loads(status.stdout)["state"] == "not started"
+    down = shell("down", *common, without=("FAKE_ENGINE_KEY",))
+    assert (down.returncode, down.stdout) == (0, f"small: not running (no state in {run_dir})\n")
+
+
+def test_an_optional_key_left_unset_starts_the_engine_without_one(
+    policy: Path, run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_api_key(policy, "${FAKE_ENGINE_KEY:-}")
+    monkeypatch.delenv("FAKE_ENGINE_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "inherited")  # dropped: the policy says no key
+    assert cli("up", "--policy", str(policy), "--run-dir", str(run_dir), "--detach") == 0
+    ready = record(run_dir, "ready")
+    assert chat(ready.base_url) == 200
+
+    assert cli("down", "--policy", str(policy), "--run-dir", str(run_dir)) == 0
+    assert capsys.readouterr().out.endswith("small: stopped\n")
+    assert not pid_alive(ready.pid)
+
+
+def test_the_example_policy_status_and_down_without_its_keys(tmp_path: Path) -> None:
+    # Its header calls VLLM_LARGE_KEY optional: inspecting and stopping never needs it.
+    example = ROOT / "policies" / "examples" / "vllm-engines.yaml"
+    common = ("--policy", str(example), "--run-dir", str(tmp_path / "run"))
+    keys = ("VLLM_LARGE_KEY", "GATEWAY_TEST_KEY")
+
+    status = shell("status", *common, "--json", without=keys)
+    assert (status.returncode, status.stderr) == (0, "")
+    rows = [json.loads(line) for line in status.stdout.splitlines()]
+    assert [(row["name"], row["state"]) for row in rows] == [
+        ("small", "not started"),
+        ("large", "not started"),
+    ]
+    down = shell("down", *common, without=keys)
+    assert (down.returncode, down.stderr) == (0, "")
+    assert [line.split(":")[0] for line in down.stdout.splitlines()] == ["small", "large"]

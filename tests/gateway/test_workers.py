@@ -1,0 +1,77 @@
+"""`serve --workers N`: a scrape reaches one worker, yet its counters are every
+worker's, summed (prometheus_client's multiprocess files, set up by `serve`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.ledger_fixtures import free_port
+
+POLICY = """
+deployments:
+  upstream:
+    api_base: ${UPSTREAM_URL}
+    model: m
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+routes:
+  auto: {deployments: [upstream], reference_model: upstream}
+keys:
+  k: {secret: "${GATEWAY_TEST_KEY}"}
+"""
+KEY = "fake-workers-key"
+REQUESTS = 12
+
+
+def requests_counted(base: str) -> float:
+    """`cascade_requests_total` summed over its series, from one scrape on a new
+    connection (so that scrapes land on different workers)."""
+    text = httpx.get(f"{base}/metrics", headers={"connection": "close"}).text
+    return sum(float(v) for v in re.findall(r"^cascade_requests_total\{.*\} (\S+)$", text, re.M))
+
+
+def test_every_scrape_counts_every_workers_requests(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CASCADE_", "REDIS"))}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env |= {"GATEWAY_TEST_KEY": KEY, "CASCADE_SPOOL_PATH": str(tmp_path / "spool")}
+    with FakeOpenAI() as upstream:
+        env["UPSTREAM_URL"] = upstream.url
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy)]
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port), "--workers", "2"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, "serve exited"
+                assert time.monotonic() < deadline, "serve never became healthy"
+                try:
+                    if httpx.get(f"{base}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            time.sleep(2.0)  # the second worker too
+            body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+            auth = {"authorization": f"Bearer {KEY}", "connection": "close"}
+            for _ in range(REQUESTS):
+                reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=auth)
+                assert reply.status_code == 200
+            assert [requests_counted(base) for _ in range(8)] == [REQUESTS] * 8
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
