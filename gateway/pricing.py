@@ -9,20 +9,12 @@ never free: it is logged once, counted in metrics, and costs 0 in the ledger.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import json
-import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from gateway.ledger.record import NANOS_PER_USD
+from policies.prices import litellm_price_map, litellm_rates
 
-log = logging.getLogger(__name__)
-
-PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
+__all__ = ["UNPRICED", "TokenPrice", "litellm_price_map", "lookup_litellm"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,33 +37,13 @@ class TokenPrice:
 UNPRICED = TokenPrice(0.0, 0.0, "unpriced")
 
 
-@functools.cache
-def litellm_price_map() -> Mapping[str, Mapping[str, Any]]:
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or spec.origin is None:
-        log.warning("litellm is not installed: prices come from the policy only")
-        return {}
-    path = Path(spec.origin).parent / PRICE_MAP_FILE
-    data: dict[str, Mapping[str, Any]] = json.loads(path.read_text())
-    data.pop("sample_spec", None)
-    return data
-
-
 def lookup_litellm(name: str, provider: str | None = None) -> TokenPrice:
     """Price of a model in litellm's map, trying `name` then `provider/name`."""
-    table = litellm_price_map()
-    candidates = [name]
-    if provider and not name.startswith(f"{provider}/"):
-        candidates.append(f"{provider}/{name}")
-    for candidate in candidates:
-        entry = table.get(candidate)
-        if not entry:
-            continue
-        input_usd = float(entry.get("input_cost_per_token") or 0.0)
-        output_usd = float(entry.get("output_cost_per_token") or 0.0)
-        if input_usd > 0 or output_usd > 0:
-            return TokenPrice(input_usd, output_usd, f"litellm:{candidate}")
-    return UNPRICED
+    rates = litellm_rates(name, provider)
+    if rates is None:
+        return UNPRICED
+    candidate, input_usd, output_usd = rates
+    return TokenPrice(input_usd, output_usd, f"litellm:{candidate}")
 
 
 def self_hosted_price(gpu_hour_usd: float, tokens_per_second: float) -> TokenPrice:

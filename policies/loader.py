@@ -4,8 +4,11 @@
     loaded.policy.routes["auto"].deployments
 
 Every problem found is reported at once, each with its file, line and dotted field
-(`PolicyError`). Secrets are never echoed: messages name the `${VAR}` a value came
-from, and any environment value that slips into a message is replaced by its name.
+(`PolicyError`): schema errors, the checks between sections (run on the entries that
+are valid when others are not) and what this install cannot serve (a route's
+classifier, a reference model with no price). Only a YAML syntax error stops the rest.
+Secrets are never echoed: messages name the `${VAR}` a value came from, and any
+environment value that slips into a message is replaced by its name.
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ from pydantic import BaseModel, ValidationError
 from policies.document import Document, FieldPath, Mark, merge_documents, parse_document
 from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem
-from policies.schema import CrossReferenceError, Policy
+from policies.prices import litellm_price_map, litellm_rates
+from policies.schema import CrossReferenceError, Deployment, Policy, Sections
 from router import embedding_classifier
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 # Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
 SECRET_SECTIONS = {"keys": "secret", "engines": "api_key"}
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
+SEPARATORS = tuple("-_.:/@")  # between the parts of a model name
+NEAR_SPELLING = 0.8  # difflib ratio of a slip of the keyboard (gpt-4o-mnii, gpt-4o-mini)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +108,22 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
     report = _Report(document, substitution)
     for path, message in [*substitution.problems, *_plaintext_secrets(substitution)]:
         report.add(path, message)
+    # A value whose substitution failed is reported as such; what it then fails is noise.
+    broken = {path for path, _ in substitution.problems}
     unset_env = {_dotted(path): names for path, names in substitution.unset.items()}
     try:
         policy = Policy.model_validate(substitution.data, context={"unset_env": unset_env})
     except ValidationError as exc:
         for path, message, missing in _validation_findings(exc):
-            report.add(path, message, missing=missing)
+            if path not in broken:
+                report.add(path, message, missing=missing)
+        # The policy is not valid as a whole: check between the entries that are.
+        sections = Sections.validated(substitution.data, unset_env)
+        findings = [*sections.problems(), *_unservable(sections)]
     else:
-        for path, message in _unservable_classifiers(policy):
+        findings = list(_unservable(Sections.of(policy)))
+    for path, message in findings:
+        if path not in broken:
             report.add(path, message)
     report.raise_if_any()
     return LoadedPolicy(
@@ -120,13 +134,91 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
     )
 
 
-def _unservable_classifiers(policy: Policy) -> Iterator[tuple[FieldPath, str]]:
+def _unservable(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+    """What this install cannot serve as the policy asks."""
+    yield from _unservable_classifiers(sections)
+    yield from _unpriced_references(sections)
+
+
+def _unservable_classifiers(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
     """Routes whose classifier cannot run in this process: `minilm` without the
     embeddings extra. Checked without loading it (the gateway warms it off the event
     loop when it applies the policy)."""
-    for name, route in policy.routes.items():
+    for name, route in (sections.routes or {}).items():
+        if route is None:
+            continue
         if route.classifier == "minilm" and (problem := embedding_classifier.missing()):
             yield ("routes", name, "classifier"), problem
+
+
+def _unpriced_references(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+    """Routes whose `reference_model` has no price. Serve would price the counterfactual
+    at 0 (`gateway.runtime`: a deployment's price, else litellm's map under the name),
+    and every request would read as a 100% loss in the savings reports."""
+    deployments = sections.deployments
+    for name, route in (sections.routes or {}).items():
+        reference = route.reference_model if route is not None else None
+        if reference is None or deployments is None:
+            continue
+        owner = f"route '{name}' has reference_model '{reference}'"
+        loc: FieldPath = ("routes", name, "reference_model")
+        if reference in deployments:
+            deployment = deployments[reference]
+            if deployment is not None and _priced(sections, deployment) is False:
+                model = deployment.pricing_model or deployment.model
+                yield (
+                    loc,
+                    f"{owner}, a deployment with no price (litellm's price map does not know "
+                    f"'{model}'): give it a price ({{input_per_mtok, output_per_mtok}}) or "
+                    "self_hosted, or name a priced deployment or model",
+                )
+        elif litellm_rates(reference) is None:
+            message = (
+                f"{owner}, which has no price: no deployment has that name and litellm's "
+                "price map does not know it"
+            )
+            guess = _closest(reference, [*deployments, *_priced_models()])
+            if guess:
+                message += f"; did you mean '{guess}'?"
+            yield (
+                loc,
+                f"{message} (savings against an unpriced reference read as a 100% loss; for "
+                "a model the map lacks, name a deployment that sets its price)",
+            )
+
+
+def _priced(sections: Sections, deployment: Deployment) -> bool | None:
+    """Does serve price this deployment (in the order `gateway.runtime` does)? None
+    when its engine did not validate."""
+    if deployment.price is not None or deployment.self_hosted is not None:
+        return True
+    if deployment.engine is not None:
+        engine = (sections.engines or {}).get(deployment.engine)
+        if engine is None:
+            return None  # undeclared (reported on its own) or invalid
+        if engine.gpu_hour_usd and engine.tokens_per_second:
+            return True  # the policy copies the engine's GPU cost onto the deployment
+    return (
+        litellm_rates(deployment.pricing_model or deployment.model, deployment.provider) is not None
+    )
+
+
+def _priced_models() -> list[str]:
+    return [name for name in litellm_price_map() if litellm_rates(name) is not None]
+
+
+def _closest(name: str, names: list[str]) -> str | None:
+    """The likeliest intended name: a near spelling (`gpt-4o-mini` for `gpt-4o-mnii`),
+    else the longest name that `name` extends past a separator (`gpt-4o` for
+    `gpt-4o-typo`), else the closest spelling."""
+    near = difflib.get_close_matches(name, names, n=1, cutoff=NEAR_SPELLING)
+    if near:
+        return near[0]
+    stems = [n for n in names if name.startswith(n) and name[len(n) : len(n) + 1] in SEPARATORS]
+    if stems:
+        return max(stems, key=len)
+    guess = difflib.get_close_matches(name, names, n=1)
+    return guess[0] if guess else None
 
 
 def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, str]]:

@@ -75,7 +75,9 @@ class PolicyReloader:
                 return False
             self._tried_digest = digest
             if self.current is not None and digest == self.current.digest:
-                self.last_error = None  # a bad edit was undone
+                if self.last_error is not None:  # a bad edit was undone
+                    self.last_error = None
+                    log.warning("policy %s is the serving policy again; edit undone", self.path)
                 return False
             loaded = await asyncio.to_thread(load_sources, sources, self.env)
         except PolicyError as exc:

@@ -2,8 +2,10 @@
 
 Models forbid unknown fields so a typo (`timeout: 5` for `timeout_s: 5`) is an error with
 its path, not a silently ignored line. Checks that span sections (a route naming a
-deployment, a key naming a team) run once the sections are valid, in `Policy`, and are
-reported together through `CrossReferenceError`, whose `problems` keep each field path.
+deployment, a key naming a team) are `Sections.problems`: `Policy` runs them once every
+section is valid, and the loader runs them on the entries that are valid when some are
+not, so one `policy check` reports them beside the schema errors. They are reported
+together through `CrossReferenceError`, whose `problems` keep each field path.
 
 Regenerate the JSON schema shipped beside this module with:
 
@@ -12,14 +14,27 @@ Regenerate the JSON schema shipped beside this module with:
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Literal, Self
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Self, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from policies.engines import EngineSpec
+from policies.providers import litellm_providers
 
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
 StreamCascadeType = Literal["buffer", "classifier"]
@@ -33,6 +48,7 @@ SlaMissType = Literal["degrade", "shed"]
 FailModeType = Literal["open", "closed"]
 
 OPENAI_COMPATIBLE = "openai"  # the provider spoken natively; others go through litellm
+URL_SCHEMES = ("http", "https")
 DEFAULT_TEAM = "default"
 ANY_ROUTE = "*"
 KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
@@ -44,7 +60,8 @@ Loc = tuple[str | int, ...]
 
 
 class CrossReferenceError(ValueError):
-    """Several problems between sections, each with the field path it concerns."""
+    """Several problems between sections (or between a model's fields), each with the
+    field path it concerns, relative to the model that raised it."""
 
     def __init__(self, problems: list[tuple[Loc, str]]) -> None:
         super().__init__("; ".join(message for _, message in problems))
@@ -112,6 +129,28 @@ class Deployment(_Section):
     # field name -> env var names that were referenced but unset (set by `Policy`)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
 
+    @field_validator("provider")
+    @classmethod
+    def _check_provider(cls, provider: str) -> str:
+        known = litellm_providers()
+        if provider == OPENAI_COMPATIBLE or known is None or provider in known:
+            return provider  # None: litellm's providers cannot be told here, none refused
+        message = f"unknown provider '{provider}'"
+        guess = difflib.get_close_matches(provider.lower(), [OPENAI_COMPATIBLE, *known], n=1)
+        if guess:
+            message += f"; did you mean '{guess[0]}'?"
+        raise ValueError(
+            f"{message} (providers: '{OPENAI_COMPATIBLE}' for any OpenAI-compatible server, "
+            "or a provider litellm serves, e.g. anthropic, bedrock, vertex_ai)"
+        )
+
+    @field_validator("api_base", "metrics_url")
+    @classmethod
+    def _check_url(cls, url: str | None, info: ValidationInfo) -> str | None:
+        if url is not None and (problem := _url_problem(url)):
+            raise ValueError(f"{info.field_name} must be an http:// or https:// URL: {problem}")
+        return url
+
     def unavailable_reason(self) -> str | None:
         """Why this deployment cannot be called with the current settings, or None."""
         if self.provider == OPENAI_COMPATIBLE:
@@ -128,6 +167,28 @@ class Deployment(_Section):
         if not names:
             return f"{field} is not set"
         return f"{field} is not set ({', '.join(names)} unset)"
+
+
+def _url_problem(url: str) -> str | None:
+    """What keeps `url` from being an http(s) URL, or None. The URL itself is not
+    echoed: it may carry credentials."""
+    scheme, separator, _ = url.partition("://")
+    if not separator:
+        return "it has no scheme (e.g. http://127.0.0.1:8000/v1)"
+    if scheme.lower() not in URL_SCHEMES:
+        guess = difflib.get_close_matches(scheme.lower(), URL_SCHEMES, n=1)
+        hint = f"; did you mean '{guess[0]}://'?" if guess else ""
+        return f"its scheme is '{scheme}'{hint}"
+    if any(character.isspace() for character in url):
+        return "it contains whitespace"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        return f"it does not parse ({exc})"
+    if not parts.hostname:
+        return "it has no host"
+    return None
 
 
 class TierThreshold(_Section):
@@ -156,6 +217,21 @@ class Sla(_Section):
     on_miss: SlaMissType = "degrade"
     hedge_after_ms: PositiveFloat | None = None
     max_hedges: Annotated[int, Field(ge=1, le=3)] = 1
+
+    @model_validator(mode="after")
+    def _check_ttft_within_timeout(self) -> Self:
+        ttft, timeout = self.ttft_ms, self.timeout_ms
+        if ttft is not None and timeout is not None and ttft > timeout:
+            # Not unmeetable (a request within timeout_ms has its first token sooner), but
+            # the first-token target would never bind, and load-aware routing would keep
+            # deployments predicted to answer after the request is cut off.
+            message = (
+                f"ttft_ms {ttft:g} is above timeout_ms {timeout:g}, which ends the request first: "
+                "the first-token target would never apply and load-aware routing would pick "
+                "deployments predicted to time out; set ttft_ms to at most timeout_ms"
+            )
+            raise CrossReferenceError([(("ttft_ms",), message)])
+        return self
 
 
 class RateLimit(_Section):
@@ -307,9 +383,8 @@ class Budget(_Section):
     @model_validator(mode="after")
     def _check_soft_limit(self) -> Self:
         if self.soft_limit_usd is not None and self.soft_limit_usd > self.limit_usd:
-            raise ValueError(
-                f"soft_limit_usd {self.soft_limit_usd} is above limit_usd {self.limit_usd}"
-            )
+            message = f"soft_limit_usd {self.soft_limit_usd} is above limit_usd {self.limit_usd}"
+            raise CrossReferenceError([(("soft_limit_usd",), message)])
         return self
 
 
@@ -367,9 +442,9 @@ class Policy(_Section):
     @model_validator(mode="after")
     def _check_references(self, info: ValidationInfo) -> Self:
         context = info.context if isinstance(info.context, Mapping) else {}
-        unset_env: Mapping[str, list[str]] = context.get("unset_env", {})
-        self._note_unset_env(unset_env)
-        problems = list(self._reference_problems())
+        sections = Sections.of(self)
+        sections.note_unset_env(context.get("unset_env", {}))
+        problems = list(sections.problems())
         if problems:
             raise CrossReferenceError(problems)
         self._apply_engines()
@@ -389,77 +464,158 @@ class Policy(_Section):
             if engine.scheduling_policy == "priority":
                 deployment.priority_scheduling = True
 
-    def _note_unset_env(self, unset_env: Mapping[str, list[str]]) -> None:
-        for name, deployment in self.deployments.items():
+
+_Entry = TypeVar("_Entry", bound=BaseModel)
+# A section's entries by name; None for an entry that did not validate (its name is
+# declared, its content unknown).
+Entries = Mapping[str, _Entry | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Sections:
+    """A policy's sections as far as they validated, for the checks that span them.
+
+    An entry that failed its own validation is kept as None: its name is declared (a
+    reference to it is no error) but a check that needs its content is skipped, since
+    its own errors are reported already. A section that is None (missing though
+    required, or not a mapping) is unknown: references into it are not checked.
+    """
+
+    deployments: Entries[Deployment] | None
+    routes: Entries[Route] | None
+    teams: Entries[Team] | None = None
+    keys: Entries[Key] | None = None
+    budgets: Sequence[Budget | None] | None = None
+    engines: Entries[EngineSpec] | None = None
+    auth: Auth | None = None
+    gateway: GatewaySection | None = None
+
+    @classmethod
+    def of(cls, policy: Policy) -> Sections:
+        """A valid policy's sections (every entry valid)."""
+        return cls(
+            deployments=policy.deployments,
+            routes=policy.routes,
+            teams=policy.teams,
+            keys=policy.keys,
+            budgets=policy.budgets,
+            engines=policy.engines,
+            auth=policy.auth,
+            gateway=policy.gateway,
+        )
+
+    @classmethod
+    def validated(cls, data: Any, unset_env: Mapping[str, list[str]]) -> Sections:
+        """Each entry of raw policy `data` validated on its own, for a policy that does
+        not validate as a whole: the valid ones are cross-checked all the same."""
+        data = data if isinstance(data, Mapping) else {}
+        budgets = data.get("budgets", [])
+        sections = cls(
+            deployments=_entries(data, "deployments", Deployment, required=True),
+            routes=_entries(data, "routes", Route, required=True),
+            teams=_entries(data, "teams", Team),
+            keys=_entries(data, "keys", Key),
+            budgets=[_valid(Budget, b) for b in budgets] if isinstance(budgets, list) else None,
+            engines=_entries(data, "engines", EngineSpec),
+            auth=_valid(Auth, data.get("auth", {})),
+            gateway=_valid(GatewaySection, data.get("gateway", {})),
+        )
+        sections.note_unset_env(unset_env)
+        return sections
+
+    def note_unset_env(self, unset_env: Mapping[str, list[str]]) -> None:
+        """Tell deployments and keys which of their env vars were unset."""
+        for name, deployment in _present(self.deployments):
             for field in ("api_base", "api_key"):
                 names = unset_env.get(f"deployments.{name}.{field}")
                 if names:
                     deployment._unset_env[field] = list(names)
-        for key_id, key in self.keys.items():
+        for key_id, key in _present(self.keys):
             key._unset_env = {
                 field: list(names)
                 for field in ("secret", "hash")
                 if (names := unset_env.get(f"keys.{key_id}.{field}"))
             }
 
-    def _reference_problems(self) -> Iterator[tuple[Loc, str]]:
+    def problems(self) -> Iterator[tuple[Loc, str]]:
+        """Every problem between sections, each with its field path."""
         yield from self._route_problems()
         yield from self._key_problems()
-        for team_name, team in self.teams.items():
+        for team_name, team in _present(self.teams):
             loc: Loc = ("teams", team_name)
             yield from self._allowed_route_problems(loc, f"team '{team_name}'", team.allowed_routes)
         yield from self._budget_problems()
         yield from self._engine_problems()
-        anonymous = self.auth.anonymous_team
+        anonymous = self.auth.anonymous_team if self.auth is not None else None
         if anonymous is not None and not self._has_team(anonymous):
             yield ("auth", "anonymous_team"), self._undeclared("auth", "team", anonymous)
-        default_route = self.gateway.default_route
-        if default_route is not None and default_route not in self.routes:
+        default_route = self.gateway.default_route if self.gateway is not None else None
+        if default_route is not None and not _declared(self.routes, default_route):
             message = self._undeclared("gateway.default_route", "route", default_route)
             yield ("gateway", "default_route"), message
 
+    def route_deployments(self, route: Route) -> list[Deployment] | None:
+        """The declared deployments of `route`, in order; None if one of them did not
+        validate (or the section did not), so what they serve is unknown."""
+        if self.deployments is None:
+            return None
+        served: list[Deployment] = []
+        for name in route.deployments:
+            if name not in self.deployments:
+                continue  # undeclared: reported on its own
+            deployment = self.deployments[name]
+            if deployment is None:
+                return None
+            served.append(deployment)
+        return served
+
     def _route_problems(self) -> Iterator[tuple[Loc, str]]:
-        for route_name, route in self.routes.items():
+        for route_name, route in _present(self.routes):
             for index, deployment in enumerate(route.deployments):
-                if deployment not in self.deployments:
+                if not _declared(self.deployments, deployment):
                     yield (
                         ("routes", route_name, "deployments", index),
                         self._undeclared(f"route '{route_name}'", "deployment", deployment),
                     )
-            yield from self._opinion_problems(route_name, route)
-            served = {self.deployments[d].tier for d in route.deployments if d in self.deployments}
+            served = self.route_deployments(route)
+            yield from self._opinion_problems(route_name, route, served)
+            if served is None:
+                continue
+            tiers = {deployment.tier for deployment in served}
             for index, step in enumerate(route.tiers):
-                if step.tier not in served:
+                if step.tier not in tiers:
                     yield (
                         ("routes", route_name, "tiers", index, "tier"),
                         f"route '{route_name}' has tier '{step.tier}' but none of its "
-                        f"deployments is in it; their tiers: {', '.join(sorted(served))}",
+                        f"deployments is in it; their tiers: {', '.join(sorted(tiers))}",
                     )
 
-    def _opinion_problems(self, route_name: str, route: Route) -> Iterator[tuple[Loc, str]]:
+    def _opinion_problems(
+        self, route_name: str, route: Route, served: list[Deployment] | None
+    ) -> Iterator[tuple[Loc, str]]:
         owner = f"second_opinions of route '{route_name}'"
-        served = [self.deployments[d] for d in route.deployments if d in self.deployments]
         # Every tier but the last may have its answer verified (an earlier one can be
         # unavailable, or ejected, and the next then answers first).
         cheap = {d.model for d in served if d.tier != served[-1].tier} if served else set()
-        for index, deployment in enumerate(route.second_opinions):
+        for index, name in enumerate(route.second_opinions):
             loc: Loc = ("routes", route_name, "second_opinions", index)
-            if deployment not in self.deployments:
-                yield loc, self._undeclared(owner, "deployment", deployment)
-            elif self.deployments[deployment].model in cheap:
+            opinion = self.deployments.get(name) if self.deployments is not None else None
+            if not _declared(self.deployments, name):
+                yield loc, self._undeclared(owner, "deployment", name)
+            elif opinion is not None and opinion.model in cheap:
                 # The same model (at the client's temperature, often 0) mostly repeats
                 # itself: its agreement would wave every cheap answer through.
                 yield (
                     loc,
                     (
-                        f"{owner}: '{deployment}' serves {self.deployments[deployment].model}, "
-                        "the model of a tier whose answers the cascade verifies, and a model "
-                        "agrees with itself; ask another model"
+                        f"{owner}: '{name}' serves {opinion.model}, the model of a tier "
+                        "whose answers the cascade verifies, and a model agrees with itself; "
+                        "ask another model"
                     ),
                 )
 
     def _key_problems(self) -> Iterator[tuple[Loc, str]]:
-        for key_id, key in self.keys.items():
+        for key_id, key in _present(self.keys):
             if key.secret is None and key.hash is None and not key._unset_env:
                 yield ("keys", key_id), f"key '{key_id}' needs a secret (as ${{ENV}}) or a hash"
             if not self._has_team(key.team):
@@ -475,38 +631,49 @@ class Policy(_Section):
         self, loc: Loc, owner: str, routes: list[str]
     ) -> Iterator[tuple[Loc, str]]:
         for index, route in enumerate(routes):
-            if route != ANY_ROUTE and route not in self.routes:
+            if route != ANY_ROUTE and not _declared(self.routes, route):
                 message = self._undeclared(owner, "route", route, extra=ANY_ROUTE)
                 yield (*loc, "allowed_routes", index), message
 
     def _budget_problems(self) -> Iterator[tuple[Loc, str]]:
-        declared: dict[str, Any] = {"key": self.keys, "route": self.routes}
-        for index, budget in enumerate(self.budgets):
+        declared = {"key": self.keys, "route": self.routes}
+        tiers = self._tiers()
+        for index, budget in enumerate(self.budgets or []):
+            if budget is None:
+                continue
             owner = f"budget {index}"
             if budget.scope == "team":
                 if not self._has_team(budget.name):
                     yield ("budgets", index, "name"), self._undeclared(owner, "team", budget.name)
-            elif budget.name not in declared[budget.scope]:
+            elif not _declared(declared[budget.scope], budget.name):
                 message = self._undeclared(owner, budget.scope, budget.name)
                 yield ("budgets", index, "name"), message
-            tiers = {d.tier for d in self.deployments.values()}
-            if budget.downgrade_tier is not None and budget.downgrade_tier not in tiers:
+            downgrade = budget.downgrade_tier
+            if downgrade is not None and tiers is not None and downgrade not in tiers:
                 yield (
                     ("budgets", index, "downgrade_tier"),
-                    f"{owner} downgrades to tier '{budget.downgrade_tier}', which no "
+                    f"{owner} downgrades to tier '{downgrade}', which no "
                     f"deployment serves; tiers: {', '.join(sorted(tiers))}",
                 )
 
+    def _tiers(self) -> set[str] | None:
+        """Every deployment's tier; None when a deployment's is unknown."""
+        if self.deployments is None or None in self.deployments.values():
+            return None
+        return {d.tier for _, d in _present(self.deployments)}
+
     def _engine_problems(self) -> Iterator[tuple[Loc, str]]:
-        for name, deployment in self.deployments.items():
+        for name, deployment in _present(self.deployments):
             if deployment.engine is None:
                 continue
-            engine = self.engines.get(deployment.engine)
             loc: Loc = ("deployments", name, "engine")
-            if engine is None:
+            engine = self.engines.get(deployment.engine) if self.engines is not None else None
+            if not _declared(self.engines, deployment.engine):
                 yield loc, self._undeclared(f"deployment '{name}'", "engine", deployment.engine)
             elif (
-                deployment.provider == OPENAI_COMPATIBLE and deployment.model != engine.served_name
+                engine is not None
+                and deployment.provider == OPENAI_COMPATIBLE
+                and deployment.model != engine.served_name
             ):
                 yield (
                     ("deployments", name, "model"),
@@ -514,7 +681,7 @@ class Policy(_Section):
                     f"'{deployment.engine}' serves '{engine.served_name}'",
                 )
         listening: dict[tuple[str, int], str] = {}
-        for name, engine in self.engines.items():
+        for name, engine in _present(self.engines):
             other = listening.setdefault((engine.host, engine.port), name)
             if other != name:
                 yield (
@@ -524,20 +691,51 @@ class Policy(_Section):
                 )
 
     def _has_team(self, team: str) -> bool:
-        return team == DEFAULT_TEAM or team in self.teams
+        return team == DEFAULT_TEAM or _declared(self.teams, team)
 
     def _undeclared(self, owner: str, kind: str, name: str, extra: str | None = None) -> str:
-        declared: list[str] = {
-            "deployment": list(self.deployments),
-            "route": list(self.routes),
-            "team": sorted({DEFAULT_TEAM, *self.teams}),
-            "key": list(self.keys),
-            "engine": list(self.engines),
-        }[kind]
+        section: Mapping[str, Any] = {
+            "deployment": self.deployments,
+            "route": self.routes,
+            "team": self.teams,
+            "key": self.keys,
+            "engine": self.engines,
+        }[kind] or {}
+        declared = sorted({DEFAULT_TEAM, *section}) if kind == "team" else list(section)
         if extra is not None:
             declared = [*declared, extra]
         listing = ", ".join(declared) if declared else "none"
         return f"{owner} names {kind} '{name}', which is not declared; declared: {listing}"
+
+
+def _present(entries: Entries[_Entry] | None) -> Iterator[tuple[str, _Entry]]:
+    """The entries that validated, by name."""
+    for name, entry in (entries or {}).items():
+        if entry is not None:
+            yield name, entry
+
+
+def _declared(entries: Entries[Any] | None, name: str) -> bool:
+    """Is `name` declared in the section? An unknown section declares every name."""
+    return entries is None or name in entries
+
+
+def _valid(model: type[_Entry], data: Any) -> _Entry | None:
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _entries(
+    data: Mapping[str, Any], section: str, model: type[_Entry], required: bool = False
+) -> Entries[_Entry] | None:
+    if section not in data:
+        return None if required else {}
+    entries = data[section]
+    if not isinstance(entries, Mapping):
+        return None
+    return {str(name): _valid(model, entry) for name, entry in entries.items()}
 
 
 def schema_json() -> str:

@@ -46,7 +46,7 @@ routes:
     strategy: fallback
     deployments: [a, b]
     sla:
-      ttft_ms: 400
+      ttft_ms: ${TTFT_MS:-400}
       p99_ms: 2000
       hedge_after_ms: ${HEDGE_MS:-150}
       load_aware: ${LOAD_AWARE:-true}
@@ -294,7 +294,7 @@ def test_priority_is_forwarded_to_priority_scheduled_engines(
 def test_timeout_ms_bounds_the_request(
     start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
 ) -> None:
-    base = start(TIMEOUT_MS="300", HEDGE_MS="5000", LOAD_AWARE="false")
+    base = start(TTFT_MS="300", TIMEOUT_MS="300", HEDGE_MS="5000", LOAD_AWARE="false")
     engine_a.delay_s = engine_b.delay_s = 2.0
     began = time.monotonic()
     response = chat(base)
