@@ -100,7 +100,8 @@ class CircuitBreakers:
     def state(self, deployment: str, now: float | None = None) -> BreakerStateType:
         """Its state now: an open breaker whose cooldown is over is half-open (due for a
         probe) whether or not a request has come to probe it yet, so that a deployment
-        no traffic reaches does not read as ejected long after its cooldown."""
+        no traffic reaches does not read as ejected long after its cooldown. Not a pure
+        read, unlike `is_ejected`: that move is made here (logged, `on_change` told)."""
         breaker = self._breakers.get(deployment)
         if breaker is None:
             return "closed"

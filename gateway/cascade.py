@@ -166,9 +166,12 @@ class Cascade:
                     # The client gets it now, after the failed escalation: so its latency.
                     latest.answered_at, delivered = time.perf_counter(), True
                     break
-                if latest is not None:  # rejected, and another answer came: not the client's
-                    records.append(self._settle(call, latest, endpoint, body, len(records)))
-                latest = _Answer(done, step, time.perf_counter())
+                # The answer before, rejected, is not the client's now that another came.
+                rejected, latest = latest, _Answer(done, step, time.perf_counter())
+                if rejected is not None:
+                    records.append(
+                        self._settle(call, rejected, endpoint, body, len(records), delivered=False)
+                    )
                 await count_unreported(
                     call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
                 )
@@ -192,7 +195,9 @@ class Cascade:
             # its answer is judged or escalated is priced all the same (and judged as
             # answered to nobody).
             if latest is not None:
-                records.append(self._settle(call, latest, endpoint, body, len(records), delivered))
+                records.append(
+                    self._settle(call, latest, endpoint, body, len(records), delivered=delivered)
+                )
         assert latest is not None  # the first group either answered or raised
         final = without_logprobs(latest.done) if ask else latest.done
         return final, tuple(scores), latest.step
@@ -247,7 +252,8 @@ class Cascade:
         endpoint: EndpointType,
         body: dict[str, Any],
         attempt: int,
-        delivered: bool = False,
+        *,
+        delivered: bool,
     ) -> SpendRecord:
         """Price the `attempt`-th answer (numbered among answers: the first is always
         `<request id>`), given by the `answer.step`-th tier (its escalations);

@@ -54,6 +54,12 @@ class GatewayError(Exception):
         }
 
 
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """`Retry-After` for a wait of `seconds`: whole seconds, rounded up (a client told
+    too early retries into the same refusal), at least 1."""
+    return {"retry-after": str(max(1, math.ceil(seconds)))}
+
+
 class InvalidRequest(GatewayError):
     status = 400
     type = "invalid_request_error"
@@ -120,11 +126,8 @@ class RateLimited(GatewayError):
     ) -> None:
         """`retry_after_s` None: no wait lets it through, so the client is told not to
         retry (`x-should-retry: false`, which the OpenAI SDKs honour) instead of when."""
-        headers = (
-            {"x-should-retry": "false"}
-            if retry_after_s is None
-            else {"retry-after": str(max(1, round(retry_after_s)))}
-        )
+        no_wait_helps = {"x-should-retry": "false"}
+        headers = no_wait_helps if retry_after_s is None else retry_after_header(retry_after_s)
         super().__init__(message, code=code, headers=headers)
 
 
@@ -167,9 +170,7 @@ class UpstreamUnavailable(UpstreamError):
     ) -> None:
         """`retry_after_s`: when a deployment is expected back (a breaker's cooldown,
         the upstreams' own Retry-After), sent as `Retry-After`."""
-        headers = (
-            {} if retry_after_s is None else {"retry-after": str(max(1, math.ceil(retry_after_s)))}
-        )
+        headers = {} if retry_after_s is None else retry_after_header(retry_after_s)
         super().__init__(message, code=code, headers=headers)
 
 

@@ -13,11 +13,17 @@ Names are a contract with dashboards/ and alert rules: change them together.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
@@ -25,6 +31,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 # Where worker processes keep their counters (read by prometheus_client at import).
 MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+# Whether prometheus_client keeps values in those files: what it chose when imported.
+MULTIPROCESS = values.ValueClass is not values.MutexValue
 
 # Latency buckets in seconds: gateway overhead is sub-millisecond, LLM calls take seconds.
 LATENCY_BUCKETS = (
@@ -286,7 +294,7 @@ class Metrics:
         )
 
     def render(self) -> bytes:
-        if MULTIPROCESS_DIR_VARIABLE in os.environ:
+        if MULTIPROCESS:
             return generate_latest(_AllWorkers(self.registry))
         return generate_latest(self.registry)
 
@@ -294,11 +302,13 @@ class Metrics:
         """Drop `gauge`'s series whose label values `keep` refuses (what a reloaded policy
         no longer has: a gauge left behind reads as a live figure, and can keep an alert
         firing), and the cached children that would write to them."""
-        for values in list(gauge._metrics):  # prometheus_client's series, by label values
-            labels = tuple(values)
-            if not keep(labels):
-                gauge.remove(*labels)
-                self.child.forget(gauge, labels)
+        # prometheus_client's series by label values, edited under its lock: its
+        # `remove` refuses (with a warning) in multiprocess mode, where this worker's
+        # own gauges are all a scrape shows of them anyway.
+        with gauge._lock:
+            for values in [v for v in gauge._metrics if not keep(tuple(v))]:
+                del gauge._metrics[values]
+                self.child.forget(gauge, tuple(values))
 
 
 class _AllWorkers:

@@ -121,10 +121,10 @@ class SecondOpinions:
 
     async def close(self) -> None:
         """Cancel the opinions still running, wait for them, price those that answered.
-        Once: a cascade closes them as soon as no answer is left for them to judge."""
+        A cascade closes them as soon as no answer is left for them to judge, and again
+        however it ends: a close cut short by a cancellation is finished then."""
         if self._closed:
             return
-        self._closed = True
         pending = [(deployment, reply) for _, deployment, reply in self._unpriced()]
         try:  # prompts to charge are counted first, off the loop when long
             await count_unreported(self._call.prompt, self._endpoint, self._body, pending)
@@ -132,9 +132,10 @@ class SecondOpinions:
             # Priced however that wait ends (a cancelled request may not get past the next
             # await): one still running is charged its prompt, even if it answers later.
             self._price()
-        for task in self._asked:
-            task.cancel()
+            for task in self._asked:
+                task.cancel()
         await asyncio.gather(*self._asked, return_exceptions=True)
+        self._closed = True
         for task, (_, deployment) in self._asked.items():
             if not task.cancelled() and (error := task.exception()) is not None:
                 log.warning(

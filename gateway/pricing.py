@@ -2,9 +2,9 @@
 
 Order of authority: the policy's `price` override, then the self-hosted figure
 (`gpu_hour_usd / (3600 * tokens_per_second)` per token), then litellm's bundled
-price map, read as JSON straight from the installed package (importing litellm
-costs seconds; the file is all we need). A zero or missing price is *unpriced*,
-never free: it is logged once, counted in metrics, and costs 0 in the ledger.
+price map (`policies.prices` reads it, so that `policy check` judges a reference model
+priced exactly as this does). A zero or missing price is *unpriced*, never free: it is
+logged once, counted in metrics, and costs 0 in the ledger.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.ledger.record import NANOS_PER_USD
-from policies.prices import litellm_price_map, litellm_rates
-
-__all__ = ["UNPRICED", "TokenPrice", "litellm_price_map", "lookup_litellm"]
+from policies.prices import litellm_rates
 
 
 @dataclass(frozen=True, slots=True)

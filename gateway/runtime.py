@@ -16,7 +16,6 @@ from gateway.errors import NotFound
 from gateway.pricing import (
     UNPRICED,
     TokenPrice,
-    litellm_price_map,
     lookup_litellm,
     policy_price,
     self_hosted_price,
@@ -25,6 +24,7 @@ from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
 from policies.engines import EngineSpec
 from policies.keys import hash_key
+from policies.prices import litellm_price_map
 from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
 from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route, sandbox
 
@@ -210,9 +210,10 @@ def unserved_notes(policy: Policy) -> list[str]:
         for key_id, reason in disabled.items()
         if reason
     ]
+    # Only what an unset variable disabled: a policy with no keys at all (the embedded
+    # default) chose to have none.
     if disabled and all(disabled.values()):
-        anonymous = policy.auth.anonymous_team if policy.auth is not None else None
-        who = "callers on this machine only" if anonymous else "nobody"
+        who = "callers on this machine only" if policy.auth.anonymous_team else "nobody"
         notes.append(f"no client key is enabled: the gateway serves {who}")
     if policy.admin_keys and not any(policy.admin_keys):
         notes.append("no admin key is set: /admin answers 401")

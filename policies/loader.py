@@ -29,7 +29,8 @@ from policies.document import Document, FieldPath, Mark, merge_documents, parse_
 from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem
 from policies.prices import litellm_price_map, litellm_rates
-from policies.schema import CrossReferenceError, Deployment, Policy, Sections
+from policies.schema import CrossReferenceError, Deployment, Policy
+from policies.sections import Sections
 from router import embedding_classifier
 
 POLICY_SUFFIXES = (".yaml", ".yml")

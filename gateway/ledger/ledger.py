@@ -182,7 +182,7 @@ class CostLedger:
                 else:
                     await self.check()
             except Exception:  # a bug here must not end the task and strand the spool
-                log.exception("spend replay from %s failed", self._spool.path)
+                log.exception("checking the store or replaying %s failed", self._spool.path)
             await asyncio.sleep(self._interval)
 
     async def check(self) -> None:

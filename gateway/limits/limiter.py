@@ -273,7 +273,10 @@ class Limiter:
         `WATCH_INTERVAL_S` from startup on, so that an outage shows
         (`cascade_limits_degraded`, the log) before an admission meets it. Needs a
         running loop; `stop` ends it."""
-        if self._store is not None and self._watcher is None:
+        if self._store is None:
+            if not self._book_of(runtime()).empty:
+                self._enter_outage(None)  # limits with nowhere to keep them: say so now
+        elif self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch_loop(runtime))
 
     async def _watch_loop(self, runtime: Callable[[], Runtime]) -> None:

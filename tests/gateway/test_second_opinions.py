@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway import opinions as opinions_module
 from gateway.accounting import Accountant, Call
 from gateway.cascade import Cascade
 from gateway.errors import GatewayError
@@ -484,6 +485,30 @@ async def test_opinions_stop_when_only_the_unverified_last_tier_is_left() -> Non
     [opinion] = [r for r in ledger if r.deployment == "judge"]
     assert (opinion.status, opinion.completion_tokens) == ("partial", 0)
     assert leftover_tasks() == set()
+
+
+async def test_a_request_cancelled_while_its_opinions_close_leaves_none_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closed early (only the unverified last tier left), the opinions' close is cut
+    short by a cancellation: the cascade's own close must still cancel and await them."""
+    real = opinions_module.count_unreported
+
+    async def slow(*args: Any, **kwargs: Any) -> None:  # a long prompt, counted off the loop
+        await asyncio.sleep(0.3)
+        await real(*args, **kwargs)
+
+    monkeypatch.setattr(opinions_module, "count_unreported", slow)
+    ledger = Ledger()
+    behaviours = {"cheap": fails(), "mid": says("B"), "judge": says("B", 3.0)}
+    run = asyncio.create_task(run_cascade(behaviours, ledger=ledger))
+    await asyncio.sleep(0.15)  # cheap failed; the opinions are being closed
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert leftover_tasks() == set()
+    [opinion] = [r for r in ledger if r.deployment == "judge"]
+    assert opinion.status == "partial"  # cut off in flight: its prompt, once
 
 
 TIMED = RouteSla(None, 10.0, False, "degrade", None, 0, None)
