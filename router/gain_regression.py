@@ -13,7 +13,7 @@ GSM8K" and inverts on the next task. Hence:
   (standardised) features of the single request, which keeps ranking within a task;
 - weighted ridge, each group weighing the same in total;
 - optionally only the features whose within-group correlation with the gain has the
-  same sign in all but at most one group (a cheap guard against task-specific effects);
+  same sign in all but at most one group (a cheap guard against effects of one task alone);
 - optionally shrunk towards the prompt-length router (`toward`: the one column whose
   univariate within-group fit is the prior) instead of towards zero, so that a strong
   penalty falls back on the one signal known to transfer across tasks.
