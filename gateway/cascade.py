@@ -135,6 +135,7 @@ class Cascade:
         latest: _Answer | None = None  # the last answer, not priced yet
         delivered = False  # whether `latest` is the client's answer
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
+        cut_off = self._accountant.cut_off_pricer(call, endpoint, body)
         try:
             for step, group in enumerate(groups):
                 verified = step < len(groups) - 1
@@ -147,7 +148,7 @@ class Cascade:
                         body,
                         max(0.001, ends_at - time.monotonic()),
                         logprobs=ask and verified,
-                        cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
+                        cut_off=cut_off,
                     )
                 except GatewayError as error:
                     if latest is None and verified and _upstream_failed(error):

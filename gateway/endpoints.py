@@ -69,7 +69,7 @@ ROUTES = [
 
 async def _proxy(request: Request, endpoint: EndpointType) -> Response:
     services = services_of(request)
-    request.state.started = time.perf_counter()
+    request.state.started = started = time.perf_counter()
     request.state.request_id = request_id = services.proxy.request_ids.next()
     runtime = services.runtime  # one snapshot for the whole request, even across a reload
     principal = authenticate(request, runtime)
@@ -81,7 +81,9 @@ async def _proxy(request: Request, endpoint: EndpointType) -> Response:
             request.state.route = model
 
     body = parse_body(raw, endpoint, label_route)
-    return await services.proxy.handle(runtime, principal, endpoint, body, request_id, len(raw))
+    return await services.proxy.handle(
+        runtime, principal, endpoint, body, request_id, len(raw), started
+    )
 
 
 def authenticate(request: Request, runtime: Runtime) -> Principal:

@@ -64,6 +64,10 @@ AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one depl
 CutOffFn = Callable[[DeploymentRuntime], None]
 
 
+def _not_priced(deployment: DeploymentRuntime) -> None:
+    """The default `CutOffFn`: a caller that prices no cut-off attempt."""
+
+
 @dataclass(slots=True)
 class Hedge:
     """When to ask another deployment too: after `after_s` without an answer (a first
@@ -117,7 +121,7 @@ class _Run:
     tried: set[str] = field(default_factory=set)  # deployments called so far
     hedges: int = 0
     won_by_hedge: bool = False
-    cut_off: CutOffFn = lambda deployment: None
+    cut_off: CutOffFn = _not_priced
 
 
 class Executor:
@@ -145,7 +149,7 @@ class Executor:
         hedge: Hedge | None = None,
         priority: int | None = None,
         logprobs: bool = False,
-        cut_off: CutOffFn | None = None,
+        cut_off: CutOffFn = _not_priced,
     ) -> Completed:
         """One answer from the first candidate that gives one; `logprobs` asks those
         that return token logprobs for them (a cascade verifying the answer)."""
@@ -167,7 +171,7 @@ class Executor:
         deadline_s: float,
         hedge: Hedge | None = None,
         priority: int | None = None,
-        cut_off: CutOffFn | None = None,
+        cut_off: CutOffFn = _not_priced,
     ) -> Opened:
         async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
             request = upstream_body(d, body, priority)
@@ -195,9 +199,9 @@ class Executor:
         call: AttemptFn,
         deadline_s: float,
         hedge: Hedge | None,
-        cut_off: CutOffFn | None = None,
+        cut_off: CutOffFn = _not_priced,
     ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
-        run = _Run() if cut_off is None else _Run(cut_off=cut_off)
+        run = _Run(cut_off=cut_off)
         try:
             async with asyncio.timeout(deadline_s):
                 if hedge is None or len(candidates) < 2:

@@ -100,8 +100,10 @@ class Proxy:
         body: dict[str, Any],
         request_id: str,
         body_size: int,
+        started: float,
     ) -> Response:
-        started = time.perf_counter()
+        """Answer one request; `started` (perf_counter) is when it arrived, which its
+        latency, SLA verdict and deadline count from."""
         route = runtime.resolve(body["model"])
         principal.check_route(route.name)
         if route.max_body_bytes is not None and body_size > route.max_body_bytes:
@@ -172,13 +174,14 @@ class Proxy:
         """A request that ends in `error` after its route was chosen: counted against the
         route's SLA when the fault is the route's, and, unless something answered it,
         recorded once as an error under the deployment its plan named first."""
-        if self._guard is not None and missed_sla(error):
+        missed = missed_sla(error)
+        if self._guard is not None and missed:
             self._guard.count_missed(call.route)
-        if any(r.record_id == call.request_id for r in call.records):
+        if any(r.is_request for r in call.records):
             return
         first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
         if first is not None:
-            self._accountant.settle_failure(call, first, missed_sla(error))
+            self._accountant.settle_failure(call, first, missed)
 
     def _candidates(
         self,

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import tiktoken
+
+from policies.prices import litellm_root
 
 # OpenAI's chat format adds a few tokens per message and for the reply's priming.
 TOKENS_PER_MESSAGE = 3
@@ -27,10 +27,10 @@ _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")
 
 
 def _bundled_cache_dir() -> str | None:
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or spec.origin is None:
+    root = litellm_root()
+    if root is None:
         return None
-    path = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+    path = root / "litellm_core_utils" / "tokenizers"
     return str(path) if path.is_dir() else None
 
 

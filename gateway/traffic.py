@@ -33,7 +33,7 @@ async def recent_scores(
     found = []
     for record in await store.events(last):
         value = getattr(record, field)
-        if record.route == route and record.record_id == record.request_id and value is not None:
+        if record.route == route and record.is_request and value is not None:
             found.append(float(value))
     return found
 

@@ -14,6 +14,7 @@ environment value that slips into a message is replaced by its name.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import types
@@ -204,6 +205,7 @@ def _priced(sections: Sections, deployment: Deployment) -> bool | None:
     )
 
 
+@functools.cache
 def _priced_models() -> list[str]:
     return [name for name in litellm_price_map() if litellm_rates(name) is not None]
 

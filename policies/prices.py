@@ -19,12 +19,20 @@ PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
 
 
 @functools.cache
-def litellm_price_map() -> Mapping[str, Mapping[str, Any]]:
+def litellm_root() -> Path | None:
+    """The installed litellm package's directory (found, not imported: importing it
+    costs seconds), or None when it is not installed."""
     spec = importlib.util.find_spec("litellm")
-    if spec is None or spec.origin is None:
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+
+@functools.cache
+def litellm_price_map() -> Mapping[str, Mapping[str, Any]]:
+    root = litellm_root()
+    if root is None:
         log.warning("litellm is not installed: prices come from the policy only")
         return {}
-    path = Path(spec.origin).parent / PRICE_MAP_FILE
+    path = root / PRICE_MAP_FILE
     data: dict[str, Mapping[str, Any]] = json.loads(path.read_text())
     data.pop("sample_spec", None)
     return data

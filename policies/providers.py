@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 import json
 from pathlib import Path
+
+from policies.prices import litellm_root
 
 ENUM_FILE = Path("types") / "utils.py"
 ENUM_CLASS = "LlmProviders"
@@ -28,10 +29,9 @@ def litellm_providers() -> frozenset[str] | None:
     """Every provider name litellm can serve, or None when that cannot be told
     (litellm not installed, or its files not laid out as this version's are): a
     caller then accepts any name rather than refuse a good one."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or spec.origin is None:
+    root = litellm_root()
+    if root is None:
         return None
-    root = Path(spec.origin).parent
     try:
         names = _enum_values(root / ENUM_FILE) | _json_providers(root / JSON_PROVIDERS_FILE)
     except (OSError, SyntaxError, ValueError):

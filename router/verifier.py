@@ -221,6 +221,8 @@ _JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 _WORD = re.compile(r"\w+")
 _TERMINAL = frozenset(".!?)]}\"'`*:;>")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
+# A line that can only be a placeholder body (`pass`, `...`, `raise NotImplementedError`).
+_PLACEHOLDER_LINE = re.compile(r"(?:^|:)[ \t]*(?:pass\b|\.\.\.|raise NotImplementedError\b)", re.M)
 
 
 @dataclass(frozen=True)
@@ -444,9 +446,6 @@ def _only_stubs(code: str) -> bool:
         return False
     functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     return bool(functions) and all(map(_placeholder_body, functions))
-
-
-_PLACEHOLDER_LINE = re.compile(r"(?:^|:)[ \t]*(?:pass\b|\.\.\.|raise NotImplementedError\b)", re.M)
 
 
 def _placeholder_body(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

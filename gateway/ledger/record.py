@@ -77,6 +77,13 @@ class SpendRecord:
     def day(self) -> str:
         return utc_day(int(self.ts // 86400))
 
+    @property
+    def is_request(self) -> bool:
+        """The request's own record (its id is the request id): its first answer, or the
+        error record of one that got none. It alone counts the request; escalations,
+        hedges, second opinions and cut-offs add cost only."""
+        return self.record_id == self.request_id
+
     def dimension(self, name: str) -> str:
         return self.day if name == "day" else str(getattr(self, name))
 

@@ -44,7 +44,7 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
     answer (an error record), so a deployment that only answers escalations shows how
     often it was called."""
     return (
-        int(rec.record_id == rec.request_id),
+        int(rec.is_request),
         int(rec.status == "error"),
         rec.prompt_tokens,
         rec.completion_tokens,

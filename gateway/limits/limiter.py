@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from gateway.auth import Principal
-from gateway.errors import LimitsUnavailable
+from gateway.errors import LimitsUnavailable, retry_after_header
 from gateway.ledger.record import SpendRecord, usd
 from gateway.limits.budgets import (
     budget_exceeded,
@@ -247,7 +247,7 @@ class Limiter:
             raise LimitsUnavailable(
                 "budgets and rate limits cannot be checked (their store is unreachable) "
                 "and the policy's gateway.limits_when_redis_down is 'closed'",
-                headers={"retry-after": "1"},
+                headers=retry_after_header(1),
             )
         m.child(m.limits_unavailable, "served_unchecked").inc()
         charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, -1, 0, 0)
