@@ -389,6 +389,12 @@ PAIRS = {
         "```\nfunction reverseWords(sentence) {\n"
         "  return sentence.split(' ').reverse().join(' ');\n}\n```",
     ),
+    # A placeholder where the function should be (capped, `code_stub`).
+    "stub": (
+        "Write a python function to reverse the words of a sentence.",
+        "```python\ndef reverse_words(sentence):\n    return ' '.join(sentence.split()[::-1])\n```",
+        "```python\ndef reverse_words(sentence):\n    # split, reverse, join\n    pass\n```",
+    ),
 }
 
 
