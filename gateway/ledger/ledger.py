@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -57,6 +58,7 @@ class CostLedger:
         self._in_flight: list[SpendRecord] = []  # taken off the queue, not yet written
         self._writer: asyncio.Task[None] | None = None
         self._stopped = False
+        self._written_at = -math.inf  # time.monotonic() of the last batch the store took
 
     @property
     def degraded(self) -> bool:
@@ -120,6 +122,7 @@ class CostLedger:
         if not self._store_down:
             try:
                 await self._store.record_many(batch)
+                self._written_at = time.monotonic()
                 return
             except LedgerUnavailable as exc:
                 self._enter_outage(exc)
@@ -186,8 +189,12 @@ class CostLedger:
             await asyncio.sleep(self._interval)
 
     async def check(self) -> None:
-        """Ping the store while all is well, so that an outage shows (`degraded`, the
-        log, /readyz) from startup on, before a record meets it."""
+        """Ping the store while all is well and no batch has been written for a while,
+        so that an outage shows (`degraded`, the log, /readyz) from startup on, before
+        a record meets it. Under traffic the writes tell already, and a ping queued
+        behind them could time out and fake an outage."""
+        if time.monotonic() - self._written_at < self._interval:
+            return
         if not await self._store.ping():
             self._enter_outage(LedgerUnavailable("it does not answer a ping"))
 

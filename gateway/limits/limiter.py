@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -121,6 +122,7 @@ class Limiter:
         self._down = False  # admissions skip the store until the probe finds it again
         self._prober: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._heard_at = -math.inf  # time.monotonic() when the store last answered
         self._queue: deque[Charge] = deque()
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -269,9 +271,9 @@ class Limiter:
         return self._book
 
     def watch(self, runtime: Callable[[], Runtime]) -> None:
-        """While the serving policy (`runtime()`) sets limits, probe the store every
-        `WATCH_INTERVAL_S` from startup on, so that an outage shows
-        (`cascade_limits_degraded`, the log) before an admission meets it. Needs a
+        """While the serving policy (`runtime()`) sets limits, probe the store whenever
+        it has not answered for `WATCH_INTERVAL_S`, from startup on, so that an outage
+        shows (`cascade_limits_degraded`, the log) before an admission meets it. Needs a
         running loop; `stop` ends it."""
         if self._store is None:
             if not self._book_of(runtime()).empty:
@@ -282,9 +284,13 @@ class Limiter:
     async def _watch_loop(self, runtime: Callable[[], Runtime]) -> None:
         assert self._store is not None
         while not self._stopped:
-            if not self._down and not self._book_of(runtime()).empty:
+            # Only while traffic is quiet: under load, admissions and settlements tell
+            # already, and a probe queued behind them could time out and fake an outage.
+            quiet = time.monotonic() - self._heard_at >= WATCH_INTERVAL_S
+            if quiet and not self._down and not self._book_of(runtime()).empty:
                 try:
                     await self._store.probe()
+                    self._heard_at = time.monotonic()
                 except LimitsStoreUnavailable as exc:
                     self._enter_outage(exc)
                 except Exception:  # a bug must not end the watch
@@ -311,6 +317,8 @@ class Limiter:
             self._recovered()
 
     def _recovered(self) -> None:
+        """The store answered (an admission, a settlement, a probe)."""
+        self._heard_at = time.monotonic()
         if self._down:
             self._down = False
             self._metrics.limits_degraded.set(0)
