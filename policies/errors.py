@@ -12,7 +12,8 @@ environment; they name the `${VAR}` instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,3 +44,14 @@ class PolicyError(Exception):
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(str(problem) for problem in self.problems))
+
+
+def closest_spelling(name: str, names: Iterable[str]) -> str | None:
+    """The name of `names` spelt most like `name`, if any is close."""
+    guess = difflib.get_close_matches(name, list(names), n=1)
+    return guess[0] if guess else None
+
+
+def did_you_mean(guess: str | None, suffix: str = "") -> str:
+    """The end of a message that suggests `guess` (then `suffix`); "" without one."""
+    return f"; did you mean '{guess}{suffix}'?" if guess else ""

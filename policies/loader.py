@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from policies.document import Document, FieldPath, Mark, merge_documents, parse_document
 from policies.envsubst import Substitution, substitute
-from policies.errors import PolicyError, Problem
+from policies.errors import PolicyError, Problem, closest_spelling, did_you_mean
 from policies.prices import litellm_price_map, litellm_rates
 from policies.schema import CrossReferenceError, Deployment, Policy
 from policies.sections import Sections
@@ -179,9 +179,7 @@ def _unpriced_references(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
                 f"{owner}, which has no price: no deployment has that name and litellm's "
                 "price map does not know it"
             )
-            guess = _closest(reference, [*deployments, *_priced_models()])
-            if guess:
-                message += f"; did you mean '{guess}'?"
+            message += did_you_mean(_closest(reference, [*deployments, *_priced_models()]))
             yield (
                 loc,
                 f"{message} (savings against an unpriced reference read as a 100% loss; for "
@@ -220,8 +218,7 @@ def _closest(name: str, names: list[str]) -> str | None:
     stems = [n for n in names if name.startswith(n) and name[len(n) : len(n) + 1] in SEPARATORS]
     if stems:
         return max(stems, key=len)
-    guess = difflib.get_close_matches(name, names, n=1)
-    return guess[0] if guess else None
+    return closest_spelling(name, names)
 
 
 def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, str]]:
@@ -266,10 +263,7 @@ def _validation_findings(exc: ValidationError) -> Iterator[tuple[FieldPath, str,
 
 def _unknown_field(loc: FieldPath) -> str:
     known = _model_fields_at(loc[:-1])
-    message = f"unknown field '{loc[-1]}'"
-    guess = difflib.get_close_matches(str(loc[-1]), known, n=1)
-    if guess:
-        message += f"; did you mean '{guess[0]}'?"
+    message = f"unknown field '{loc[-1]}'" + did_you_mean(closest_spelling(str(loc[-1]), known))
     return f"{message} (fields here: {', '.join(known)})" if known else message
 
 

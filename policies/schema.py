@@ -14,7 +14,6 @@ Regenerate the JSON schema shipped beside this module with:
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from pydantic import (
 )
 
 from policies.engines import EngineSpec
+from policies.errors import closest_spelling, did_you_mean
 from policies.providers import litellm_providers
 
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
@@ -133,12 +133,10 @@ class Deployment(_Section):
         known = litellm_providers()
         if provider == OPENAI_COMPATIBLE or known is None or provider in known:
             return provider  # None: litellm's providers cannot be told here, none refused
-        message = f"unknown provider '{provider}'"
-        guess = difflib.get_close_matches(provider.lower(), [OPENAI_COMPATIBLE, *known], n=1)
-        if guess:
-            message += f"; did you mean '{guess[0]}'?"
+        guess = closest_spelling(provider.lower(), [OPENAI_COMPATIBLE, *known])
         raise ValueError(
-            f"{message} (providers: '{OPENAI_COMPATIBLE}' for any OpenAI-compatible server, "
+            f"unknown provider '{provider}'{did_you_mean(guess)} (providers: "
+            f"'{OPENAI_COMPATIBLE}' for any OpenAI-compatible server, "
             "or a provider litellm serves, e.g. anthropic, bedrock, vertex_ai)"
         )
 
@@ -174,9 +172,8 @@ def _url_problem(url: str) -> str | None:
     if not separator:
         return "it has no scheme (e.g. http://127.0.0.1:8000/v1)"
     if scheme.lower() not in URL_SCHEMES:
-        guess = difflib.get_close_matches(scheme.lower(), URL_SCHEMES, n=1)
-        hint = f"; did you mean '{guess[0]}://'?" if guess else ""
-        return f"its scheme is '{scheme}'{hint}"
+        guess = closest_spelling(scheme.lower(), URL_SCHEMES)
+        return f"its scheme is '{scheme}'{did_you_mean(guess, '://')}"
     if any(character.isspace() for character in url):
         return "it contains whitespace"
     try:
