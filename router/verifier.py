@@ -223,6 +223,13 @@ _TERMINAL = frozenset(".!?)]}\"'`*:;>")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
 # A line that can only be a placeholder body (`pass`, `...`, `raise NotImplementedError`).
 _PLACEHOLDER_LINE = re.compile(r"(?:^|:)[ \t]*(?:pass\b|\.\.\.|raise NotImplementedError\b)", re.M)
+# A comment that says the code is still to be written: with it, a body that only returns
+# a constant (`return None  # TODO`) is a placeholder too.
+_TODO_COMMENT = re.compile(
+    r"#[^\n]*?(?:\bTODO\b|\bFIXME\b|your (?:code|implementation) here|\bimplement (?:this|me)\b"
+    r"|\bnot (?:yet )?implemented\b)",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -431,25 +438,50 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
             asks_function and not named and not _PYTHON_FUNCTION.search(code)
         ),
         # Python whose every function is a placeholder (`pass`, `...`, `raise
-        # NotImplementedError`, a docstring): no answer yet, however well it reads.
+        # NotImplementedError`, a docstring, or a constant returned under a TODO
+        # comment): no answer yet, however well it reads.
         "code_stub": float(_only_stubs(code)),
     }
 
 
 def _only_stubs(code: str) -> bool:
     """Whether `code` parses as Python, defines functions, and none has a body."""
-    if "def " not in code or not _PLACEHOLDER_LINE.search(code):  # parsing costs ~1 ms
+    todo = _TODO_COMMENT.search(code) is not None
+    if "def " not in code or not (todo or _PLACEHOLDER_LINE.search(code)):  # parsing: ~1 ms
         return False
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python: no verdict
         return False
     functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
-    return bool(functions) and all(map(_placeholder_body, functions))
+    lines = code.splitlines()
+    return bool(functions) and all(_placeholder_body(f, lines, todo) for f in functions)
 
 
-def _placeholder_body(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return all(map(_placeholder, function.body))
+def _placeholder_body(
+    function: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], todo: bool
+) -> bool:
+    if all(map(_placeholder, function.body)):
+        return True
+    # `return None` / `return 0` / `return []` under a TODO: a stub that only type-checks.
+    *head, last = function.body
+    return (
+        todo
+        and all(map(_placeholder, head))
+        and isinstance(last, ast.Return)
+        and _constant(last.value)
+        and _TODO_COMMENT.search("\n".join(lines[function.lineno - 1 : last.end_lineno]))
+        is not None
+    )
+
+
+def _constant(value: ast.expr | None) -> bool:
+    """None, a literal, or an empty container: what a stub returns to type-check."""
+    if value is None or isinstance(value, ast.Constant):
+        return True
+    if isinstance(value, ast.List | ast.Tuple | ast.Set):
+        return not value.elts
+    return isinstance(value, ast.Dict) and not value.keys
 
 
 def _placeholder(statement: ast.stmt) -> bool:

@@ -395,6 +395,13 @@ PAIRS = {
         "```python\ndef reverse_words(sentence):\n    return ' '.join(sentence.split()[::-1])\n```",
         "```python\ndef reverse_words(sentence):\n    # split, reverse, join\n    pass\n```",
     ),
+    # A constant returned under a TODO: it type-checks and is still no answer.
+    "todo stub": (
+        "Write a python function to reverse the words of a sentence.",
+        "```python\ndef reverse_words(sentence):\n    return ' '.join(sentence.split()[::-1])\n```",
+        "```python\ndef reverse_words(sentence):\n    # TODO: split, reverse, join\n"
+        "    return ''\n```",
+    ),
 }
 
 

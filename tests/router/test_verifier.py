@@ -518,6 +518,14 @@ def test_examples_cover_every_source() -> None:
             "```python\ndef add(a, b):\n    # TODO: implement\n    pass\n\nprint(add(1, 2))\n```",
             1.0,
         ),
+        # A constant returned under a comment that says the work is still to do.
+        ("```python\ndef add(a, b):\n    # TODO: implement\n    return None\n```", 1.0),
+        ("```python\ndef add(a, b):\n    return 0  # your code here\n```", 1.0),
+        ('```python\ndef evens(xs):\n    """Even items."""\n    return []  # FIXME\n```', 1.0),
+        # A constant is an answer where nothing says it is unfinished, or it is computed.
+        ("```python\ndef answer():\n    return 42\n```", 0.0),
+        ("```python\ndef add(a, b):\n    # TODO: check types\n    return a + b\n```", 0.0),
+        ("```python\ndef add(a, b):\n    return [a, b]  # TODO: sum\n```", 0.0),
         # Some function does something: an answer, maybe wrong, not a placeholder.
         ("```python\ndef add(a, b):\n    if a is None:\n        pass\n    return a + b\n```", 0.0),
         ("```python\ndef helper():\n    pass\n\ndef add(a, b):\n    return a + b\n```", 0.0),
