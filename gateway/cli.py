@@ -23,6 +23,7 @@ from gateway.errors import GatewayError
 from local_engine.cli import add_engine_commands
 from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
 from policies.keys import hash_key
+from policies.unserved import unserved_notes
 from router.cli import ScoreField, add_router_commands
 
 if TYPE_CHECKING:
@@ -114,8 +115,6 @@ def _run_uvicorn(settings: Settings) -> None:
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
-    from gateway.runtime import unserved_notes
-
     try:
         loaded = load_policy(Path(args.path))
     except PolicyError as exc:

@@ -195,31 +195,6 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
     )
 
 
-def unserved_notes(policy: Policy) -> list[str]:
-    """What in `policy` serves nothing until configured (an env var unset): printed by
-    `policy check` and logged when a gateway loads the policy, since a request that
-    meets it gets only a 401 or 503."""
-    notes = [
-        f"deployment '{name}' is unavailable until configured: {reason}"
-        for name, spec in policy.deployments.items()
-        if (reason := spec.unavailable_reason())
-    ]
-    disabled = {key_id: key.disabled_reason for key_id, key in policy.keys.items()}
-    notes += [
-        f"key '{key_id}' is disabled, its requests are refused (401): {reason}"
-        for key_id, reason in disabled.items()
-        if reason
-    ]
-    # Only what an unset variable disabled: a policy with no keys at all (the embedded
-    # default) chose to have none.
-    if disabled and all(disabled.values()):
-        who = "callers on this machine only" if policy.auth.anonymous_team else "nobody"
-        notes.append(f"no client key is enabled: the gateway serves {who}")
-    if policy.admin_keys and not any(policy.admin_keys):
-        notes.append("no admin key is set: /admin answers 401")
-    return notes
-
-
 def _route_sla(sla: Sla | None) -> RouteSla | None:
     if sla is None:
         return None

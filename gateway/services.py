@@ -12,12 +12,13 @@ from gateway.ledger import CostLedger, LedgerStore
 from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy
-from gateway.runtime import Runtime, build_runtime, unserved_notes
+from gateway.runtime import Runtime, build_runtime
 from gateway.scoring import warm
 from gateway.settings import Settings
 from gateway.sla import SlaGuard
 from gateway.upstreams.base import UpstreamClient
 from policies import LoadedPolicy, PolicyError, PolicyReloader
+from policies.unserved import unserved_notes
 
 log = logging.getLogger(__name__)
 
