@@ -45,6 +45,7 @@ async def metrics(services: ServicesDep) -> Response:
     m.ledger_spooled.set(services.ledger.spooled_count)
     m.policy_edit_rejected.set(1 if services.last_reload_error() else 0)
     _policy_gauges(services)
+    await services.limits.show_budgets(services.runtime)
     return Response(m.render(), media_type=CONTENT_TYPE)
 
 

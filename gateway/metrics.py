@@ -6,7 +6,8 @@ counters and histograms are kept in prometheus_client's multiprocess files
 (`PROMETHEUS_MULTIPROC_DIR`, which `serve` sets up) and every scrape sums every
 worker's: a counter read from whichever worker answers would jump between their
 values, and Prometheus would take each drop for a reset. Gauges are the answering
-worker's own view (the policy it serves, its breakers, the engine load it scraped).
+worker's own view (the policy it serves, its breakers, the engine load it scraped), but
+for budgets remaining, which every worker reads from the limits store at the scrape.
 
 Names are a contract with dashboards/ and alert rules: change them together.
 """
@@ -248,8 +249,8 @@ class Metrics:
         budget = ["scope", "name", "period"]
         self.budget_remaining = Gauge(
             "cascade_budget_remaining_usd",
-            "Budget left in the current period (limit minus settled spend), as of the last "
-            "settlement this worker made",
+            "Budget left in the current period (limit minus settled spend), read from the "
+            "limits store at the scrape",
             budget,
             registry=r,
         )

@@ -255,6 +255,27 @@ class Limiter:
         charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, -1, 0, 0)
         return Admission(self, charge, ask.tokens)
 
+    async def show_budgets(self, runtime: Runtime) -> None:
+        """Set `cascade_budget_remaining_usd` of every budget of the policy from the
+        store, for a scrape: every worker and replica reads the same counters, and a
+        budget reads its full limit from startup and from the first second of a new
+        period, before any request settles there. While the store is down the gauges
+        keep the last figures read (`cascade_limits_degraded` says so)."""
+        budgets = [rule for rules in self._book_of(runtime).budgets.values() for rule in rules]
+        if self._store is None or self._down or not budgets:
+            return
+        now = self.clock()
+        periods = [self._calendar.period(rule.period, now) for rule in budgets]
+        try:
+            spent = await self._store.spent(list(zip(budgets, periods, strict=True)))
+        except LimitsStoreUnavailable as exc:
+            log.debug("budget gauges not refreshed: %s", exc)
+            return
+        m = self._metrics
+        for rule, nanos in zip(budgets, spent, strict=True):
+            left = usd(rule.limit_nanos - nanos)
+            m.child(m.budget_remaining, rule.scope, rule.name, rule.period).set(left)
+
     def _enter_outage(self, exc: LimitsStoreUnavailable | None) -> None:
         if not self._down:
             self._down = True
@@ -372,8 +393,6 @@ class Limiter:
         m = self._metrics
         for budget, period, balance in zip(charge.budgets, charge.periods, balances, strict=True):
             labels = (budget.scope, budget.name, budget.period)
-            left = usd(budget.limit_nanos - balance.spent_nanos)
-            m.child(m.budget_remaining, *labels).set(left)
             soft = budget.soft_nanos
             before = balance.spent_nanos - charge.cost_nanos
             if soft is not None and before < soft <= balance.spent_nanos:

@@ -33,6 +33,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.limits.rules import BudgetRule, Period
 from gateway.limits.scripts import ADMIT_LUA, SETTLE_LUA
 from gateway.limits.store import (
     Admitted,
@@ -150,6 +151,15 @@ class RedisLimitStore:
             else:
                 results.append(_balances(cast(list[int], reply)))
         return results
+
+    async def spent(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[int]:
+        with self._translate():
+            async with asyncio.timeout(self._timeout_s):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for budget, period in budgets:
+                        pipe.hget(self.budget_key(budget.scope, budget.name, period.id), "spent")
+                    replies: list[str | None] = await pipe.execute()
+        return [int(reply or 0) for reply in replies]
 
     async def _settle_batch(self, charges: Sequence[Charge]) -> list[Any]:
         """Replies or, per charge, the error Redis answered (connection errors raise)."""

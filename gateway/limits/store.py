@@ -7,6 +7,7 @@ Contract:
   Holds older than `hold_ms` are released by later admissions on the same budget.
 - `settle_many` settles each charge once (idempotent on the request id): releases the
   request's holds, adds its real cost to each budget and corrects its token count.
+- `spent` reads what each budget has settled in its period (a scrape's gauge).
 - `probe` returns if the store can take writes now, else raises (during an outage it
   runs off the request path and tells when to admit through the store again).
 - Connection failures raise `LimitsStoreUnavailable`, never a foreign exception, and
@@ -99,6 +100,10 @@ class LimitStore(Protocol):
     async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
         """Per charge: the balance of each of its budgets, or None if it was settled
         before."""
+        ...
+
+    async def spent(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[int]:
+        """Nano-USD settled on each budget in its period so far (0 before any)."""
         ...
 
     async def close(self) -> None: ...

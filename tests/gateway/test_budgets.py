@@ -194,6 +194,34 @@ def test_every_budget_of_a_request_is_charged_in_one_settlement(
     assert remaining == pytest.approx(1 - 3 * ACTUAL / 1e9)
 
 
+def test_every_gateway_shows_what_a_budget_has_left_from_the_shared_counters(
+    start: Any, counters: Counters
+) -> None:
+    """`cascade_budget_remaining_usd` is read from Redis at each scrape: a gateway (or
+    worker) that settled nothing shows the spend of the others, a budget shows its full
+    limit before its first request, and a new period starts full without a request."""
+    text = policy(
+        "{scope: key, name: k, period: day, limit_usd: 1}",
+        "{scope: team, name: research, period: month, limit_usd: 2}",
+    )
+    serving, watching = start(text), start(text)
+    day = 'cascade_budget_remaining_usd{name="k",period="day",scope="key"}'
+    month = 'cascade_budget_remaining_usd{name="research",period="month",scope="team"}'
+    now = datetime(2031, 1, 31, 23, 0, tzinfo=UTC)
+    for server in (serving, watching):
+        server.services.limits.clock = now.timestamp
+    assert (metric(watching.url, day), metric(watching.url, month)) == (1.0, 2.0)
+
+    for _ in range(2):
+        assert ask(serving.url).status_code == 200
+    counters.settled("key", "k", 2 * ACTUAL, period="2031-01-31")
+    assert metric(watching.url, day) == pytest.approx(1 - 2 * ACTUAL / 1e9)
+    assert metric(watching.url, month) == pytest.approx(2 - 2 * ACTUAL / 1e9)
+
+    watching.services.limits.clock = (now + timedelta(hours=2)).timestamp  # Feb 1st
+    assert (metric(watching.url, day), metric(watching.url, month)) == (1.0, 2.0)
+
+
 def test_day_and_month_periods_have_their_own_counters(start: Any, counters: Counters) -> None:
     month_limit = (3 * ACTUAL + WORST - 1) / 1e9
     server = start(
