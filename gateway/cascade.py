@@ -24,9 +24,9 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.accounting import Accountant, Call, count_unreported, reply_usage
 from gateway.code_runs import run_code
@@ -41,6 +41,7 @@ from gateway.upstreams.base import EndpointType, UpstreamReply
 from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,17 +140,20 @@ class Cascade:
         try:
             for step, group in enumerate(groups):
                 verified = step < len(groups) - 1
-                if not verified and opinions is not None:
-                    await opinions.close()  # no answer left for them to judge
+                answer = self._executor.complete(
+                    group,
+                    endpoint,
+                    body,
+                    max(0.001, ends_at - time.monotonic()),
+                    logprobs=ask and verified,
+                    cut_off=cut_off,
+                )
                 try:
-                    done = await self._executor.complete(
-                        group,
-                        endpoint,
-                        body,
-                        max(0.001, ends_at - time.monotonic()),
-                        logprobs=ask and verified,
-                        cut_off=cut_off,
-                    )
+                    if not verified and opinions is not None:
+                        # No answer is left for them to judge: closed while the tier works.
+                        done = await _beside(answer, opinions.close())
+                    else:
+                        done = await answer
                 except GatewayError as error:
                     if latest is None and verified and _upstream_failed(error):
                         # A tier that cannot answer counts as rejected: the next one is up.
@@ -281,6 +285,18 @@ class _Answer:
     step: int
     answered_at: float  # perf_counter
     judged: float | None = None  # the verifier's score; None: not judged, or it broke
+
+
+async def _beside(main: Awaitable[T], side: Awaitable[None]) -> T:
+    """`main`'s result (or error) once `side` has run to its end too, concurrently. An
+    error of `side` is logged, never raised over `main`'s answer, which is paid for and
+    must be priced; a cancellation cancels both."""
+    result, outcome = await asyncio.gather(main, side, return_exceptions=True)
+    if isinstance(outcome, BaseException):
+        log.error("closing second opinions failed", exc_info=outcome)
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _upstream_failed(error: GatewayError) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -509,6 +509,57 @@ async def test_a_request_cancelled_while_its_opinions_close_leaves_none_running(
     assert leftover_tasks() == set()
     [opinion] = [r for r in ledger if r.deployment == "judge"]
     assert opinion.status == "partial"  # cut off in flight: its prompt, once
+
+
+async def test_the_last_tier_is_asked_while_the_opinions_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing the opinions (counting a long prompt to charge them) runs beside the last
+    tier's call, not before it: the client does not wait for the two in turn."""
+    events: list[str] = []
+    real = opinions_module.count_unreported
+
+    async def slow(*args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.3)
+        await real(*args, **kwargs)
+        events.append("opinions closed")
+
+    def mid() -> Awaitable[UpstreamReply]:
+        events.append("mid asked")
+        return says("B")()
+
+    monkeypatch.setattr(opinions_module, "count_unreported", slow)
+    behaviours = {"cheap": fails(), "mid": mid, "judge": says("B", 3.0)}
+    result, ledger, _, _ = await run_cascade(behaviours)
+    assert result.final.deployment is MID
+    assert events == ["mid asked", "opinions closed"]
+    [opinion] = [r for r in ledger if r.deployment == "judge"]
+    assert opinion.status == "partial"
+    assert leftover_tasks() == set()
+
+
+async def test_a_failing_close_of_the_opinions_loses_no_answer(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last tier's answer is paid for: a close that breaks beside it is logged, and
+    the answer is still the client's and priced."""
+    calls = 0
+
+    async def broken_once(self: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("close broke")
+        await real_close(self)
+
+    real_close = opinions_module.SecondOpinions.close
+    monkeypatch.setattr(opinions_module.SecondOpinions, "close", broken_once)
+    behaviours = {"cheap": fails(), "mid": says("B"), "judge": says("B", 3.0)}
+    result, ledger, _, _ = await run_cascade(behaviours)
+    assert result.final.deployment is MID
+    assert "req_1" in {r.record_id for r in ledger}  # mid's answer, priced
+    assert "closing second opinions failed" in caplog.text
+    assert leftover_tasks() == set()  # the cascade's own close finished the job
 
 
 TIMED = RouteSla(None, 10.0, False, "degrade", None, 0, None)
