@@ -44,8 +44,9 @@ async def metrics(services: ServicesDep) -> Response:
     m.ledger_degraded.set(1 if services.ledger.degraded else 0)
     m.ledger_spooled.set(services.ledger.spooled_count)
     m.policy_edit_rejected.set(1 if services.last_reload_error() else 0)
-    _policy_gauges(services)
+    # Budgets first: a reload during their read must not bring a dropped one back.
     await services.limits.show_budgets(services.runtime)
+    _policy_gauges(services)
     return Response(m.render(), media_type=CONTENT_TYPE)
 
 

@@ -24,9 +24,9 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from gateway.accounting import Accountant, Call, count_unreported, reply_usage
 from gateway.code_runs import run_code
@@ -41,7 +41,6 @@ from gateway.upstreams.base import EndpointType, UpstreamReply
 from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +132,7 @@ class Cascade:
         client gets it after all (its escalation failed), so that only the answer the
         client gets is judged against the route's SLA: one verdict per request."""
         scores: list[float] = []
+        closing: asyncio.Task[None] | None = None  # the opinions' early close
         latest: _Answer | None = None  # the last answer, not priced yet
         delivered = False  # whether `latest` is the client's answer
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
@@ -140,20 +140,18 @@ class Cascade:
         try:
             for step, group in enumerate(groups):
                 verified = step < len(groups) - 1
-                answer = self._executor.complete(
-                    group,
-                    endpoint,
-                    body,
-                    max(0.001, ends_at - time.monotonic()),
-                    logprobs=ask and verified,
-                    cut_off=cut_off,
-                )
+                if not verified and opinions is not None:
+                    # No answer is left for them to judge: closed while the last tier works.
+                    closing = asyncio.create_task(opinions.close())
                 try:
-                    if not verified and opinions is not None:
-                        # No answer is left for them to judge: closed while the tier works.
-                        done = await _beside(answer, opinions.close())
-                    else:
-                        done = await answer
+                    done = await self._executor.complete(
+                        group,
+                        endpoint,
+                        body,
+                        max(0.001, ends_at - time.monotonic()),
+                        logprobs=ask and verified,
+                        cut_off=cut_off,
+                    )
                 except GatewayError as error:
                     if latest is None and verified and _upstream_failed(error):
                         # A tier that cannot answer counts as rejected: the next one is up.
@@ -203,6 +201,8 @@ class Cascade:
                 records.append(
                     self._settle(call, latest, endpoint, body, len(records), delivered=delivered)
                 )
+            if closing is not None:  # after the answer is priced: it is paid for
+                await _finished(closing)
         assert latest is not None  # the first group either answered or raised
         final = without_logprobs(latest.done) if ask else latest.done
         return final, tuple(scores), latest.step
@@ -287,16 +287,14 @@ class _Answer:
     judged: float | None = None  # the verifier's score; None: not judged, or it broke
 
 
-async def _beside(main: Awaitable[T], side: Awaitable[None]) -> T:
-    """`main`'s result (or error) once `side` has run to its end too, concurrently. An
-    error of `side` is logged, never raised over `main`'s answer, which is paid for and
-    must be priced; a cancellation cancels both."""
-    result, outcome = await asyncio.gather(main, side, return_exceptions=True)
-    if isinstance(outcome, BaseException):
-        log.error("closing second opinions failed", exc_info=outcome)
-    if isinstance(result, BaseException):
-        raise result
-    return result
+async def _finished(closing: asyncio.Task[None]) -> None:
+    """Wait for the opinions' early close; its failure is logged (the cascade's own
+    close, which always follows, tries again). Cancelled here, it is cut short, and
+    that close finishes it."""
+    try:
+        await closing
+    except Exception:
+        log.exception("closing second opinions failed")
 
 
 def _upstream_failed(error: GatewayError) -> bool:

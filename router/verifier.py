@@ -17,9 +17,12 @@ Errors raised here are ``RoutingError`` (a missing or malformed artifact).
 from __future__ import annotations
 
 import ast
+import bisect
+import io
 import json
 import math
 import re
+import tokenize
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -223,11 +226,10 @@ _TERMINAL = frozenset(".!?)]}\"'`*:;>")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
 # A line that can only be a placeholder body (`pass`, `...`, `raise NotImplementedError`).
 _PLACEHOLDER_LINE = re.compile(r"(?:^|:)[ \t]*(?:pass\b|\.\.\.|raise NotImplementedError\b)", re.M)
-# A comment that says the code is still to be written: with it, a body that only returns
-# a constant (`return None  # TODO`) is a placeholder too.
-_TODO_COMMENT = re.compile(
-    r"#[^\n]*?(?:\bTODO\b|\bFIXME\b|your (?:code|implementation) here|\bimplement (?:this|me)\b"
-    r"|\bnot (?:yet )?implemented\b)",
+# Words of a comment that says the code is still to be written: under one, a body that
+# only returns a constant (`return None  # TODO`) is a placeholder too.
+_TODO = re.compile(
+    r"\bTODO\b|\bFIXME\b|your (?:code|implementation) here|\bimplement (?:this|me)\b",
     re.IGNORECASE,
 )
 
@@ -446,37 +448,53 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
 
 def _only_stubs(code: str) -> bool:
     """Whether `code` parses as Python, defines functions, and none has a body."""
-    todo = _TODO_COMMENT.search(code) is not None
-    if "def " not in code or not (todo or _PLACEHOLDER_LINE.search(code)):  # parsing: ~1 ms
+    if "def " not in code:
+        return False
+    todo = _TODO.search(code) is not None
+    if not (todo or _PLACEHOLDER_LINE.search(code)):  # parsing costs ~1 ms
         return False
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python: no verdict
         return False
     functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
-    lines = code.splitlines()
-    return bool(functions) and all(_placeholder_body(f, lines, todo) for f in functions)
+    todo_lines = _todo_comment_lines(code) if todo else ()
+    return bool(functions) and all(_placeholder_body(f, todo_lines) for f in functions)
+
+
+def _todo_comment_lines(code: str) -> tuple[int, ...]:
+    """The lines, in order, of the comments (real ones: not a `#` in a string) that say
+    TODO."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return ()
+    return tuple(
+        t.start[0] for t in tokens if t.type == tokenize.COMMENT and _TODO.search(t.string)
+    )
 
 
 def _placeholder_body(
-    function: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], todo: bool
+    function: ast.FunctionDef | ast.AsyncFunctionDef, todo_lines: tuple[int, ...]
 ) -> bool:
     if all(map(_placeholder, function.body)):
         return True
     # `return None` / `return 0` / `return []` under a TODO: a stub that only type-checks.
     *head, last = function.body
+    first_todo = bisect.bisect_left(todo_lines, function.lineno)  # in or after the def
     return (
-        todo
-        and all(map(_placeholder, head))
+        all(map(_placeholder, head))
         and isinstance(last, ast.Return)
         and _constant(last.value)
-        and _TODO_COMMENT.search("\n".join(lines[function.lineno - 1 : last.end_lineno]))
-        is not None
+        and first_todo < len(todo_lines)
+        and todo_lines[first_todo] <= (last.end_lineno or last.lineno)
     )
 
 
 def _constant(value: ast.expr | None) -> bool:
-    """None, a literal, or an empty container: what a stub returns to type-check."""
+    """None, a literal (`-1` too), or an empty container: what a stub returns."""
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub | ast.UAdd):
+        value = value.operand
     if value is None or isinstance(value, ast.Constant):
         return True
     if isinstance(value, ast.List | ast.Tuple | ast.Set):

@@ -538,6 +538,32 @@ async def test_the_last_tier_is_asked_while_the_opinions_close(
     assert leftover_tasks() == set()
 
 
+async def test_a_last_answer_in_while_the_opinions_close_is_priced_if_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last tier answered (paid for) and the opinions are still closing when the
+    request is cancelled: the answer is priced all the same, and nothing outlives it."""
+    real = opinions_module.count_unreported
+
+    async def slow(*args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(0.3)
+        await real(*args, **kwargs)
+
+    monkeypatch.setattr(opinions_module, "count_unreported", slow)
+    ledger = Ledger()
+    behaviours = {"cheap": fails(), "mid": says("B"), "judge": says("B", 3.0)}
+    run = asyncio.create_task(run_cascade(behaviours, ledger=ledger))
+    await asyncio.sleep(0.15)  # mid has answered; the opinions are being closed
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    by_id = {r.record_id: r for r in ledger}
+    assert sorted(by_id) == ["req_1", "req_1:o1"] and len(ledger) == 2
+    assert (by_id["req_1"].deployment, by_id["req_1"].status) == ("mid", "ok")
+    assert by_id["req_1:o1"].status == "partial"
+    assert leftover_tasks() == set()
+
+
 async def test_a_failing_close_of_the_opinions_loses_no_answer(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

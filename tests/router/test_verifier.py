@@ -522,7 +522,13 @@ def test_examples_cover_every_source() -> None:
         ("```python\ndef add(a, b):\n    # TODO: implement\n    return None\n```", 1.0),
         ("```python\ndef add(a, b):\n    return 0  # your code here\n```", 1.0),
         ('```python\ndef evens(xs):\n    """Even items."""\n    return []  # FIXME\n```', 1.0),
+        ("```python\ndef find(xs, x):\n    return -1  # TODO: search\n```", 1.0),
         # A constant is an answer where nothing says it is unfinished, or it is computed.
+        ('```python\ndef header():\n    return "# TODO list"\n```', 0.0),  # in a string
+        (
+            "```python\ndef is_windows():\n    # not implemented upstream\n    return False\n```",
+            0.0,
+        ),
         ("```python\ndef answer():\n    return 42\n```", 0.0),
         ("```python\ndef add(a, b):\n    # TODO: check types\n    return a + b\n```", 0.0),
         ("```python\ndef add(a, b):\n    return [a, b]  # TODO: sum\n```", 0.0),
@@ -552,7 +558,9 @@ def test_the_stub_check_stays_cheap_on_long_code() -> None:
     """Code without a placeholder line is not parsed; hostile nesting is no verdict."""
     long_code = "def f(x):\n    return x\n" * 2000
     nested = "def f():\n    pass\n    return " + "(" * 5000 + ")" * 5000
+    banner = "def f(s):\n    return s[::-1]\n" + "#" * 8000 + "\n" + "# x " * 2000  # no TODO
     started = time.perf_counter()
     assert not verifier_module._only_stubs(long_code)
     assert not verifier_module._only_stubs(nested)
+    assert not verifier_module._only_stubs(banner)
     assert time.perf_counter() - started < 2.0
