@@ -261,8 +261,10 @@ class Limiter:
         budget reads its full limit from startup and from the first second of a new
         period, before any request settles there. While the store is down the gauges
         keep the last figures read (`cascade_limits_degraded` says so)."""
+        if self._store is None or self._down:
+            return
         budgets = [rule for rules in self._book_of(runtime).budgets.values() for rule in rules]
-        if self._store is None or self._down or not budgets:
+        if not budgets:
             return
         now = self.clock()
         periods = [self._calendar.period(rule.period, now) for rule in budgets]
