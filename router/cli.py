@@ -361,6 +361,7 @@ def run_eval(args: argparse.Namespace) -> int:
         format_table,
         held_out_scores,
         run_evaluation,
+        run_subject_evaluation,
     )
     from router.dataset import load_examples
     from router.evaluation import plot_curves
@@ -376,6 +377,9 @@ def run_eval(args: argparse.Namespace) -> int:
         return 1
     reports = run_evaluation(examples, cache, fitted)
     print(format_table(reports))
+    print()
+    print("Unseen MMLU subjects, more draws (training subjects in groups, each left out):")
+    print(format_table(run_subject_evaluation(examples, cache)))
     print()
     print(format_cascade_table(cascades))
     if args.plot is not None:

@@ -150,6 +150,14 @@ def selection_folds(train: Sequence[Example]) -> list[Fold]:
         test = tuple(e for e in train if e.dataset == name)
         if test:
             folds.append(Fold(name, tuple(e for e in train if e.dataset != name), test))
+    return folds + subject_folds(train)
+
+
+def subject_folds(train: Sequence[Example]) -> list[Fold]:
+    """MMLU's subjects in `train` in `MMLU_SELECTION_GROUPS` groups (by a second byte of
+    the subject hash), each left out in turn: more draws of "subjects never seen" than
+    the one held-out set, to tell a figure that one subject carries from the rule."""
+    folds = []
     for group in range(MMLU_SELECTION_GROUPS):
         test = tuple(e for e in train if e.dataset == "mmlu" and _subject_group(e) == group)
         if test:

@@ -170,7 +170,7 @@ def test_task_verifiers_never_see_their_task() -> None:
 def test_router_eval_prints_the_tables_and_draws_every_dataset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`router eval --plot`: both tables, and a PNG per dataset with the cascades drawn
+    """`router eval --plot`: the tables, and a PNG per dataset with the cascades drawn
     (the best second opinion labelled as picked on those rows)."""
     data, plots = tmp_path / "data", tmp_path / "plots"
     _sample_data(DEFAULT_DATA_DIR, data, every=8)
@@ -178,7 +178,9 @@ def test_router_eval_prints_the_tables_and_draws_every_dataset(
     printed = capsys.readouterr().out
     assert "| mmlu |" in printed and "| classifier |" in printed
     assert "cascade + 2nd opinion" in printed
-    assert printed.count("| APGR 90% CI | CPT(50%) 90% CI |") == 2  # both tables
+    # the held-out table, the unseen MMLU subject groups' and the cascades'
+    assert printed.count("| APGR 90% CI | CPT(50%) 90% CI |") == 3
+    assert "| mmlu-subjects-0 |" in printed and "| mmlu-subjects-2 |" in printed
     for name in DATASETS.values():
         assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

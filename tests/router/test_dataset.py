@@ -15,6 +15,8 @@ from router.dataset import (
     load_examples,
     pooled_gains,
     selection_folds,
+    subject_folds,
+    training_pool,
 )
 
 
@@ -59,6 +61,22 @@ def test_selection_folds_stay_inside_the_training_rows(examples: list[Example]) 
         if fold.name.startswith("mmlu"):
             test_subjects = {e.subject for e in fold.test}
             assert not test_subjects & {e.subject for e in fold.train}
+
+
+def test_subject_folds_leave_out_each_training_subject_once(examples: list[Example]) -> None:
+    """More draws of unseen MMLU subjects, made of the training pool only: every training
+    subject is judged once, by a fold that trains on neither it nor a held-out subject."""
+    pool = training_pool(examples)
+    folds = subject_folds(pool)
+    assert [f.name for f in folds] == ["mmlu-subjects-0", "mmlu-subjects-1", "mmlu-subjects-2"]
+    judged = [e.subject for f in folds for e in {x.subject: x for x in f.test}.values()]
+    assert sorted(judged) == sorted({e.subject for e in pool if e.dataset == "mmlu"})
+    for fold in folds:
+        assert {e.dataset for e in fold.test} == {"mmlu"}
+        assert not {e.subject for e in fold.test} & {e.subject for e in fold.train}
+        mmlu = [e for e in fold.test + fold.train if e.dataset == "mmlu"]
+        assert not any(is_held_out_subject(e.subject) for e in mmlu)
+        assert len(fold.train) + len(fold.test) == len(pool)
 
 
 def test_routerbench_gains_are_pooled_over_the_cheap_models(examples: list[Example]) -> None:
