@@ -6,7 +6,9 @@ policy's `autostart: true` engines as a child process and stops it on the way ou
     stop_engines(supervisor)              # SIGTERM: the supervisor stops its engines
 
 The supervisor is `cascade-gateway engine up` in its own session (a Ctrl-C meant for the
-gateway reaches it through `stop_engines`, once, in order). A `cpu` engine needs torch
+gateway reaches it through `stop_engines`, once, in order). It inherits the gateway's
+environment, which fills the policy's `${VAR}`s (an engine's `api_key`); the engines it
+starts get only what `local_engine.environment` lets through. A `cpu` engine needs torch
 (the `[engine]` extra); without it the engine is skipped with a warning and the local
 tier stays unavailable, so routes fall back to the deployments that are.
 """

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from local_engine.cpu_command import cpu_argv
-from local_engine.vllm_command import vllm_argv, vllm_env
+from local_engine.environment import engine_env
+from local_engine.vllm_command import vllm_argv
 from policies.engines import EngineSpec
 
 DEFAULT_RUN_DIR = Path("var/engines")
@@ -49,8 +50,8 @@ class EngineConfig:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.argv = self.argv_builder(self.spec)
-        # The engine inherits the supervisor's environment, as any child process does.
-        self.env = vllm_env(self.spec, os.environ if self.base_env is None else self.base_env)
+        # The supervisor's environment, less what an engine has no business seeing.
+        self.env = engine_env(self.spec, os.environ if self.base_env is None else self.base_env)
         self.loaded = True
 
     @property

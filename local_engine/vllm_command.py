@@ -1,21 +1,20 @@
-"""An engine spec as a `vllm serve` command: an argv list (no shell) and its environment.
+"""An engine spec as a `vllm serve` command: an argv list (no shell).
 
     vllm_argv(spec)  # ['vllm', 'serve', 'Qwen/Qwen3-4B', '--host', '127.0.0.1', ...]
 
 Only flags whose field is set are passed, in `FLAG_FIELDS` order, then prefix caching,
 speculative decoding and `extra_args`. The API key travels in the environment
-(`VLLM_API_KEY`, which vLLM reads like `--api-key`) so it does not show in `ps`.
+(`VLLM_API_KEY`, which vLLM reads like `--api-key`; see `local_engine.environment`) so
+it does not show in `ps`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 from local_engine.errors import EngineSpecError
 from policies.engines import FLAG_FIELDS, EngineSpec, Speculation
 
-API_KEY_ENV = "VLLM_API_KEY"
 # Speculation fields copied into vLLM's JSON when set, in this order.
 SPECULATIVE_JSON_FIELDS = (
     "method",
@@ -56,16 +55,3 @@ def speculative_config_json(speculation: Speculation) -> str:
             config[name] = value
     config.update(speculation.extra)
     return json.dumps(config, separators=(",", ":"))
-
-
-def vllm_env(spec: EngineSpec, base: Mapping[str, str]) -> dict[str, str]:
-    """The engine's environment: `base` (the supervisor's), the spec's `env`, the API key.
-
-    An inherited VLLM_API_KEY is dropped: the policy alone decides whether the engine
-    asks for a key, so the deployments pointing at it agree. An empty key (`${VAR:-}`
-    with VAR unset) is no key, as for the gateway, which then sends none."""
-    env = {**base, **spec.env}
-    env.pop(API_KEY_ENV, None)
-    if spec.api_key:
-        env[API_KEY_ENV] = spec.api_key
-    return env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -16,13 +17,17 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from local_engine.config import EngineConfig
 from local_engine.cpu.app import EngineService, create_app
 from local_engine.cpu.engine import Engine, EngineOptions
 from local_engine.cpu.metrics import EngineMetrics
 from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.server import DEFAULT_MODEL
 from local_engine.metrics import parse_vllm_metrics
+from policies.engines import EngineSpec
+from tests.local_engine.stand_in import free_port
 from tests.local_engine.test_cpu_engine import TOKENIZER, draft, target
+from tests.local_engine.test_supervisor import Running, reaches
 
 MODEL = "tiny-test"
 VLLM_METRICS = (
@@ -221,6 +226,22 @@ def test_serve_cpu_command_answers_with_the_shipped_model(tmp_path: Path) -> Non
         finally:
             process.terminate()
             process.wait(timeout=20)
+
+
+@pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(), reason="no shipped model")
+def test_the_supervisor_starts_the_cpu_engine_on_the_allow_listed_environment(
+    tmp_path: Path,
+) -> None:
+    spec = EngineSpec.model_validate({"kind": "cpu", "port": free_port(), "health_interval_s": 0.1})
+    gateway_env = {**os.environ, "OPENAI_API_KEY": "fake-openai-key"}
+    config = EngineConfig("local", spec, tmp_path, base_env=gateway_env)
+    running = Running([config])
+    try:
+        reaches(config, "ready", timeout_s=60)
+        assert httpx.get(f"{spec.api_base}/models").json()["data"][0]["id"] == "local-tiny"
+    finally:
+        assert running.stop(timeout_s=30) == 0
+    assert "OPENAI_API_KEY" not in config.env
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:

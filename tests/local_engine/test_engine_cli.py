@@ -81,9 +81,31 @@ def shell(*args: str, without: tuple[str, ...]) -> subprocess.CompletedProcess[s
 
 
 def with_api_key(policy: Path, value: str) -> None:
-    line = f"    api_key: {value}\n"
+    with_field(policy, f"api_key: {value}")
+
+
+def with_field(policy: Path, line: str) -> None:
     text = policy.read_text()
-    policy.write_text(text.replace("    stop_timeout_s: 2\n", f"    stop_timeout_s: 2\n{line}"))
+    policy.write_text(
+        text.replace("    stop_timeout_s: 2\n", f"    stop_timeout_s: 2\n    {line}\n")
+    )
+
+
+def dumping_environ(policy: Path) -> Path:
+    """Make the engine's executable write the environment it was given to a JSON file
+    (returned) before it runs the stand-in."""
+    dump = policy.parent / "engine-environ.json"
+    (policy.parent / "fake-vllm").write_text(
+        textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, os, sys
+        with open({str(dump)!r}, "w") as out:
+            json.dump(dict(os.environ), out)
+        os.environ["PYTHONPATH"] = {str(ROOT)!r}
+        os.execv(sys.executable, [sys.executable, "-m", "tests.fakes.vllm_process", *sys.argv[1:]])
+        """)
+    )
+    return dump
 
 
 def chat(base_url: str, key: str | None = None) -> int:
@@ -295,3 +317,42 @@ def test_the_example_policy_status_and_down_without_its_keys(tmp_path: Path) -> 
     down = shell("down", *common, without=keys)
     assert (down.returncode, down.stderr) == (0, "")
     assert [line.split(":")[0] for line in down.stdout.splitlines()] == ["small", "large"]
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_the_engine_gets_none_of_the_gateway_secrets(
+    policy: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch, keyed: bool
+) -> None:
+    secrets = {
+        "OPENAI_API_KEY": "fake-openai-key",
+        "ANTHROPIC_API_KEY": "fake-anthropic-key",
+        "GATEWAY_ADMIN_KEY": "fake-admin-key",
+        "REDIS_URL": "redis://:fake-redis-password@127.0.0.1:6379/0",
+        "FAKE_ENGINE_KEY": "fake-engine-key",  # the supervisor reads it; the engine need not
+        "VLLM_API_KEY": "inherited",  # dropped either way: the policy decides
+    }
+    passed = {"CUDA_VISIBLE_DEVICES": "0", "HF_HOME": str(run_dir / "hf"), "OMP_NUM_THREADS": "2"}
+    for name, value in {**secrets, **passed}.items():
+        monkeypatch.setenv(name, value)
+    dump = dumping_environ(policy)
+    with_field(policy, 'env: {OMP_NUM_THREADS: "1", ENGINE_ONLY: "from the spec"}')
+    if keyed:
+        with_api_key(policy, "${FAKE_ENGINE_KEY}")
+    common = ("--policy", str(policy), "--run-dir", str(run_dir))
+
+    assert cli("up", *common, "--detach") == 0  # a separate supervisor, as serve starts
+    ready = record(run_dir, "ready")
+    environ = json.loads(dump.read_text())
+    assert cli("down", *common) == 0
+    assert not pid_alive(ready.pid)
+
+    assert sorted(name for name in secrets if name in environ) == (
+        ["VLLM_API_KEY"] if keyed else []
+    )
+    assert "fake-redis-password" not in json.dumps(environ)
+    assert environ.get("VLLM_API_KEY") == ("fake-engine-key" if keyed else None)
+    assert {name: environ.get(name) for name in ("PATH", "HOME")} == {
+        name: os.environ[name] for name in ("PATH", "HOME")
+    }
+    assert {name: environ.get(name) for name in passed} == {**passed, "OMP_NUM_THREADS": "1"}
+    assert environ["ENGINE_ONLY"] == "from the spec"
