@@ -1,24 +1,35 @@
-"""Runs inside the sandbox (`router.sandbox`): defines a cheap model's code, then checks
-the examples it claimed, one result line each on stdout.
+"""Runs inside the sandbox (`router.sandbox`): defines a cheap model's code, then runs
+the examples it claimed and reports what each gave, as plain data, never a verdict.
 
-Reads ``{"code": str, "examples": [[source, want], ...], "cpu_seconds": int}`` on
-stdin; writes ``defined`` once the code ran, then ``pass`` or ``fail`` per example (a
-line as each finishes, so an example that hangs still leaves the earlier results).
-Everything the harness needs is imported and the limits are set before the code runs;
-then an audit hook refuses what the code has no business doing (files outside the
-Python installation, writes, sockets, processes, signals): a tripwire for mistakes,
-since code in this interpreter can get around it; the namespaces around the process
-are the boundary. Standard library only: it runs under ``python -s -S -P``.
+Reads ``{"code": str, "sources": [str, ...], "cpu_seconds": int, "text_chars": int}``
+on stdin: the examples' sources only, never the results they claim (those stay with
+the gateway, which compares). Writes ``defined`` once the code ran, then one JSON line
+per example as each finishes (so an example that hangs leaves the earlier ones):
+``null`` if it raised, else ``{"printed", "as_str", "as_repr", "as_data"}``: what it
+printed, its value's str and repr, and its value as plain data (`_data`), each a
+string (null where there is none, or where its JSON form is over ``text_chars``). The
+lines go out on a descriptor of their own; the code's stdout and stderr are /dev/null.
+
+Nothing here is out of the code's reach (it runs in this interpreter, and can rewrite
+these functions or write lines of its own): the gateway takes what comes back as the
+code's word, and refuses a channel holding anything but this shape. Everything the
+harness needs is imported and the limits are set before the code runs; then an audit
+hook refuses what the code has no business doing (files outside the Python
+installation, writes, sockets, processes, signals): a tripwire for mistakes; the
+namespaces around the process are the boundary. Standard library only: it runs under
+``python -s -S -P``.
 """
 
-import ast
 import contextlib
 import io
+import itertools
 import json
+import numbers
 import os
 import resource
 import sys
 from collections.abc import Callable
+from typing import Any
 
 DENIED_EVENTS = (
     "socket.",
@@ -70,11 +81,26 @@ PATH_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "glob.glob"})
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 MEMORY_BYTES = 512 << 20
 PROCESSES = 16
+# Values as plain data: these types as themselves (a subclass as its base type: an
+# IntEnum as an int; another real number, a Fraction, as a float), in lists, tuples,
+# dicts and sets of at most PLAIN_ITEMS in all.
+PLAIN_SCALARS: tuple[tuple[type, Callable[[Any], object]], ...] = (
+    (bool, bool),
+    (int, int.__int__),
+    (float, float.__float__),
+    (numbers.Real, float),
+    (complex, complex.__complex__),
+    (str, str.__str__),
+    (bytes, bytes.__bytes__),
+)
+PLAIN_ITEMS = 10_000
+REPORT_KEYS = ("printed", "as_str", "as_repr", "as_data")
+Report = dict[str, str | None]
 
 
 def main() -> None:
     job = json.loads(sys.stdin.read())
-    results = os.fdopen(os.dup(1), "w", buffering=1)  # the code's own output is dropped
+    results = _channel()
     sink = io.StringIO()
     roots = tuple(
         os.path.realpath(p) + os.sep for p in {sys.base_prefix, sys.base_exec_prefix, sys.prefix}
@@ -89,8 +115,20 @@ def main() -> None:
         except BaseException:  # any failure of the code is its result
             return
         results.write("defined\n")
-        for source, want in job["examples"]:
-            results.write("pass\n" if _holds(source, want, namespace, sink) else "fail\n")
+        for source in job["sources"]:
+            report = _report(source, namespace, sink, int(job["text_chars"]))
+            results.write(json.dumps(report) + "\n")
+
+
+def _channel() -> io.TextIOWrapper:
+    """The results' own descriptor (a copy of stdout, the pipe to the gateway); stdout
+    and stderr then go to /dev/null, so what the code writes there reaches no one."""
+    results = os.fdopen(os.dup(1), "w", encoding="ascii", buffering=1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    return results
 
 
 def _limit(cpu_seconds: int) -> None:
@@ -211,52 +249,62 @@ def _reading(args: tuple[object, ...]) -> bool:
     return not isinstance(flags, int) or flags & WRITE_FLAGS == 0
 
 
-def _holds(source: str, want: str, namespace: dict[str, object], sink: io.StringIO) -> bool:
-    """Whether ``source`` gives ``want``: as what it prints, or as its value (its str,
-    its repr, or equal to the literal, numbers within 1e-6)."""
+def _report(
+    source: str, namespace: dict[str, object], sink: io.StringIO, chars: int
+) -> Report | None:
+    """What ``source`` gave: what it printed and, if it is an expression, its value's
+    str, repr and plain data (`_data`, as a literal); None if it raised. A text whose
+    JSON form is longer than ``chars`` is left out (None)."""
     start = sink.tell()
     try:
         try:
-            value, evaluated = eval(compile(source, "<example>", "eval"), namespace), True
+            expression, evaluated = compile(source, "<example>", "eval"), True
         except SyntaxError:
-            exec(compile(source, "<example>", "exec"), namespace)
-            value, evaluated = None, False
-        printed = sink.getvalue()[start:].strip()
-        if printed and (printed == want or _equal_to_literal(_literal(printed), want)):
-            return True  # print(f(x)) and the like
-        if not evaluated:
-            return False
-        return str(value) == want or repr(value) == want or _equal_to_literal(value, want)
-    except BaseException:  # the example (or its value's __eq__) failed
-        return False
+            expression, evaluated = compile(source, "<example>", "exec"), False
+        value = eval(expression, namespace)
+    except BaseException:  # the example failed
+        return None
+    renders = (str, repr, _as_literal) if evaluated else ()
+    texts = (sink.getvalue()[start:].strip(), *(_text(render, value) for render in renders))
+    return {
+        key: text if text is not None and len(json.dumps(text)) <= chars else None
+        for key, text in itertools.zip_longest(REPORT_KEYS, texts)
+    }
 
 
-def _equal_to_literal(value: object, want: str) -> bool:
-    """``value`` equals the literal ``want`` (numbers within 1e-6)."""
+def _as_literal(value: object) -> str:
+    return repr(_data(value, [PLAIN_ITEMS]))
+
+
+def _text(render: Callable[[object], str], value: object) -> str | None:
+    """``render(value)``, or None if it fails (the value's own methods run)."""
     try:
-        return _close(value, ast.literal_eval(want))
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return False
+        text = render(value)
+    except BaseException:  # its __str__ or __repr__ failed, or it is not plain data
+        return None
+    return text if isinstance(text, str) else None
 
 
-def _literal(text: str) -> object:
-    """The literal ``text`` is, else ``text`` itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
-
-
-def _close(a: object, b: object) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    return a == b
+def _data(value: object, budget: list[int]) -> object:
+    """``value`` as plain data (`PLAIN_SCALARS` in lists, tuples, dicts and sets: a
+    namedtuple as a tuple, a Counter as a dict), ``budget[0]`` items at most; ValueError
+    for any other value."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError("too many items")
+    if value is None:
+        return None
+    for kind, plain in PLAIN_SCALARS:
+        if isinstance(value, kind):
+            return plain(value)
+    if isinstance(value, list | tuple):
+        items = [_data(item, budget) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {_data(k, budget): _data(v, budget) for k, v in dict.items(value)}
+    if isinstance(value, set | frozenset):
+        return {_data(item, budget) for item in value}
+    raise ValueError(f"{type(value).__name__} is not plain data")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ the gateway runs them."""
 from __future__ import annotations
 
 import os
+import shutil
+import site
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -175,6 +178,48 @@ def test_hook_off_the_host_files_and_kernel_settings_are_out_of_reach(tmp_path: 
     assert found == ExampleRun(passed=2, failed=5)
     assert not probe.exists()
     assert (os.stat("/dev/null").st_mode & 0o777) == 0o666
+
+
+def test_hook_off_only_the_interpreter_s_own_files_are_shown() -> None:
+    """Its standard library, not the packages installed beside it (site-packages is an
+    empty directory there), nor the virtual environment the gateway runs in."""
+    installed = [p for p in site.getsitepackages([sys.base_prefix]) if os.path.isdir(p)]
+    examples = [(f"os.listdir({path!r})", "[]") for path in installed]
+    if sys.prefix != sys.base_prefix:
+        examples.append((f"os.path.exists({sys.prefix!r})", "False"))
+    examples.append(("__import__('json').dumps([1])", "[1]"))  # the standard library's there
+    assert run(HOOK_OFF + "import os\n", *examples) == ExampleRun(len(examples), 0)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="mounts a file system in a mount namespace of its own: root only",
+)
+def test_hook_off_a_mount_nested_in_a_shown_directory_stays_out() -> None:
+    """A writable file system mounted inside the standard library's directory (a tmpfs,
+    in a mount namespace of the test's own) is not brought into the new root: the
+    directory there is the read-only one beneath it."""
+    nested = os.path.join(sysconfig.get_path("stdlib"), "wsgiref")
+    probe = os.path.join(nested, "probe")
+    code = HOOK_OFF + f"import os\ndef write():\n    open({probe!r}, 'w').write('x')\n"
+    examples = (("write()", "None"), (f"'__init__.py' in os.listdir({nested!r})", "True"))
+    script = (
+        "import os\n"
+        "from router import sandbox\n"
+        "from router.code_examples import CodeJob\n"
+        f"print(sandbox.run_examples(CodeJob({code!r}, {examples!r})), os.path.exists({probe!r}))\n"
+    )
+    mount_then_run = 'mount -t tmpfs -o mode=1777 nested "$1" && exec "$2" -c "$3"'
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount_then_run]
+    finished = subprocess.run(
+        [*command, "sh", nested, sys.executable, script],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert finished.stdout.split() == ["ExampleRun(passed=1,", "failed=1)", "False"]
 
 
 def test_hook_off_no_socket_and_no_process_of_the_host_is_reachable(tmp_path: Path) -> None:
