@@ -8,6 +8,7 @@ when they differ, one of them is wrong. Code has no final answer, but right solu
 to one task look alike (``code_agreement``: token trigrams in common). Free text has
 nothing to compare, so it gets no opinion (NaN) rather than a noisy one.
 
+    open_ended(prompt)                              # no final answer to check: chat, writing
     final_answer(prompt, "The answer is (B).")      # "B" on a multiple-choice prompt
     agreement(prompt, answer, [other_answer])       # share of others agreeing, or NaN
     code_agreement(prompt, code, [other_code])      # how alike two answers' code is
@@ -78,6 +79,34 @@ MAX_CODE_CHARS = 8000  # code is compared on the head of long answers
 CODE_AGREES = 0.15
 MAX_SCANNED_CHARS = 8000  # final answers are looked for in the head of long answers
 MAX_QUESTION_CHARS = 8000  # a prompt's kind is read from its end, where the question is
+# A closed-form request is one short paragraph of plain prose (a word problem, "write a
+# function to ..."): no line breaks, code or markup, at most this long.
+MAX_CLOSED_CHARS = 1000
+MAX_FUNCTION_REQUEST_CHARS = 600
+# A number, as digits or a word: a word problem states its quantities.
+_QUANTITY = re.compile(
+    r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|"
+    r"twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million|half|"
+    r"third|quarter|fourth|fifth|dozen|twice|thrice|double|triple)\b",
+    re.IGNORECASE,
+)
+# ... and asks for one ("how many", "calculate", "what is the total").
+_QUANTITY_ASKED = re.compile(
+    r"\b(?:how (?:many|much|old|long|far|fast|tall|big|high|large|often|"
+    r"\w++ (?:does|do|did|is|are|was|were|can|could|will|would))|calculate|compute|find|"
+    r"determine|what(?:'s| is| was| are| were| will| would| number| percent| place)|total|"
+    r"average|percent(?:age)?|solve)\b",
+    re.IGNORECASE,
+)
+# A request to produce something open-ended ("Write a story with 3 characters: how many
+# ...") is no word problem, whatever numbers it states.
+_PRODUCTION = re.compile(
+    r"^\W*+(?:please |can you |could you )?(?:write|create|generate|explain|describe|design|"
+    r"build|make|give|draft|compose|act|you are|imagine|suggest|list|summari[sz]e|implement|"
+    r"code|help|tell)\b",
+    re.IGNORECASE,
+)
+_FUNCTION_WORD = re.compile(r"\bfunctions?\b", re.IGNORECASE)
 
 PromptKind = Literal["mc", "math", "code"] | None
 
@@ -104,6 +133,32 @@ def _question_kind(question: str) -> PromptKind:
     if _CODE_PROMPT.search(question):
         return "code"
     return None
+
+
+def open_ended(prompt: str) -> bool:
+    """Whether ``prompt`` asks for an open-ended answer (chat, writing, explanations,
+    code help), which no final answer or test can check, rather than a closed-form one:
+    lettered options, a word problem (one plain paragraph that states quantities and
+    asks for one) or a short request for a function. Read from the prompt's end."""
+    question = prompt[-MAX_QUESTION_CHARS:]
+    kind = _question_kind(question)
+    if kind == "mc":
+        return False
+    text = question.strip()
+    one_paragraph = len(text) <= MAX_CLOSED_CHARS and "\n" not in text
+    if kind == "code":
+        return not (
+            one_paragraph
+            and len(text) <= MAX_FUNCTION_REQUEST_CHARS
+            and _FUNCTION_WORD.search(text)
+        )
+    return not (
+        one_paragraph
+        and "`" not in text
+        and not _PRODUCTION.match(text)
+        and _QUANTITY.search(text)
+        and _QUANTITY_ASKED.search(text)
+    )
 
 
 def comparable(prompt: str) -> bool:

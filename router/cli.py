@@ -88,6 +88,12 @@ def add_router_commands(
         action="store_false",
         help="do not run the code answers' examples (in a sandbox) to learn that signal",
     )
+    train_verifier.add_argument(
+        "--open-only",
+        action="store_true",
+        help="retrain only the open-ended answers' model (arena chat), keeping the "
+        "closed-form part of the artifact",
+    )
     train_verifier.set_defaults(func=run_train_verifier)
 
     calibrate = commands.add_parser(
@@ -128,6 +134,7 @@ def add_router_commands(
         help="do not run the code answers' examples (in a sandbox): no 'examples run' rows",
     )
     evaluate.set_defaults(func=run_eval)
+    _add_quality_commands(commands)
 
 
 def _ledger_options(parser: argparse.ArgumentParser, sample: str) -> None:
@@ -165,7 +172,9 @@ def run_train_verifier(args: argparse.Namespace) -> int:
     from router import verifier_train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return verifier_train.main(args.data, args.out, run_code=args.run_code)
+    return verifier_train.main(
+        args.data, args.out, run_code=args.run_code, open_only=args.open_only
+    )
 
 
 def run_score(args: argparse.Namespace) -> int:
@@ -382,6 +391,10 @@ def run_eval(args: argparse.Namespace) -> int:
     print(format_table(run_subject_evaluation(examples, cache)))
     print()
     print(format_cascade_table(cascades))
+    arena = _arena_table(args.data)
+    if arena:
+        print()
+        print(arena)
     if args.plot is not None:
         args.plot.mkdir(parents=True, exist_ok=True)
         for report in reports:
@@ -390,6 +403,19 @@ def run_eval(args: argparse.Namespace) -> int:
             plot_curves(report.curves, title, path, cascades=_cascade_lines(cascades, report.name))
             print(f"wrote {path}")
     return 0
+
+
+def _arena_table(data_dir: Path | None) -> str:
+    """The open-ended verifier's cascade on arena chat (nested CV and the final split),
+    or "" when the data has no arena chat."""
+    from router.dataset import DEFAULT_DATA_DIR
+    from router.open_evaluation import format_arena_table, run_arena_evaluation
+    from router.open_verifier_train import ARENA_FILE
+
+    directory = data_dir or DEFAULT_DATA_DIR
+    if not (directory / ARENA_FILE).is_file():
+        return ""
+    return format_arena_table(run_arena_evaluation(directory))
 
 
 def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Curve]:
@@ -474,6 +500,102 @@ def _logprob(value: float) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
+
+
+def _add_quality_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """`router predict`, `train-quality` and `eval-quality`: the quality predictor."""
+    predict = commands.add_parser(
+        "predict", help="print {id, quality: {model: q}} per JSONL row (prompt/messages)"
+    )
+    predict.add_argument("input", type=Path, metavar="IN.jsonl")
+    predict.add_argument(
+        "--models", help="M1,M2,... known model names (default: every model it knows)"
+    )
+    predict.set_defaults(func=run_predict)
+
+    train_quality = commands.add_parser(
+        "train-quality", help="rebuild the shipped quality predictor and its card"
+    )
+    train_quality.add_argument("--data", type=Path, default=None, help="routing data directory")
+    train_quality.add_argument("--out", type=Path, default=None, help="model path (.json)")
+    train_quality.set_defaults(func=run_train_quality)
+
+    eval_quality = commands.add_parser(
+        "eval-quality",
+        help="multi-model table: saving at >= 95%% of GPT-4's quality, nested CV and final split",
+    )
+    eval_quality.add_argument("--data", type=Path, default=None, help="routing data directory")
+    eval_quality.add_argument(
+        "--plot", type=Path, default=None, help="directory for quality-vs-cost PNG plots"
+    )
+    eval_quality.set_defaults(func=run_eval_quality)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """Exit 2 for a model name the predictor does not know (listing the known ones), 1
+    for any other error."""
+    from router.quality import QualityPredictor, UnknownModelError
+
+    try:
+        predictor = QualityPredictor.load()
+        models = None if args.models is None else _model_names(args.models)
+        predictor.resolve(models)
+    except UnknownModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        rows = list(read_rows(args.input, _score_request))
+        qualities = each(rows, lambda i: predictor.predict_batch([rows[i].value], models)[0])
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return print_lines(
+        json.dumps({"id": row.id, "quality": {m: round(q, 6) for m, q in quality.items()}})
+        for row, quality in zip(rows, qualities, strict=True)
+    )
+
+
+def _model_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        from router.quality import UnknownModelError
+
+        raise UnknownModelError(f"--models '{text}' names no model; expected M1,M2,...")
+    return names
+
+
+def run_train_quality(args: argparse.Namespace) -> int:
+    from router import quality, quality_report, quality_train
+
+    out = args.out or quality.DEFAULT_PATH
+    try:
+        predictor, folds, final = quality_train.run(args.data)
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    quality_train.write(predictor, folds, final, out)
+    print(f"wrote {out} and {out.with_suffix('.card.md')}")
+    return print_lines(quality_report.report_lines(folds, final))
+
+
+def run_eval_quality(args: argparse.Namespace) -> int:
+    from router import quality_report, quality_train
+
+    try:
+        _, folds, final = quality_train.run(args.data)
+    except RoutingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    status = print_lines(quality_report.report_lines(folds, final))
+    if args.plot is not None:
+        for path in quality_report.plot(final, args.plot):
+            print(f"wrote {path}")
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

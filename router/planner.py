@@ -2,6 +2,8 @@
 
 Pure logic, no I/O: the gateway executes the plan (retries, fallback) and the
 `policy explain` command prints it. Strategies are functions in a name table.
+Whatever the strategy, a deployment that does not serve what the request needs (its
+capabilities: tools, vision, embeddings, ...) is skipped, and the plan says so.
 """
 
 from __future__ import annotations
@@ -19,10 +21,21 @@ class DeploymentView:
     name: str
     tier: str
     unavailable_reason: str | None = None
+    capabilities: frozenset[str] | None = None  # None: serves whatever is asked
 
     @property
     def available(self) -> bool:
         return self.unavailable_reason is None
+
+    def lacks(self, needs: frozenset[str]) -> list[str]:
+        """What of `needs` it does not serve, sorted."""
+        return [] if self.capabilities is None else sorted(needs - self.capabilities)
+
+    def skip_reason(self, needs: frozenset[str]) -> str | None:
+        """Why a request needing `needs` cannot go to it, or None."""
+        if missing := self.lacks(needs):
+            return f"does not serve {', '.join(missing)}"
+        return self.unavailable_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +54,7 @@ class RouteSpec:
     strategy: str
     deployments: Sequence[DeploymentView]
     tiers: Sequence[Threshold] = ()
+    needs: frozenset[str] = frozenset()  # capabilities the request needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +73,13 @@ class Plan:
     skipped: tuple[tuple[str, str], ...] = ()
     score: float | None = None
     notes: tuple[str, ...] = field(default=())
+    needs: frozenset[str] = frozenset()
 
     def reasons(self) -> list[str]:
-        lines = [f"route '{self.route}' uses strategy '{self.strategy}'", *self.notes]
+        lines = [f"route '{self.route}' uses strategy '{self.strategy}'"]
+        if self.needs:
+            lines.append(f"the request needs {', '.join(sorted(self.needs))}")
+        lines += self.notes
         lines += [f"try '{s.deployment}' (tier {s.tier})" for s in self.steps]
         lines += [f"skip '{name}': {why}" for name, why in self.skipped]
         return lines
@@ -76,9 +94,10 @@ def _available_in_order(
     score: float | None = None,
     notes: tuple[str, ...] = (),
 ) -> Plan:
-    steps = tuple(Step(v.name, v.tier) for v in views if v.available)
-    skipped = tuple((v.name, v.unavailable_reason or "") for v in views if not v.available)
-    return Plan(spec.name, spec.strategy, steps, skipped, score, notes)
+    why = {v.name: v.skip_reason(spec.needs) for v in views}
+    steps = tuple(Step(v.name, v.tier) for v in views if why[v.name] is None)
+    skipped = tuple((v.name, reason) for v in views if (reason := why[v.name]) is not None)
+    return Plan(spec.name, spec.strategy, steps, skipped, score, notes, spec.needs)
 
 
 def plan_fixed(spec: RouteSpec, score: float | None) -> Plan:
@@ -117,7 +136,8 @@ def choose_tier(tiers: Sequence[Threshold], score: float) -> Threshold:
 def plan_cascade(spec: RouteSpec, score: float | None) -> Plan:
     """The deployments in the order listed (cheapest tier first); the gateway asks one
     tier at a time and escalates while the verifier rejects the answer."""
-    tiers = list(dict.fromkeys(v.tier for v in spec.deployments if v.available))
+    usable = (v for v in spec.deployments if v.skip_reason(spec.needs) is None)
+    tiers = list(dict.fromkeys(v.tier for v in usable))
     note = (
         f"cascade through tiers {' -> '.join(tiers)}, verifying each answer"
         if tiers

@@ -3,6 +3,9 @@
 The score is a logistic model over cheap text signals (format consistency, refusals,
 truncation, requested JSON, repetition, token logprobs), followed by hard caps for
 answers that are unusable whatever the model says (empty, invalid requested JSON).
+That judges closed-form answers (an option letter, a word problem's number, a function);
+an open-ended prompt (``router.open_verifier.judges``: chat, writing, code help) is
+judged by the model of ``router.open_verifier`` instead, learned from graded chat answers.
 The weights live in ``router/models/verifier.json`` (plain JSON, built by
 ``router.verifier_train``); scoring needs only the standard library.
 
@@ -47,10 +50,15 @@ from router.arithmetic import check_arithmetic
 from router.artifacts import read_artifact
 from router.code_examples import CodeJob, ExampleRun
 from router.errors import RoutingError
+from router.open_features import OPEN_FEATURES
+from router.open_verifier import OpenVerifier, judges
 from router.text import head_and_tail
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "verifier.json"
-ARTIFACT_FORMAT = "cascade-verifier/1"
+# /2 adds the open-ended model (the "open_ended" section) to /1's closed-form one; a /1
+# artifact still loads, and judges every answer as closed-form.
+ARTIFACT_FORMAT = "cascade-verifier/2"
+CLOSED_FORM_FORMAT = "cascade-verifier/1"
 
 # Order is the artifact's column order; changing it means retraining.
 # From running the answer's code against its own examples (``Signals.code_run``).
@@ -638,7 +646,9 @@ def _logit(probability: float | None) -> float:
 
 @dataclass(frozen=True)
 class Verifier:
-    """A logistic model over ``FEATURE_NAMES`` plus the hard ``SCORE_CAPS``."""
+    """A logistic model over ``FEATURE_NAMES`` plus the hard ``SCORE_CAPS`` for
+    closed-form answers, and ``open_model`` for open-ended ones (without one, every
+    answer is judged as closed-form)."""
 
     feature_names: tuple[str, ...]
     coefficients: tuple[float, ...]
@@ -646,6 +656,7 @@ class Verifier:
     means: tuple[float, ...]
     scales: tuple[float, ...]
     threshold: float = 0.5
+    open_model: OpenVerifier | None = None
 
     def __post_init__(self) -> None:
         if self.feature_names != FEATURE_NAMES:
@@ -656,6 +667,15 @@ class Verifier:
         sizes = {len(self.coefficients), len(self.means), len(self.scales)}
         if sizes != {len(FEATURE_NAMES)}:
             raise RoutingError(f"verifier artifact has vectors of sizes {sorted(sizes)}")
+        known = {*FEATURE_NAMES, *OPEN_FEATURES}
+        unknown = (
+            [n for n in self.open_model.feature_names if n not in known] if self.open_model else []
+        )
+        if unknown:
+            raise RoutingError(
+                f"the open-ended verifier has features {unknown} this code does not compute "
+                "(retrain the verifier)"
+            )
 
     @classmethod
     def load(cls, path: Path | None = None) -> Verifier:
@@ -664,10 +684,12 @@ class Verifier:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verifier:
-        if data.get("format") != ARTIFACT_FORMAT:
+        if data.get("format") not in (CLOSED_FORM_FORMAT, ARTIFACT_FORMAT):
             raise RoutingError(
-                f"verifier format is {data.get('format')!r}; want {ARTIFACT_FORMAT!r}"
+                f"verifier format is {data.get('format')!r}; want {ARTIFACT_FORMAT!r} "
+                "(retrain the verifier: router train-verifier)"
             )
+        opened = data.get("open_ended") if data["format"] == ARTIFACT_FORMAT else None
         try:
             return cls(
                 feature_names=tuple(data["feature_names"]),
@@ -676,19 +698,21 @@ class Verifier:
                 means=tuple(float(v) for v in data["means"]),
                 scales=tuple(float(v) for v in data["scales"]),
                 threshold=float(data.get("threshold", 0.5)),
+                open_model=OpenVerifier.from_dict(opened) if opened is not None else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RoutingError(f"verifier artifact is malformed: {exc!r}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": ARTIFACT_FORMAT,
+            "format": ARTIFACT_FORMAT if self.open_model else CLOSED_FORM_FORMAT,
             "feature_names": list(self.feature_names),
             "coefficients": list(self.coefficients),
             "intercept": self.intercept,
             "means": list(self.means),
             "scales": list(self.scales),
             "threshold": self.threshold,
+            **({"open_ended": self.open_model.to_dict()} if self.open_model else {}),
         }
 
     def score(
@@ -712,7 +736,11 @@ class Verifier:
         signals = Signals(
             logprobs, response_format, finish_reason, prompt_score, samples, question, code_run
         )
-        return self.score_features(extract_features(prompt, response, signals))
+        features = extract_features(prompt, response, signals)
+        asked = head_and_tail(question or prompt, MAX_PROMPT_CHARS)  # as extract_features reads it
+        if self.open_model is not None and judges(asked):
+            return self.open_model.score(asked, response, features)
+        return self.score_features(features)
 
     def score_features(self, features: Mapping[str, float]) -> float:
         logit = self.intercept

@@ -10,6 +10,10 @@ Held out, never trained on: one whole RouterBench task (``HELD_OUT_TASK``) and a
 fifth of every other source's prompts, chosen by a hash of the prompt id. All answers
 to a prompt land on the same side.
 
+The open-ended model (``router.open_verifier``, the artifact's ``open_ended`` section)
+is trained by ``router.open_verifier_train`` on the graded arena chat answers; ``main``
+with ``open_only`` retrains that section alone, keeping the closed-form part.
+
 Rebuild with ``cascade-gateway router train-verifier`` (which calls ``main``).
 """
 
@@ -21,6 +25,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -30,11 +35,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from router import sandbox
+from router import open_evaluation, open_verifier_train, sandbox
+from router.artifacts import read_artifact
 from router.code_examples import ExampleRun
 from router.dataset import DATASETS, PromptScores
 from router.errors import RoutingError
 from router.verifier import (
+    ARTIFACT_FORMAT,
     CODE_RUN_FEATURES,
     DEFAULT_PATH,
     FEATURE_NAMES,
@@ -47,6 +54,7 @@ from router.verifier import (
 log = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
+_BUILT = re.compile(r"Built (\d{4}-\d\d-\d\d) by")  # the card's date of the closed-form part
 GSM8K_FILE = "gsm8k.jsonl"
 ROUTERBENCH_FILES = (
     "routerbench_arc_challenge.jsonl",
@@ -460,6 +468,8 @@ def train(
             f"training runs the code answers' examples in a sandbox, which this host "
             f"cannot provide: {reason} (train without that signal: --no-run-code)"
         )
+    # Arena prompts are in no classifier's training data: the shipped one scores them.
+    arena_scores = None if prompt_scores is None else _arena_scores(prompt_scores)
     if prompt_scores is None:
         prompt_scores = held_out_prompt_scores(data_dir)
     examples = build_examples(data_dir, limit=limit, prompt_scores=prompt_scores)
@@ -478,10 +488,39 @@ def train(
         "prior_coefficients": sorted(PRIOR_COEFFICIENTS),
     }
     artifact["held_out_metrics"] = evaluate(verifier, test_set, features[held_out])
+    if (data_dir / open_verifier_train.ARENA_FILE).is_file():
+        artifact["format"] = ARTIFACT_FORMAT
+        artifact["open_ended"] = open_verifier_train.train_section(
+            data_dir, verifier, limit=limit, prompt_scores=arena_scores
+        )
+    _write(artifact, out)
+    return artifact
+
+
+def train_open(data_dir: Path, out: Path) -> dict[str, Any]:
+    """Retrain the open-ended section of the artifact at ``out`` (and its card), keeping
+    its closed-form part as it is: a minute or two, and no sandbox needed."""
+    artifact = read_artifact(out, "verifier artifact")
+    closed = Verifier.from_dict(artifact)  # checks the closed-form part is this code's
+    artifact["format"] = ARTIFACT_FORMAT
+    artifact["open_ended"] = open_verifier_train.train_section(data_dir, closed)
+    built = (
+        _BUILT.search(card_path(out).read_text(encoding="utf-8"))
+        if card_path(out).is_file()
+        else None
+    )
+    _write(artifact, out, built.group(1) if built else None)
+    return artifact
+
+
+def _write(artifact: dict[str, Any], out: Path, built: str | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(artifact, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    card_path(out).write_text(model_card(artifact), encoding="utf-8")
-    return artifact
+    card_path(out).write_text(model_card(artifact, built), encoding="utf-8")
+
+
+def _arena_scores(prompt_scores: PromptScores) -> dict[str, float]:
+    return {pid: s for (dataset, pid), s in prompt_scores.items() if dataset == "arena_chat"}
 
 
 def _counts(examples: Sequence[Example]) -> dict[str, int]:
@@ -495,8 +534,9 @@ def card_path(out: Path) -> Path:
     return out.with_name(f"{out.stem}.card.md")
 
 
-def model_card(artifact: dict[str, Any]) -> str:
-    """The Markdown model card for an artifact returned by ``train``."""
+def model_card(artifact: dict[str, Any], built: str | None = None) -> str:
+    """The Markdown model card for an artifact returned by ``train``; ``built``: the date
+    its closed-form part was built (default today)."""
     training = artifact["training"]
     metrics = artifact["held_out_metrics"]
     header = "| held out | rows | positive rate | ROC-AUC | accept share @0.5 | precision @0.5 | "
@@ -505,14 +545,16 @@ def model_card(artifact: dict[str, Any]) -> str:
         f"| {group} | {m['n']:.0f} | {m['positive_rate']:.3f} | {m['roc_auc']:.3f} | "
         f"{m['accept_share@0.5']:.3f} | {m['accept_precision@0.5']:.3f} | "
         f"{m['accept_share@0.7']:.3f} | {m['accept_precision@0.7']:.3f} |\n"
-        for group, m in metrics.items()
+        for group, m in sorted(metrics.items(), key=lambda item: _card_order(item[0]))
     )
     weights = "".join(
         f"| {name} | {coef:+.3f} |\n"
         for name, coef in zip(artifact["feature_names"], artifact["coefficients"], strict=True)
     )
+    opened = artifact.get("open_ended")
     return CARD_TEMPLATE.format(
-        date=datetime.date.today().isoformat(),
+        date=built or datetime.date.today().isoformat(),
+        open_ended=open_evaluation.card_section(opened) + "\n" if opened else "",
         held_out_task=training["held_out_task"],
         buckets=TEST_FRACTION_BUCKETS,
         train_rows=json.dumps(training["train_rows"]),
@@ -523,13 +565,25 @@ def model_card(artifact: dict[str, Any]) -> str:
     )
 
 
+def _card_order(group: str) -> tuple[int, bool, str]:
+    """``evaluate``'s order of its groups (sources, then "all"; rows without the optional
+    signals first), which a round trip through the sorted JSON loses."""
+    suffixes = [""] + [
+        f"{s}{extra}" for s, a in EVALUATED_SIGNALS.values() for extra in ("", f" {a}")
+    ]
+    source, _, suffix = group.partition(" ")
+    rank = suffixes.index(suffix) if suffix in suffixes else len(suffixes)
+    return rank, source == "all", source
+
+
 CARD_TEMPLATE = """# Cascade verifier
 
 Scores how likely a cheap model's answer is acceptable (0..1); the cascade escalates
 below the route's threshold. Built {date} by `router/verifier_train.py`.
 
 ## Model
-Logistic regression over cheap text signals (`router.verifier.FEATURE_NAMES`), standardised
+For closed-form prompts (open-ended ones: see "Open-ended answers" below), a
+logistic regression over cheap text signals (`router.verifier.FEATURE_NAMES`), standardised
 with the training means/scales stored in `verifier.json`, then hard caps
 (`router.verifier.SCORE_CAPS`: empty answer, invalid requested JSON, schema mismatch,
 refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops,
@@ -604,22 +658,37 @@ logprobs and outcomes is available. Some checks were designed by reading these a
 (`code_no_function`, `code_lines`: the MBPP answers), so their held-out figures here
 are rosier than they will be on other code.
 
-## Rebuild
+{open_ended}## Rebuild
 `cascade-gateway router train-verifier` (or `python -m router.verifier_train`);
 training is deterministic and the JSON is byte-identical across runs.
+`cascade-gateway router train-verifier --open-only` retrains the open-ended section
+alone (a minute or two, no sandbox), keeping the closed-form part and its build date.
 """
 
 
-def main(data_dir: Path | None = None, out: Path | None = None, *, run_code: bool = True) -> int:
-    """Train the shipped verifier; returns a process exit code."""
+def main(
+    data_dir: Path | None = None,
+    out: Path | None = None,
+    *,
+    run_code: bool = True,
+    open_only: bool = False,
+) -> int:
+    """Train the shipped verifier (``open_only``: its open-ended section alone); returns a
+    process exit code."""
     out = out or DEFAULT_PATH
     try:
-        artifact = train(data_dir or DEFAULT_DATA_DIR, out, run_code=run_code)
+        if open_only:
+            artifact = train_open(data_dir or DEFAULT_DATA_DIR, out)
+        else:
+            artifact = train(data_dir or DEFAULT_DATA_DIR, out, run_code=run_code)
     except RoutingError as exc:
         log.error("%s", exc)
         return 1
-    pooled = artifact["held_out_metrics"]["all"]
-    log.info("wrote %s (held-out ROC-AUC %.3f)", out, pooled["roc_auc"])
+    log.info(
+        "wrote %s (held-out ROC-AUC %.3f)", out, artifact["held_out_metrics"]["all"]["roc_auc"]
+    )
+    if "open_ended" in artifact:
+        log.info("%s", open_evaluation.format_arena_table(artifact["open_ended"]["evaluation"]))
     return 0
 
 

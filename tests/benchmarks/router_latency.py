@@ -13,6 +13,8 @@ parsing its own body: the classifier and the verifier read a long conversation's
 and tail only, so neither may grow with it (no target: it shows the bound). A code
 answer run against its own example in the sandbox (a route's `run_code_examples`: a
 child process per answer) is timed against verifying the same answer without the run.
+The quality predictor's `router predict` of one request for 15 models (features
+extracted, every model's quality) has its own target: p99 <= 5 ms; it embeds nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import orjson
 
 from gateway.scoring import AnswerVerifier, RequestScorer
 from router import DeploymentView, RouteSpec, Threshold, plan_route, sandbox
+from router.quality import QualityPredictor
 from router.verifier import code_job
 
 SYSTEM = "You are a helpful assistant for an online store. Answer briefly and politely."
@@ -68,6 +71,25 @@ CODE_ANSWER = (
     "    return packed\n```\n\nIt walks the list once and starts a new sublist whenever "
     "the element changes."
 )
+# An open-ended request (the verifier's open-ended model) and an answer of about 1,000
+# tokens (4,500 characters of prose, a list and code): the issue's latency target.
+OPEN_BODY = {
+    "model": "auto",
+    "messages": [{"role": "user", "content": "Explain how a hash map works, when to use "
+                  "one instead of a sorted tree, and show a small implementation in Python."}],
+}  # fmt: skip
+OPEN_ANSWER = "\n\n".join(
+    [
+        f"Step {i}: a hash map stores each key in bucket {i} chosen by the key's hash, so a "
+        f"lookup takes constant time on average; collisions in bucket {i} are chained, and "
+        "the table doubles and rehashes when its load factor passes three quarters."
+        for i in range(19)
+    ]
+    + ["```python\nclass HashMap:\n    def __init__(self):\n        self.buckets = [[] "
+       "for _ in range(8)]\n\n    def put(self, key, value):\n        bucket = self."
+       "buckets[hash(key) % len(self.buckets)]\n        bucket.append((key, value))\n```",
+       "- Use a sorted tree for ordered keys.\n- Use a hash map for lookups by key."]
+)  # fmt: skip
 # A pasted document of about 1 MB (distinct sentences, not one repeated), then the question.
 LONG_DOCUMENT = " ".join(
     f"Clause {i}: the supplier delivers lot {i * 7 % 1000}." for i in range(22_000)
@@ -80,6 +102,8 @@ LONG_BODY = {
 }
 SPEC_VIEWS = (DeploymentView("local", "local-small"), DeploymentView("gpt", "premium"))
 TIERS = (Threshold("local-small", 0.5), Threshold("premium"))
+QUALITY_MODELS = 15  # the issue's fleet size for `router predict`'s target (p99 <= 5 ms)
+QUALITY_ROW = f"quality predict ({QUALITY_MODELS} models)"
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -111,6 +135,7 @@ def main() -> None:
     }
     maths = {"choices": [{"message": {"content": MATHS_ANSWER}}]}
     code = {"choices": [{"message": {"content": CODE_ANSWER}}]}
+    chat = {"choices": [{"message": {"content": OPEN_ANSWER}}]}
     scorer("chat", BODY)  # load the models before timing
     verifier("chat", BODY, answer)
 
@@ -128,7 +153,9 @@ def main() -> None:
         "verifier, code + 2nd opinion": timed(
             lambda: verifier("chat", CODE_BODY, code, samples=[CODE_ANSWER]), n
         ),
+        "verifier, open-ended 1k tokens": timed(lambda: verifier("chat", OPEN_BODY, chat), n),
     }
+    rows.update(_quality_row(n))
     if args.minilm_n:
         rows.update(_embedding_row(scorer, args.minilm_n))
     _print(rows, "baseline: orjson.loads(body)")
@@ -140,6 +167,11 @@ def main() -> None:
             _print(code_rows, "baseline: verifier, code answer")
     _, decision_p99 = percentiles(rows["classifier score + plan"])
     print(f"target p99 <= 2 ms for a decision: {'met' if decision_p99 <= 2 else 'MISSED'}")
+    _, quality_p99 = percentiles(rows[QUALITY_ROW])
+    print(f"target p99 <= 5 ms for a quality prediction: {'met' if quality_p99 <= 5 else 'MISSED'}")
+    _, open_p99 = percentiles(rows["verifier, open-ended 1k tokens"])
+    verdict = "met" if open_p99 <= 20 else "MISSED"
+    print(f"target p99 <= 20 ms to verify a 1,000-token answer: {verdict}")
 
 
 def _print(rows: dict[str, list[float]], baseline: str) -> None:
@@ -187,6 +219,16 @@ def _code_run_rows(verifier: AnswerVerifier, n: int) -> dict[str, list[float]] |
         "baseline: verifier, code answer": timed(lambda: verifier("chat", CODE_BODY, reply), n),
         "code: examples run + verifier": timed(run_and_verify, n),
     }
+
+
+def _quality_row(n: int) -> dict[str, list[float]]:
+    """`router predict` for one request: the quality predictor's expected quality of
+    `QUALITY_MODELS` models (features extracted per request, as the CLI does)."""
+    predictor = QualityPredictor.load()
+    models = predictor.models[:QUALITY_MODELS]
+    messages = BODY["messages"]
+    assert isinstance(messages, list)
+    return {QUALITY_ROW: timed(lambda: predictor.predict(messages, models=models), n)}
 
 
 def _embedding_row(scorer: RequestScorer, n: int) -> dict[str, list[float]]:

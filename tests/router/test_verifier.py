@@ -492,9 +492,15 @@ def test_bad_artifact_is_a_routing_error(tmp_path: Path) -> None:
 @needs_data
 def test_training_is_deterministic(tmp_path: Path) -> None:
     first, second = tmp_path / "a" / "verifier.json", tmp_path / "b" / "verifier.json"
+    # The closed-form data only: the open-ended section has its own (test_open_verifier).
+    data = tmp_path / "data"
+    data.mkdir()
+    for source in DEFAULT_DATA_DIR.glob("*.jsonl"):
+        if source.name != "arena_chat.jsonl":
+            (data / source.name).symlink_to(source)
     # Without prompt scores (the full held-out classifier run is tested with the eval).
-    train(DEFAULT_DATA_DIR, first, limit=60, prompt_scores={})
-    train(DEFAULT_DATA_DIR, second, limit=60, prompt_scores={})
+    train(data, first, limit=60, prompt_scores={})
+    train(data, second, limit=60, prompt_scores={})
     assert first.read_bytes() == second.read_bytes()
     assert (tmp_path / "a" / "verifier.card.md").is_file()
     Verifier.load(first)
