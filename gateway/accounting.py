@@ -117,6 +117,14 @@ def _sla_verdict(
     return sla_met(route, ttft_s, latency_s)
 
 
+def _reference_cost(route: RouteRuntime, usage: Usage) -> int:
+    """What the usage would cost on the route's reference model; 0 on a route without
+    one, whose records carry no reference (its first deployment is no counterfactual)."""
+    if route.reference_price is None:
+        return 0
+    return route.reference_price.cost_nanos(usage.prompt_tokens, usage.completion_tokens)
+
+
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
     """`<request id>` for the first answer, `<request id>:<n>` for the n-th answer after
     it (a cascade's escalations), `<request id>:<label>` for other extra attempts (`h1`:
@@ -184,7 +192,7 @@ class Accountant:
         The request's first answer (attempt 0, no `label`) carries the reference cost:
         what the request would have cost sent once to the route's reference model.
         Escalations, hedges and second opinions add cost only, so savings are not
-        counted once per attempt."""
+        counted once per attempt. A route without a reference model records none."""
         first_answer = attempt == 0 and label is None and status != "error"
         route = call.route
         now = time.perf_counter()
@@ -208,11 +216,7 @@ class Accountant:
                 usage.prompt_tokens, usage.completion_tokens
             ),
             reference_model=route.reference_model,
-            reference_cost_nanos=route.reference_price.cost_nanos(
-                usage.prompt_tokens, usage.completion_tokens
-            )
-            if first_answer
-            else 0,
+            reference_cost_nanos=_reference_cost(route, usage) if first_answer else 0,
             status=status,
             usage_source=usage.source,
             stream=call.stream,
@@ -263,6 +267,8 @@ class Accountant:
         m.child(m.tokens, *labels, "prompt").inc(record.prompt_tokens)
         m.child(m.tokens, *labels, "completion").inc(record.completion_tokens)
         m.child(m.cost, *labels).inc(usd(record.cost_nanos))
-        m.child(m.reference_cost, record.route, record.team).inc(usd(record.reference_cost_nanos))
+        if record.has_reference:  # else no series: a zero one would read as a 100% loss
+            reference = usd(record.reference_cost_nanos)
+            m.child(m.reference_cost, record.route, record.team).inc(reference)
         if not deployment.price.priced and record.status != "error":
             m.child(m.unpriced, record.deployment).inc()

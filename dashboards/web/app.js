@@ -14,15 +14,22 @@
   ];
   const USD_COLUMNS = new Set([
     "cost_usd", "reference_cost_usd", "savings_usd", "cost_per_1k_requests_usd",
-    "limit_usd", "soft_limit_usd", "spent_usd", "remaining_usd", "burn_rate_usd_per_day",
-    "forecast_usd",
+    "unreferenced_cost_usd", "limit_usd", "soft_limit_usd", "spent_usd", "remaining_usd",
+    "burn_rate_usd_per_day", "forecast_usd",
   ]);
-  const PCT_COLUMNS = new Set(["savings_pct", "used_pct", "attainment_pct"]);
-  const SPEND_COLUMNS = ["requests", "calls", "cost_usd", "reference_cost_usd", "savings_usd",
-    "savings_pct", "cost_per_1k_requests_usd"];
+  const PCT_COLUMNS = new Set(["savings_pct", "used_pct", "attainment_pct", "error_rate_pct"]);
+  // Columns compared with the reference model: empty where a row has none.
+  const REFERENCE_COLUMNS = new Set(["reference_cost_usd", "savings_usd", "savings_pct"]);
+  const SPEND_COLUMNS = ["requests", "errors", "error_rate_pct", "calls", "cost_usd",
+    "reference_cost_usd", "savings_usd", "savings_pct", "cost_per_1k_requests_usd"];
   // Narrow panels show fewer columns; their CSV export has them all.
-  const SHORT_COLUMNS = ["requests", "cost_usd", "savings_usd", "savings_pct"];
+  const SHORT_COLUMNS = ["requests", "errors", "error_rate_pct", "cost_usd", "savings_usd",
+    "savings_pct"];
+  const NONE = "—"; // a figure that does not exist (no reference, no requests), never a zero
+  const NO_REFERENCE = "No reference model: the routes of these requests set no " +
+    "reference_model, so there is nothing to compare their cost with.";
   const LABELS = {
+    errors: "Errors", error_rate_pct: "Error rate",
     calls: "Upstream calls", cost_usd: "Cost", reference_cost_usd: "Reference cost", savings_usd: "Savings",
     savings_pct: "Savings %", cost_per_1k_requests_usd: "Per 1k requests", limit_usd: "Limit",
     soft_limit_usd: "Soft limit", spent_usd: "Spent", remaining_usd: "Remaining", used_pct: "Used %",
@@ -63,24 +70,37 @@
 
   const usdFormat = new Intl.NumberFormat("en-US", { style: "currency", currency: "USD" });
   function usd(value) {
-    if (value === null || value === undefined) return "–";
+    if (value === null || value === undefined) return NONE;
     if (value === 0 || Math.abs(value) >= 1) return usdFormat.format(value);
     // Sub-dollar amounts: four significant digits, no exponent, no trailing zeros.
     const places = Math.min(9, 3 - Math.floor(Math.log10(Math.abs(value))));
     return `${value < 0 ? "-" : ""}$${Math.abs(value).toFixed(places).replace(/0+$/, "")}`;
   }
-  const count = (value) => (value === null || value === undefined ? "–" : value.toLocaleString("en-US"));
-  const pct = (value) => (value === null || value === undefined ? "–" : `${value.toFixed(2)}%`);
+  const count = (value) => (value === null || value === undefined ? NONE : value.toLocaleString("en-US"));
+  const pct = (value) => (value === null || value === undefined ? NONE : `${value.toFixed(2)}%`);
 
   function cellText(column, value) {
     if (USD_COLUMNS.has(column)) return usd(value);
     if (PCT_COLUMNS.has(column)) return pct(value);
     if (typeof value === "number") return count(value);
     if (typeof value === "boolean") return value ? "yes" : "no";
-    return value === null || value === undefined ? "–" : String(value);
+    return value === null || value === undefined ? NONE : String(value);
   }
 
-  function renderTable(name, rows, columns) {
+  // Why a figure compared with the reference model is empty, or covers part of the row.
+  function referenceNote(row) {
+    if (row.reference_coverage === "none") return NO_REFERENCE;
+    if (row.reference_coverage === "partial") {
+      return `Compared for the requests on routes with a reference_model only; ` +
+        `${usd(row.unreferenced_cost_usd)} spent on routes without one is left out.`;
+    }
+    return "";
+  }
+
+  // An API note ("no requests from ... to ...") as a sentence.
+  const sentence = (note) => `${note[0].toUpperCase()}${note.slice(1)}.`;
+
+  function renderTable(name, rows, columns, note) {
     const table = $(`table-${name}`);
     table.replaceChildren();
     const head = table.createTHead().insertRow();
@@ -99,13 +119,21 @@
         td.textContent = cellText(column, row[column]);
         td.dataset.column = column;
         td.dataset.value = row[column] === null || row[column] === undefined ? "" : String(row[column]);
-        if (typeof row[column] === "number") td.className = "num";
+        if (typeof row[column] === "number" || USD_COLUMNS.has(column) || PCT_COLUMNS.has(column)) {
+          td.classList.add("num");
+        }
+        if (REFERENCE_COLUMNS.has(column) && referenceNote(row)) {
+          td.title = referenceNote(row);
+          td.classList.add(row.reference_coverage === "none" ? "none" : "partial");
+        }
+        if (column === "error_rate_pct" && row.errors > 0) td.classList.add("bad");
       }
     }
     if (!rows.length) {
       const td = body.insertRow().insertCell();
       td.colSpan = columns.length;
-      td.textContent = "No spend in this range.";
+      td.className = "empty";
+      td.textContent = note ? sentence(note) : "Nothing in this range.";
     }
   }
 
@@ -212,6 +240,7 @@
 
   function drawSla(rows) {
     const judged = rows.filter((r) => r.attainment_pct !== null);
+    $("chart-sla").parentElement.hidden = !judged.length; // nothing judged: the table says why
     draw("sla", {
       type: "bar",
       data: {
@@ -234,7 +263,7 @@
   async function show(name, path, params, columns) {
     tables[name] = { path, params, columns };
     const reply = await api(path, params);
-    renderTable(name, reply.data, columns);
+    renderTable(name, reply.data, columns, reply.note);
     return reply;
   }
 
@@ -256,17 +285,21 @@
     document.body.dataset.state = "loading";
     try {
       await refreshTeams(range);
-      const [stack, daily, tiers, , , budgets, sla] = await Promise.all([
+      const [stack, daily, tiers, , , , budgets, sla] = await Promise.all([
         show("spend-stack", "/v1/spend", { ...params, group_by: `day,${by}` },
           ["day", by, ...SPEND_COLUMNS]),
         show("daily", "/v1/spend", { ...params, group_by: "day" }, ["day", ...SPEND_COLUMNS]),
         // A tier that only answers escalations has calls, not requests.
         show("tiers", "/v1/spend", { ...params, group_by: "tier" },
-          ["tier", "requests", "calls", "cost_usd", "savings_usd", "savings_pct"]),
+          ["tier", "requests", "errors", "error_rate_pct", "calls", "cost_usd", "savings_usd",
+            "savings_pct"]),
         show("teams", "/v1/spend", { ...params, group_by: "team", sort: "-cost_usd", limit: "10" },
           ["team", ...SHORT_COLUMNS]),
         show("keys", "/v1/spend", { ...params, group_by: "key", sort: "-cost_usd", limit: "10" },
           ["key", ...SHORT_COLUMNS]),
+        // Savings are per route: a route without a reference_model has none.
+        show("routes", "/v1/spend", { ...params, group_by: "route", sort: "-cost_usd" },
+          ["route", ...SHORT_COLUMNS]),
         show("budgets", "/v1/spend/budgets", params.team ? { team: params.team } : {},
           ["scope", "name", "period", "limit_usd", "soft_limit_usd", "spent_usd", "remaining_usd",
             "used_pct", "burn_rate_usd_per_day", "forecast_usd", "soft_crossed", "hard_crossed",
@@ -293,17 +326,29 @@
   }
 
   function showTotals(total) {
+    const noReference = total.reference_coverage === "none";
     $("kpi-cost").textContent = usd(total.cost_usd);
     $("kpi-reference").textContent = usd(total.reference_cost_usd);
     $("kpi-savings").textContent = usd(total.savings_usd);
-    $("kpi-savings-pct").textContent = `${pct(total.savings_pct)} saved`;
+    const part = total.reference_coverage === "partial" ? " where compared" : "";
+    $("kpi-savings-pct").textContent = noReference ? "no reference model" : `${pct(total.savings_pct)} saved${part}`;
     $("kpi-per-1k").textContent = usd(total.cost_per_1k_requests_usd);
     $("kpi-requests").textContent = count(total.requests);
+    $("kpi-answered").textContent = `${count(total.requests - total.errors)} answered`;
+    $("kpi-error-rate").textContent = pct(total.error_rate_pct);
+    $("kpi-errors").textContent = `${count(total.errors)} of ${count(total.requests)} failed`;
+    $("kpi-error-rate").classList.toggle("bad", total.errors > 0);
     for (const [id, column] of [["kpi-cost", "cost_usd"], ["kpi-reference", "reference_cost_usd"],
       ["kpi-savings", "savings_usd"], ["kpi-per-1k", "cost_per_1k_requests_usd"],
-      ["kpi-requests", "requests"], ["kpi-savings-pct", "savings_pct"]]) {
-      $(id).dataset.value = String(total[column]);
+      ["kpi-requests", "requests"], ["kpi-savings-pct", "savings_pct"],
+      ["kpi-error-rate", "error_rate_pct"], ["kpi-errors", "errors"]]) {
+      $(id).dataset.value = total[column] === null ? "" : String(total[column]);
     }
+    // The savings figures say why they are empty, or what they leave out.
+    const why = referenceNote(total);
+    for (const id of ["kpi-reference", "kpi-savings", "kpi-savings-pct"]) $(id).title = why;
+    $("note-savings").textContent = why;
+    $("note-savings").hidden = !why;
   }
 
   function showBudgets(budgets) {
@@ -311,6 +356,9 @@
     const pick = $("budget-pick");
     const chosen = pick.value;
     pick.replaceChildren(...budgets.map((b, i) => new Option(`${b.scope} ${b.name} (${b.period})`, String(i))));
+    // No budget, no burn-down: the table's note says why.
+    $("chart-budget").parentElement.hidden = !budgets.length;
+    pick.parentElement.hidden = !budgets.length;
     if (chosen && Number(chosen) < budgets.length) pick.value = chosen;
     const rows = $("table-budgets").tBodies[0]?.rows || [];
     budgets.forEach((b, i) => {

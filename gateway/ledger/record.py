@@ -18,6 +18,7 @@ DIMENSIONS: tuple[str, ...] = ("team", "key", "route", "tier", "deployment", "mo
 DimensionType = Literal["day", "team", "key", "route", "tier", "deployment", "model"]
 StatusType = Literal["ok", "error", "partial"]
 UsageSourceType = Literal["upstream", "counted", "none"]
+ReferenceCoverageType = Literal["full", "partial", "none"]
 
 NANOS_PER_USD = 1_000_000_000
 
@@ -55,7 +56,9 @@ class SpendRecord:
     prompt_tokens: int
     completion_tokens: int
     cost_nanos: int
-    reference_model: str
+    # What the request is compared with; None on a route without a `reference_model`
+    # (or a deployment asked for by name): no counterfactual, so no reference cost.
+    reference_model: str | None
     reference_cost_nanos: int
     status: StatusType = "ok"
     usage_source: UsageSourceType = "upstream"
@@ -84,6 +87,10 @@ class SpendRecord:
         hedges, second opinions and cut-offs add cost only."""
         return self.record_id == self.request_id
 
+    @property
+    def has_reference(self) -> bool:
+        return bool(self.reference_model)
+
     def dimension(self, name: str) -> str:
         return self.day if name == "day" else str(getattr(self, name))
 
@@ -110,6 +117,8 @@ def _coerce(name: str, value: Any) -> Any:
         return int(value)
     if name in _FLOATS:
         return float(value)
+    if name == "reference_model":
+        return None if value in (None, "", "None") else value
     if name in ("ttft_ms", "score", "verifier_score"):
         return None if value in (None, "", "None") else float(value)
     if name == "stream":
@@ -137,7 +146,23 @@ class AggregateRow:
     sla_met: int = 0  # records on routes with an SLA that met it
     sla_missed: int = 0  # ... and that missed it
     calls: int = 0  # upstream calls priced (escalations, hedges, second opinions too)
+    # Records with no reference model, and their cost: left out of the savings. Days
+    # written before these counters existed read 0 here, as if all had a reference.
+    unreferenced: int = 0
+    unreferenced_cost_nanos: int = 0
 
     @property
-    def savings_nanos(self) -> int:
-        return self.reference_cost_nanos - self.cost_nanos
+    def coverage(self) -> ReferenceCoverageType:
+        """How much of the row has a reference to be compared with. Every record is
+        either an error or a call, so `calls + errors` counts the row's records."""
+        if not self.unreferenced:
+            return "full"
+        return "none" if self.unreferenced >= self.calls + self.errors else "partial"
+
+    @property
+    def savings_nanos(self) -> int | None:
+        """Reference cost less what the requests that have a reference cost; None when
+        no record of the row had a reference model (nothing to compare with)."""
+        if self.coverage == "none":
+            return None
+        return self.reference_cost_nanos - (self.cost_nanos - self.unreferenced_cost_nanos)

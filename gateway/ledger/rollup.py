@@ -23,6 +23,8 @@ METRICS: tuple[str, ...] = (
     "sla_met",
     "sla_missed",
     "calls",
+    "unreferenced",
+    "unreferenced_cost_nanos",
 )
 GROUPABLE: tuple[str, ...] = ("day", *DIMENSIONS)
 
@@ -42,7 +44,9 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
     one; its escalations, hedges and second opinions add cost, not requests. `calls`
     counts the upstream calls priced: every record but that of a request that got no
     answer (an error record), so a deployment that only answers escalations shows how
-    often it was called."""
+    often it was called. `unreferenced` counts records with no reference model (their
+    cost is left out of the savings)."""
+    unreferenced = not rec.has_reference
     return (
         int(rec.is_request),
         int(rec.status == "error"),
@@ -53,13 +57,16 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
         int(rec.sla_met is True),
         int(rec.sla_met is False),
         int(rec.status != "error"),
+        int(unreferenced),
+        rec.cost_nanos if unreferenced else 0,
     )
 
 
 class Rollup:
     """Totals per group for one `aggregate` query.
 
-    >>> rollup = Rollup(("team",)); rollup.add(("research",), (1, 0, 10, 5, 300, 900, 1, 0, 1))
+    >>> rollup = Rollup(("team",))
+    >>> rollup.add(("research",), (1, 0, 10, 5, 300, 900, 1, 0, 1, 0, 0))
     """
 
     def __init__(self, group_by: tuple[str, ...]) -> None:

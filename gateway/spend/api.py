@@ -5,6 +5,9 @@
     GET /v1/spend/sla?from=&to=&team=&format=json|csv
     GET /v1/spend/access        -> {"role": "finance" | "admin"} (the dashboard's login)
 
+A JSON reply with no rows says why in `note` (no requests in the range, no budgets in
+the policy, no route with an SLA); `note` is null otherwise.
+
 Replies are never cached (`cache-control: no-store`). Plain Starlette routes, like the
 OpenAI surface: the parameters are checked by `gateway.spend.query`, whose 400s name
 the parameter.
@@ -104,6 +107,7 @@ async def spend(request: Request) -> Response:
         "group_by": list(query.group_by),
         "data": data,
         "total": report_row(total(rows)),  # of every matching row, whatever `limit` kept
+        "note": None if data else no_spend_note(query),
     }
     return JSONResponse(body, headers=NO_STORE)
 
@@ -120,7 +124,8 @@ async def budgets(request: Request) -> Response:
         )
     if query.fmt == "csv":
         return csv_response(budget_report.render_budgets(data, "csv"), "budgets", None)
-    body = {"object": "spend.budgets", "as_of": now.isoformat(), "data": data}
+    note = None if data else budget_report.no_budgets_note(policy.budgets, query.teams)
+    body = {"object": "spend.budgets", "as_of": now.isoformat(), "data": data, "note": note}
     return JSONResponse(body, headers=NO_STORE)
 
 
@@ -134,7 +139,9 @@ async def sla(request: Request) -> Response:
         )
     if query.fmt == "csv":
         return csv_response(csv_text(data, sla_report.COLUMNS), "sla", query)
-    return JSONResponse({"object": "spend.sla", **range_of(query), "data": data}, headers=NO_STORE)
+    note = None if data else sla_report.NO_SLA_NOTE
+    body = {"object": "spend.sla", **range_of(query), "data": data, "note": note}
+    return JSONResponse(body, headers=NO_STORE)
 
 
 async def access(request: Request) -> Response:
@@ -152,10 +159,19 @@ def check_sort(query: SpendQuery, columns: Sequence[str]) -> None:
 
 
 def ordered(rows: list[dict[str, Any]], query: SpendQuery) -> list[dict[str, Any]]:
-    """Rows sorted by `query.sort` (stable; group order otherwise), cut at `limit`."""
+    """Rows sorted by `query.sort` (stable; group order otherwise), cut at `limit`.
+    Rows without a value in that column (no savings: no reference) come last."""
     if query.sort is not None:
-        rows = sorted(rows, key=itemgetter(query.sort), reverse=query.descending)
+        known = [row for row in rows if row[query.sort] is not None]
+        known.sort(key=itemgetter(query.sort), reverse=query.descending)
+        rows = known + [row for row in rows if row[query.sort] is None]
     return rows if query.limit is None else rows[: query.limit]
+
+
+def no_spend_note(query: SpendQuery) -> str:
+    """Why a report has no rows: nothing was recorded in its range (for its teams)."""
+    teams = "" if query.teams is None else f" by team {', '.join(sorted(query.teams))}"
+    return f"no requests{teams} from {query.day_from} to {query.day_to}"
 
 
 def range_of(query: SpendQuery) -> dict[str, Any]:

@@ -181,6 +181,17 @@ async def budget_statuses(
     return statuses
 
 
+def no_budgets_note(budgets: Sequence[Budget], teams: Collection[str] | None) -> str:
+    """Why `budget_statuses` found none: the policy has none, or none is the teams'."""
+    if not budgets:
+        return "the policy has no budgets (its budgets section sets spending limits)"
+    names = ", ".join(sorted(teams or ()))
+    return (
+        f"none of the policy's {len(budgets)} budget(s) belongs to team {names} "
+        "(a team's budgets are its own and its keys'; route budgets belong to no team)"
+    )
+
+
 def render_budgets(statuses: list[dict[str, Any]], fmt: FormatType) -> str:
     """JSON (with the burn-down series) or CSV (the flat `COLUMNS`)."""
     if fmt == "json":

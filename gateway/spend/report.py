@@ -1,10 +1,17 @@
 """Spend reports from the ledger's aggregates: rows finance can read and export.
 
-Each row: the group's values, requests, errors, tokens, cost, the counterfactual cost
-on the routes' reference models, the savings (absolute and percent), the cost per
-1,000 requests and the upstream calls priced. JSON rows also carry the money as integer
-nano-dollars; CSV writes dollars as exact decimals (nine places), never as floats, so
-both reconcile with the ledger to the nano-dollar.
+Each row: the group's values, requests, errors and error rate, tokens, cost, the
+counterfactual cost on the routes' reference models, the savings (absolute and
+percent), the cost left out of them, the cost per 1,000 requests and the upstream calls
+priced. JSON rows also carry the money as integer nano-dollars; CSV writes dollars as
+exact decimals (nine places), never as floats, so both reconcile with the ledger to
+the nano-dollar.
+
+Savings compare a request's cost with what it would have cost on its route's
+`reference_model`. Requests on a route without one have nothing to be compared with:
+their cost is `unreferenced_cost_usd`, left out of the savings, and a row made only of
+them has no reference cost and no savings (null in JSON, an empty cell in CSV, and
+`reference_coverage` "none"), rather than a figure priced against itself.
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ FormatType = Literal["csv", "json"]
 COLUMNS = (
     "requests",
     "errors",
+    "error_rate_pct",
     "prompt_tokens",
     "completion_tokens",
     "cost_usd",
     "reference_cost_usd",
     "savings_usd",
     "savings_pct",
+    "unreferenced_cost_usd",
     "cost_per_1k_requests_usd",
     "calls",
 )
@@ -38,6 +47,7 @@ USD_NANOS = {
     "cost_usd": "cost_nanos",
     "reference_cost_usd": "reference_cost_nanos",
     "savings_usd": "savings_nanos",
+    "unreferenced_cost_usd": "unreferenced_cost_nanos",
     "cost_per_1k_requests_usd": "cost_per_1k_requests_nanos",
 }
 
@@ -61,24 +71,33 @@ def percent(part: int, whole: int) -> float:
     return round(100 * part / whole, 2) if whole else 0.0
 
 
+def dollars(nanos: int | None) -> float | None:
+    return None if nanos is None else round(usd(nanos), 9)
+
+
 def report_row(row: AggregateRow) -> dict[str, Any]:
-    reference = row.reference_cost_nanos
+    savings = row.savings_nanos
+    reference = None if savings is None else row.reference_cost_nanos
     per_1k = (row.cost_nanos * 1000 + row.requests // 2) // row.requests if row.requests else 0
     return {
         **row.group,
         "requests": row.requests,
         "errors": row.errors,
+        "error_rate_pct": percent(row.errors, row.requests) if row.requests else None,
         "prompt_tokens": row.prompt_tokens,
         "completion_tokens": row.completion_tokens,
-        "cost_usd": round(usd(row.cost_nanos), 9),
-        "reference_cost_usd": round(usd(reference), 9),
-        "savings_usd": round(usd(row.savings_nanos), 9),
-        "savings_pct": percent(row.savings_nanos, reference),
-        "cost_per_1k_requests_usd": round(usd(per_1k), 9),
+        "cost_usd": dollars(row.cost_nanos),
+        "reference_cost_usd": dollars(reference),
+        "savings_usd": dollars(savings),
+        "savings_pct": None if savings is None else percent(savings, reference or 0),
+        "unreferenced_cost_usd": dollars(row.unreferenced_cost_nanos),
+        "cost_per_1k_requests_usd": dollars(per_1k),
         "calls": row.calls,
+        "reference_coverage": row.coverage,
         "cost_nanos": row.cost_nanos,
         "reference_cost_nanos": reference,
-        "savings_nanos": row.savings_nanos,
+        "savings_nanos": savings,
+        "unreferenced_cost_nanos": row.unreferenced_cost_nanos,
         "cost_per_1k_requests_nanos": per_1k,
     }
 
@@ -142,7 +161,7 @@ def csv_text(
 def csv_value(row: Mapping[str, Any], column: str, usd_nanos: Mapping[str, str]) -> Any:
     nanos = usd_nanos.get(column)
     if nanos is not None and nanos in row:
-        return usd_text(row[nanos])
+        return "" if row[nanos] is None else usd_text(row[nanos])
     value = row[column]
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -25,6 +25,11 @@ COLUMNS = (
     "sla_missed",
     "attainment_pct",
 )
+# Why a report has no rows: it lists every route with an SLA, and any judged in range.
+NO_SLA_NOTE = (
+    "no route in the policy has an SLA (routes.<name>.sla), "
+    "and no request in this range was judged against one"
+)
 
 
 async def sla_report(

@@ -1,5 +1,6 @@
 """A gateway with teams, keys, budgets and route SLAs, on real Redis behind fake
-upstreams, and a ledger filled by real requests through it."""
+upstreams, and a ledger filled by real requests through it; and a bare one (no budgets,
+no SLA, a route without a reference model) whose ledger holds failed requests."""
 
 from __future__ import annotations
 
@@ -140,3 +141,65 @@ def finance_headers(key: str = FINANCE_KEY) -> dict[str, str]:
 
 
 ADMIN_HEADERS = finance_headers(ADMIN_KEY)
+
+
+# No budgets, no SLA, and `plain` has no reference_model: nothing to compare it with.
+BARE_POLICY = """
+deployments:
+  cheap:
+    api_base: ${UPSTREAM_BASE_URL}
+    model: small-model
+    tier: cheap
+    price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
+  premium:
+    api_base: ${UPSTREAM_BASE_URL}
+    model: big-model
+    tier: premium
+    price: {input_per_mtok: 2.5, output_per_mtok: 10.0}
+routes:
+  auto: {strategy: fixed, deployments: [cheap], reference_model: premium}
+  plain: {strategy: fallback, deployments: [cheap, premium]}
+teams:
+  research: {}
+  ops: {}
+keys:
+  research-1: {secret: "${KEY_RESEARCH_1}", team: research}
+  ops-1: {secret: "${KEY_OPS_1}", team: ops}
+admin_keys: ["${GATEWAY_ADMIN_KEY}"]
+finance_keys: ["${FINANCE_KEY}"]
+"""
+BARE_KEYS = {"research-1": "fake-research-1-key", "ops-1": "fake-ops-1-key"}
+BARE_REQUESTS = 10  # 3 on `auto`, 7 on `plain` of which REFUSED failed
+REFUSED = 4
+
+
+async def ask(client: httpx.AsyncClient, base: str, key_id: str, route: str) -> httpx.Response:
+    body = {"model": route, "messages": [{"role": "user", "content": "word " * 9}]}
+    headers = {"authorization": f"Bearer {BARE_KEYS[key_id]}"}
+    return await client.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+
+
+@pytest.fixture
+async def bare(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, ledger_store: RedisStore
+) -> FilledGateway:
+    """A gateway on `BARE_POLICY` whose ledger holds: research's 3 requests on `auto`;
+    ops' 7 on `plain`: one that fell back from `cheap` (a 404) to `premium`, two that
+    `cheap` answered, and REFUSED the upstream refused (400s: error records)."""
+    env = {"FINANCE_KEY": FINANCE_KEY, "KEY_RESEARCH_1": BARE_KEYS["research-1"]}
+    server = start_gateway(
+        BARE_POLICY, UPSTREAM_BASE_URL=fake_openai.url, KEY_OPS_1=BARE_KEYS["ops-1"], **env
+    )
+    replies = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        replies += [await ask(client, server.url, "research-1", "auto") for _ in range(3)]
+        fake_openai.fail(404, times=1)  # `cheap` cannot: `premium` answers instead
+        replies.append(await ask(client, server.url, "ops-1", "plain"))
+        replies += [await ask(client, server.url, "ops-1", "plain") for _ in range(2)]
+        fake_openai.fail(400, times=REFUSED)
+        replies += [await ask(client, server.url, "ops-1", "plain") for _ in range(REFUSED)]
+    assert [r.status_code for r in replies] == [200] * 6 + [400] * REFUSED
+    assert replies[3].headers["x-cascade-deployment"] == "premium"
+    ids = [reply.headers["x-request-id"] for reply in replies]
+    records = [await wait_for_record(ledger_store, request_id) for request_id in ids]
+    return FilledGateway(server, records, await ledger_store.events(limit=10_000))

@@ -14,7 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.dashboards.conftest import FINANCE_KEY, FilledGateway, finance_headers
+from tests.dashboards.conftest import (
+    BARE_REQUESTS,
+    FINANCE_KEY,
+    REFUSED,
+    FilledGateway,
+    finance_headers,
+)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM_ARGS = [
@@ -60,7 +66,7 @@ class Tab:
 
 
 @pytest.fixture
-async def tab(filled: FilledGateway) -> AsyncIterator[Tab]:
+async def tab() -> AsyncIterator[Tab]:
     executable = chromium_path()
     from playwright.async_api import async_playwright
 
@@ -93,6 +99,18 @@ async def chart(page: Any, name: str) -> dict[str, Any]:
         }""",
         f"chart-{name}",
     )
+
+
+async def cells(page: Any, name: str) -> dict[str, dict[str, dict[str, str]]]:
+    """A table's body: first cell's text -> column -> the cell's text, value and title."""
+    rows: dict[str, dict[str, dict[str, str]]] = await page.evaluate(
+        """(name) => Object.fromEntries([...document.querySelectorAll(`#table-${name} tbody tr`)]
+            .map((tr) => [tr.cells[0].textContent, Object.fromEntries([...tr.cells].map((td) =>
+                [td.dataset.column || "", {text: td.textContent, value: td.dataset.value ?? "",
+                 title: td.title}]))]))""",
+        name,
+    )
+    return rows
 
 
 async def kpi(page: Any, name: str) -> float:
@@ -201,3 +219,63 @@ def test_dashboard_files_are_served_with_a_strict_policy(filled: FilledGateway) 
     assert httpx.get(f"{filled.url}/dashboard/vendor/chartjs/LICENSE.md").status_code == 200
     for path in ("../gateway/app.py", "..%2F..%2Fpyproject.toml", "nope.js"):
         assert httpx.get(f"{filled.url}/dashboard/{path}").status_code == 404
+
+
+async def test_dashboard_shows_errors_missing_references_and_why_panels_are_empty(
+    bare: FilledGateway, tab: Tab, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """46 requests of which 41 failed must not read as 46 served; a route without a
+    reference model shows no savings (and says why); an empty panel names its reason."""
+    page = tab.page
+    await page.goto(f"{bare.url}/dashboard/")
+    await sign_in(page, FINANCE_KEY)
+    await page.wait_for_selector("body[data-state=ready]")
+    span = {"from": await page.input_value("#from"), "to": await page.input_value("#to")}
+    total = api(bare, "/v1/spend", **span)["total"]
+
+    # Failures are a headline figure, and a column of every spend table.
+    assert await kpi(page, "error-rate") == total["error_rate_pct"] == 40.0
+    assert await page.text_content("#kpi-error-rate") == "40.00%"
+    assert await page.text_content("#kpi-errors") == f"{REFUSED} of {BARE_REQUESTS} failed"
+    assert await page.text_content("#kpi-answered") == f"{BARE_REQUESTS - REFUSED} answered"
+    routes = await cells(page, "routes")
+    by_route = {r["route"]: r for r in api(bare, "/v1/spend", **span, group_by="route")["data"]}
+    assert set(routes) == {"auto", "plain"}
+    for route, row in routes.items():
+        assert int(row["errors"]["value"]) == by_route[route]["errors"]
+        assert float(row["error_rate_pct"]["value"]) == by_route[route]["error_rate_pct"]
+    assert routes["plain"]["error_rate_pct"]["text"] == "57.14%"
+    teams = await cells(page, "teams")
+    assert teams["ops"]["errors"]["text"] == str(REFUSED)
+
+    # No reference model: no savings, a dash that says why on hover.
+    for table, name in (("routes", "plain"), ("teams", "ops"), ("keys", "ops-1")):
+        row = (await cells(page, table))[name]
+        for column in ("savings_usd", "savings_pct"):
+            assert (row[column]["text"], row[column]["value"]) == ("—", ""), (table, column)
+            assert row[column]["title"].startswith("No reference model"), (table, column)
+    assert float(routes["auto"]["savings_usd"]["value"]) == by_route["auto"]["savings_usd"]
+    assert routes["auto"]["savings_usd"]["title"] == ""
+    # The totals compare `auto` only, and say what they leave out.
+    assert await kpi(page, "savings") == total["savings_usd"] > 0
+    assert "left out" in await page.get_attribute("#kpi-savings", "title")
+    assert "left out" in await page.text_content("#note-savings")
+
+    # Empty panels name their reason, and draw no empty chart.
+    budgets = await page.text_content("#table-budgets tbody")
+    assert budgets.startswith("The policy has no budgets")
+    assert "No route in the policy has an SLA" in await page.text_content("#table-sla tbody")
+    assert await page.is_hidden("#chart-budget") and await page.is_hidden("#chart-sla")
+    assert await page.is_visible("#chart-savings")
+
+    await save(page, "dashboard-no-reference.png", capsys)
+
+    # A team that only used the route without a reference: no savings at all.
+    await page.select_option("#team", "ops")
+    await page.click("#filters button[type=submit]")
+    await page.wait_for_selector("body[data-state=ready][data-loads='2']")
+    assert await page.text_content("#kpi-savings") == "—"
+    assert await page.text_content("#kpi-savings-pct") == "no reference model"
+    assert (await page.get_attribute("#kpi-savings", "title")).startswith("No reference model")
+    assert await page.text_content("#kpi-error-rate") == "57.14%"
+    assert tab.problems == []

@@ -154,3 +154,26 @@ def test_alert_rules_are_prometheus_rules_on_real_metrics(exported: set[str]) ->
         "CascadeSlaAttainmentLow",
         "CascadePolicyEditRejected",
     } <= seen
+
+
+def test_live_savings_leave_out_routes_without_a_reference_model(bare: FilledGateway) -> None:
+    """`plain` has no reference_model: no reference series (a zero one would read as a
+    100% loss), and the spend board compares only the cost of routes that have one."""
+    text = httpx.get(f"{bare.url}/metrics").text
+    references = {
+        sample.labels["route"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "cascade_reference_cost_usd_total"
+    }
+    assert references == {"auto"}
+    board = json.loads((DASHBOARDS / "grafana" / "spend.json").read_text())
+    savings = [
+        expr
+        for _, expr in queries(board)
+        if "cascade_reference_cost_usd_total" in expr and "cascade_cost_usd_total" in expr
+    ]
+    assert len(savings) == 3
+    for expr in savings:  # each cost selection keeps the series of referenced routes only
+        compared = "and on (route, team) cascade_reference_cost_usd_total)"
+        assert expr.count("cascade_cost_usd_total") == expr.count(compared) == 1, expr

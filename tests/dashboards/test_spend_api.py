@@ -21,7 +21,9 @@ from gateway.ledger import SpendRecord
 from gateway.spend.report import COLUMNS, usd_text
 from tests.dashboards.conftest import (
     ADMIN_HEADERS,
+    BARE_REQUESTS,
     CLIENT_KEYS,
+    REFUSED,
     TRAFFIC,
     FilledGateway,
     finance_headers,
@@ -274,3 +276,91 @@ def test_days_default_to_the_last_thirty(filled: FilledGateway) -> None:
         today.isoformat(),
     )
     assert body["total"]["requests"] == len(TRAFFIC)
+
+
+COMPARED = ("reference_cost_usd", "savings_usd", "savings_pct")
+
+
+async def test_a_route_without_a_reference_model_has_no_savings(bare: FilledGateway) -> None:
+    """Nothing to compare with is no figure: `plain` has no reference_model, so its
+    records carry no reference (not its first deployment's price: the fallback answered
+    by `premium` read as a -1,566.67% saving) and the report leaves its savings empty."""
+    plain = [r for r in bare.records if r.route == "plain"]
+    assert all(r.reference_model is None and r.reference_cost_nanos == 0 for r in plain)
+    assert {r.deployment for r in plain if r.status == "ok"} == {"cheap", "premium"}
+    cost = sum(r.cost_nanos for r in plain)
+
+    body = get(bare, "/v1/spend", group_by="route").json()
+    rows = {row["route"]: row for row in body["data"]}
+    assert rows["plain"]["reference_coverage"] == "none"
+    for column in (*COMPARED, "reference_cost_nanos", "savings_nanos"):
+        assert rows["plain"][column] is None, column
+    assert rows["plain"]["unreferenced_cost_nanos"] == rows["plain"]["cost_nanos"] == cost > 0
+    auto = rows["auto"]
+    assert (auto["reference_coverage"], auto["unreferenced_cost_nanos"]) == ("full", 0)
+    assert auto["savings_nanos"] == auto["reference_cost_nanos"] - auto["cost_nanos"] > 0
+
+    # The total compares what can be compared and says what it leaves out.
+    total = body["total"]
+    assert (total["reference_coverage"], total["unreferenced_cost_nanos"]) == ("partial", cost)
+    assert total["cost_nanos"] == auto["cost_nanos"] + cost
+    assert (total["savings_nanos"], total["savings_pct"]) == (
+        auto["savings_nanos"],
+        auto["savings_pct"],
+    )
+    ops = get(bare, "/v1/spend", team="ops").json()["total"]  # ops only used `plain`
+    assert (ops["reference_coverage"], ops["savings_usd"], ops["savings_pct"]) == (
+        "none",
+        None,
+        None,
+    )
+
+    # CSV: empty cells, neither a zero nor a loss.
+    text = get(bare, "/v1/spend", group_by="route", format="csv").text
+    csv_rows = {row["route"]: row for row in csv.DictReader(io.StringIO(text))}
+    assert [csv_rows["plain"][column] for column in COMPARED] == ["", "", ""]
+    assert csv_rows["plain"]["unreferenced_cost_usd"] == usd_text(cost)
+    assert csv_rows["auto"]["savings_usd"] == usd_text(auto["savings_nanos"])
+
+    # Rows without savings sort last, either way.
+    for sort in ("savings_usd", "-savings_pct"):
+        data = get(bare, "/v1/spend", group_by="route", sort=sort).json()["data"]
+        assert [row["route"] for row in data] == ["auto", "plain"]
+
+
+def test_errors_and_the_error_rate_per_row_and_in_total(bare: FilledGateway) -> None:
+    body = get(bare, "/v1/spend", group_by="route").json()
+    rows = {row["route"]: row for row in body["data"]}
+    assert (rows["plain"]["requests"], rows["plain"]["errors"]) == (7, REFUSED)
+    assert rows["plain"]["error_rate_pct"] == round(100 * REFUSED / 7, 2)
+    assert rows["auto"]["error_rate_pct"] == 0.0
+    total = body["total"]
+    assert (total["requests"], total["errors"]) == (BARE_REQUESTS, REFUSED)
+    assert total["error_rate_pct"] == 40.0
+    empty = get(bare, "/v1/spend", **{"from": "2020-01-01", "to": "2020-01-31"}).json()
+    assert empty["total"]["error_rate_pct"] is None  # no requests: no rate, not 0%
+    text = get(bare, "/v1/spend", group_by="route", format="csv").text
+    csv_rows = {row["route"]: row for row in csv.DictReader(io.StringIO(text))}
+    assert csv_rows["plain"]["error_rate_pct"] == str(rows["plain"]["error_rate_pct"])
+
+
+def test_an_empty_reply_says_why(bare: FilledGateway) -> None:
+    """`note` names the reason a list is empty: no requests in the range, no budgets in
+    the policy, no route with an SLA (not "no spend" for all three)."""
+    spend = get(bare, "/v1/spend", **{"from": "2020-01-01", "to": "2020-01-31"}).json()
+    assert (spend["data"], spend["note"]) == ([], "no requests from 2020-01-01 to 2020-01-31")
+    spend = get(bare, "/v1/spend", team="nobody").json()
+    assert spend["note"] is not None and spend["note"].startswith("no requests by team nobody")
+    assert get(bare, "/v1/spend").json()["note"] is None
+    budgets = get(bare, "/v1/spend/budgets").json()
+    assert budgets["data"] == [] and budgets["note"].startswith("the policy has no budgets")
+    sla = get(bare, "/v1/spend/sla").json()
+    assert sla["data"] == [] and sla["note"].startswith("no route in the policy has an SLA")
+
+
+def test_budgets_of_other_teams_are_no_missing_budgets(filled: FilledGateway) -> None:
+    mine = get(filled, "/v1/spend/budgets", team="nobody").json()
+    assert mine["data"] == []
+    assert mine["note"].startswith("none of the policy's 3 budget(s) belongs to team nobody")
+    assert get(filled, "/v1/spend/budgets").json()["note"] is None
+    assert get(filled, "/v1/spend/sla").json()["note"] is None

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from gateway.ledger import MemoryStore
+from gateway.ledger import AggregateRow, MemoryStore, SpendRecord
 from gateway.spend.budgets import Period, budget_status, budget_statuses, exhausted_on
 from gateway.spend.report import aggregate, report_row, total, usd_text
 from policies.schema import Budget
@@ -99,3 +99,33 @@ async def test_budget_statuses_read_the_store(period: str) -> None:
     [status] = await budget_statuses(store, budgets, now)
     assert status["spent_nanos"] == 123
     assert await budget_statuses(store, budgets, now, teams={"sales"}, key_teams={}) == []
+
+
+async def test_records_without_a_reference_are_left_out_of_the_savings() -> None:
+    store = MemoryStore()
+    compared = make_record(1, route="auto", cost_nanos=100, reference_cost_nanos=400)
+    alone = make_record(
+        2, route="plain", cost_nanos=50, reference_model=None, reference_cost_nanos=0
+    )
+    for rec in (compared, alone):
+        await store.record(rec)
+    assert not alone.has_reference
+    rows = {r.group["route"]: r for r in await store.aggregate(DAY0, DAY0, ["route"])}
+    assert (rows["plain"].coverage, rows["plain"].savings_nanos) == ("none", None)
+    assert (rows["auto"].coverage, rows["auto"].savings_nanos) == ("full", 300)
+    [both] = await store.aggregate(DAY0, DAY0, [])
+    assert (both.coverage, both.savings_nanos, both.unreferenced_cost_nanos) == ("partial", 300, 50)
+    row = report_row(rows["plain"])
+    assert (row["reference_cost_usd"], row["savings_usd"], row["savings_pct"]) == (None, None, None)
+    assert row["unreferenced_cost_usd"] == 5e-8
+
+
+def test_rows_and_records_written_before_references_were_optional_read_as_before() -> None:
+    """Aggregates without the `unreferenced` counters (days written by an older
+    version) compare everything, as they did; an old record's JSON reads back as is."""
+    old = AggregateRow({}, 2, 1, 10, 5, cost_nanos=300, reference_cost_nanos=900, calls=1)
+    assert (old.coverage, old.savings_nanos, report_row(old)["savings_pct"]) == ("full", 600, 66.67)
+    data = make_record(1).to_dict()
+    assert SpendRecord.from_dict(data).reference_model == "gpt-4o"
+    as_strings = {name: str(value) for name, value in {**data, "reference_model": None}.items()}
+    assert SpendRecord.from_dict(as_strings).reference_model is None
