@@ -39,7 +39,9 @@ async def readyz(services: ServicesDep) -> Response:
 
 
 @router.get("/metrics")
-async def metrics(services: ServicesDep) -> Response:
+async def metrics(request: Request, services: ServicesDep) -> Response:
+    """Prometheus text; open unless the policy lists `metrics_keys`."""
+    services.runtime.keys.authenticate_metrics(request.headers.get("authorization"))
     m = services.metrics
     m.ledger_degraded.set(1 if services.ledger.degraded else 0)
     m.ledger_spooled.set(services.ledger.spooled_count)
@@ -87,7 +89,8 @@ async def reload_policy(request: Request, services: ServicesDep) -> Response:
     if services.reloader is None:
         raise InvalidRequest("this gateway was started without a reloadable policy file")
     try:
-        loaded = services.reloader.reload_now()  # applies it through services.apply
+        # parsed in a worker thread; applied (services.apply) back on the event loop
+        loaded = await services.reloader.reload_now()
     except PolicyError as exc:
         raise InvalidRequest(
             f"policy rejected, the last good policy keeps serving:\n{exc}", code="invalid_policy"

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway import admin, endpoints, tokens
+from gateway import admin, endpoints, openapi, tokens
 from gateway.accounting import Accountant
 from gateway.dashboard import dashboard_routes
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
@@ -28,9 +28,8 @@ from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spo
 from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
-from gateway.runtime import build_runtime
 from gateway.scoring import warm
-from gateway.services import Services, log_unserved
+from gateway.services import RuntimeWarnings, Services, log_unserved
 from gateway.settings import Settings
 from gateway.sla import build_guard
 from gateway.spend import api as spend_api
@@ -63,7 +62,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await stop_services(services)
 
-    app = FastAPI(title="cascade-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # The schema is served only when asked for (CASCADE_OPENAPI); `app.openapi()` builds
+    # it either way.
+    openapi_url = "/openapi.json" if settings.openapi else None
+    app = FastAPI(
+        title="cascade-gateway",
+        lifespan=lifespan,
+        openapi_url=openapi_url,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.router.routes.extend(endpoints.ROUTES)
     app.router.routes.extend(spend_api.ROUTES)
     app.router.routes.extend(dashboard_routes())
@@ -73,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(RoutingError, routing_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected_error_handler)
+    openapi.install(app)
     return app
 
 
@@ -96,7 +105,11 @@ async def start_services(settings: Settings) -> Services:
     store = make_store(settings)
     ledger = CostLedger(store, Spool(settings.spool_path))
     ledger.start()
-    guard = build_guard(metrics, loaded.policy, settings.redis_url, settings.redis_prefix)
+    # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
+    engines_dir = settings.spool_path.parent / "engines"
+    guard = build_guard(
+        metrics, loaded.policy, settings.redis_url, settings.redis_prefix, engines_dir
+    )
     clients: dict[str, UpstreamClient] = {
         "openai": OpenAICompatibleClient(
             settings.upstream_max_connections,
@@ -110,9 +123,10 @@ async def start_services(settings: Settings) -> Services:
     redis_url, prefix = settings.redis_url, settings.redis_prefix
     limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)
     log_unserved(loaded)
+    runtime_warnings = RuntimeWarnings()  # what the first build warned is not said again
     services = Services(
         settings=settings,
-        runtime=build_runtime(loaded),
+        runtime=runtime_warnings.build(loaded),
         metrics=metrics,
         store=store,
         ledger=ledger,
@@ -121,6 +135,7 @@ async def start_services(settings: Settings) -> Services:
         guard=guard,
         limits=limits,
         clients=clients,
+        runtime_warnings=runtime_warnings,
     )
     warm(services.runtime.routes.values(), settings.embedding_threads)
     services.reloader = PolicyReloader(
@@ -183,7 +198,9 @@ async def http_error_handler(request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404:
         error: GatewayError = NotFound(f"no such endpoint: {request.url.path}", code="not_found")
     else:
-        error = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}")
+        # Its headers too: a 405 must say which methods are allowed (`Allow`).
+        headers = dict(exc.headers or {})
+        error = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}", headers=headers)
         error.status = exc.status_code  # type: ignore[misc]
     return error_response(request, error)
 

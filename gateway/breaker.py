@@ -16,7 +16,9 @@ everywhere. A closed breaker deletes the key. Without Redis the breakers are loc
 
 What counts as a failure: refused or reset connections, timeouts, 5xx other than 503.
 A 429 or a 503 says "busy", not "broken": the latency model marks the deployment busy
-instead, so the next request goes elsewhere without ejecting it for a cooldown.
+instead, so the next request goes elsewhere without ejecting it for a cooldown. Nor is
+a deployment whose engine is still loading judged: its refused connections are the
+model loading, and the guard does not report them (`gateway.warmup`).
 """
 
 from __future__ import annotations

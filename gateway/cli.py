@@ -13,7 +13,6 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,6 +109,10 @@ def _run_uvicorn(settings: Settings) -> None:
         access_log=False,  # per-request logging costs more than the proxying itself
         loop="uvloop",
         http="httptools",
+        # The socket peer stays the request's client: the app decides whose forwarding
+        # headers to believe (gateway.trusted_proxies), and a forwarded request is never
+        # local, whatever uvicorn's FORWARDED_ALLOW_IPS says.
+        proxy_headers=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
 
@@ -127,6 +130,11 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     )
     for note in unserved_notes(policy):
         print(f"  note: {note}")
+    if team := policy.auth.anonymous_team:
+        print(
+            f"  note: auth.anonymous_team '{team}' serves key-less requests from loopback "
+            "without forwarding headers"
+        )
     if policy.budgets:
         print(
             f"  note: {len(policy.budgets)} budget(s) enforced on Redis (REDIS_URL); when it is "
@@ -159,7 +167,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     routed_by_score = route.strategy in SCORED_STRATEGIES
     classifier = route.classifier if routed_by_score else "features"
     score = RequestScorer()("chat", {"messages": messages}, classifier)
-    plan = runtime.plan(route, score if routed_by_score else None)
+    needs = frozenset({"chat", *args.needs})
+    plan = runtime.plan(route, score if routed_by_score else None, needs=needs)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
         "prompt_chars": len(args.prompt),
@@ -171,6 +180,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         "classifier": classifier,
         "fallbacks": [s.deployment for s in plan.steps[1:]],
         "reasons": plan.reasons()
+        + capability_reasons(runtime, route)
         + ([] if routed_by_score else [unused_score_reason(route, score)])
         + sla_reasons(route)
         + opinion_reasons(route, args.prompt, plan)
@@ -188,6 +198,26 @@ def explained_route(runtime: Runtime) -> str:
     if len(runtime.routes) == 1 and "auto" not in runtime.routes:
         return next(iter(runtime.routes))
     return "auto"  # absent: the error lists the routes
+
+
+def capability_reasons(runtime: Runtime, route: RouteRuntime) -> list[str]:
+    """What each deployment of the route serves (a request needing more skips it)."""
+    return [
+        f"'{name}' serves {', '.join(sorted(runtime.deployments[name].capabilities))}"
+        for name in route.deployments
+    ]
+
+
+def _capability_list(text: str) -> frozenset[str]:
+    """`--needs tools,vision`: capability names, checked against the known ones."""
+    from policies.capabilities import CAPABILITIES
+
+    names = frozenset(name.strip() for name in text.split(",") if name.strip())
+    if unknown := sorted(names - set(CAPABILITIES)):
+        raise argparse.ArgumentTypeError(
+            f"unknown capability {', '.join(unknown)} (capabilities: {', '.join(CAPABILITIES)})"
+        )
+    return names
 
 
 def unused_score_reason(route: RouteRuntime, score: float) -> str:
@@ -284,19 +314,30 @@ def _ledger_scores(route: str, last: int, field: ScoreField) -> list[float]:
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
     from gateway.ledger import LedgerUnavailable, read_ledger
     from gateway.settings import Settings
     from gateway.spend import render, spend_report
+    from gateway.spend.query import parse_query
 
+    # The API's parameters and defaults (the last 30 days), checked the API's way.
+    params = {"from": args.day_from or "", "to": args.day_to or "", "group_by": args.group_by}
+    try:
+        query = parse_query(params, list(params), datetime.now(UTC).date())
+    except GatewayError as exc:
+        print(f"spend report: {exc.message}", file=sys.stderr)
+        return 2
     settings = Settings()
     if not settings.redis_url:
         print("set REDIS_URL: the report reads the Redis ledger", file=sys.stderr)
         return 1
-    group_by = [name for name in args.group_by.split(",") if name]
+    if not (args.day_from and args.day_to):
+        print(f"spend report: from {query.day_from} to {query.day_to} (UTC)", file=sys.stderr)
 
     async def report(store: RedisStore) -> str:
-        rows = await spend_report(store, args.day_from, args.day_to, group_by)
-        return render(rows, group_by, args.format)
+        rows = await spend_report(store, query.day_from, query.day_to, query.group_by)
+        return render(rows, query.group_by, args.format)
 
     try:
         print(read_ledger(settings.redis_url, settings.redis_prefix, report), end="")
@@ -314,18 +355,31 @@ def cmd_spend_budgets(args: argparse.Namespace) -> int:
     from gateway.spend import budget_statuses, render_budgets
 
     settings = Settings(**({"policy": args.policy} if args.policy else {}))
+    try:
+        policy = load_policy(settings.policy).policy
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if not policy.budgets:  # say why the table is empty, and which policy was read
+        default = " (the embedded default)" if settings.policy == DEFAULT_POLICY_PATH else ""
+        print(
+            f"spend budgets: the policy {settings.policy}{default} has no budgets (its "
+            "`budgets:` section); name the gateway's policy with --policy FILE or CASCADE_POLICY",
+            file=sys.stderr,
+        )
+        print(render_budgets([], args.format), end="")
+        return 0
     if not settings.redis_url:
         print("set REDIS_URL: budget status reads the Redis ledger", file=sys.stderr)
         return 1
 
     async def budgets(store: RedisStore) -> str:
-        policy = load_policy(settings.policy).policy
         statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
         return render_budgets(statuses, args.format)
 
     try:
         print(read_ledger(settings.redis_url, settings.redis_prefix, budgets), end="")
-    except (PolicyError, LedgerUnavailable) as exc:
+    except LedgerUnavailable as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0
@@ -352,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("path")
     explain.add_argument("--prompt", required=True)
     explain.add_argument("--model", help="route or deployment (default: the default route)")
+    explain.add_argument(
+        "--needs",
+        type=_capability_list,
+        default=frozenset(),
+        help="what the request needs besides chat, comma-separated (tools,vision,json_schema)",
+    )
     explain.set_defaults(func=cmd_policy_explain)
 
     keys = sub.add_parser("keys", help="client keys").add_subparsers(
@@ -370,14 +430,27 @@ def build_parser() -> argparse.ArgumentParser:
     spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(
         dest="spend_command", required=True
     )
-    report = spend.add_parser("report", help="spend, reference cost and savings by group")
-    report.add_argument("--from", dest="day_from", type=date.fromisoformat, required=True)
-    report.add_argument("--to", dest="day_to", type=date.fromisoformat, required=True)
+    report = spend.add_parser(
+        "report",
+        help="spend, errors, reference cost and savings by group",
+        description="Spend by group from the Redis ledger (REDIS_URL), as GET /v1/spend "
+        "reports it. Days are UTC, both ends inclusive; by default the last 30 days.",
+    )
+    report.add_argument(
+        "--from", dest="day_from", metavar="YYYY-MM-DD", help="first day (default: 29 before --to)"
+    )
+    report.add_argument(
+        "--to", dest="day_to", metavar="YYYY-MM-DD", help="last day (default: today, UTC)"
+    )
     report.add_argument("--group-by", default="team", help="comma-separated: day,team,key,...")
     report.add_argument("--format", choices=["csv", "json"], default="csv")
     report.set_defaults(func=cmd_spend_report)
     budgets = spend.add_parser("budgets", help="the policy's budgets: spent, burn rate, forecast")
-    budgets.add_argument("--policy", help="policy file or directory (default: CASCADE_POLICY)")
+    budgets.add_argument(
+        "--policy",
+        help="policy file or directory (default: CASCADE_POLICY, else the embedded default "
+        "policy, as serve reads them)",
+    )
     budgets.add_argument("--format", choices=["csv", "json"], default="csv")
     budgets.set_defaults(func=cmd_spend_budgets)
     return parser

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import Principal
+from gateway.auth import Origin, Principal
 from gateway.errors import NotFound, PayloadTooLarge
 from gateway.runtime import Runtime
 from gateway.services import services_of
@@ -87,8 +87,13 @@ async def _proxy(request: Request, endpoint: EndpointType) -> Response:
 
 
 def authenticate(request: Request, runtime: Runtime) -> Principal:
-    client = request.client.host if request.client else None
-    return runtime.keys.authenticate(request.headers.get("authorization"), client)
+    """The caller's principal, and its address in `request.state.client_address`. The
+    socket peer is the server's `client`: `serve` runs uvicorn with its proxy headers
+    off, so no header rewrites it; a forwarded request is never the anonymous team's."""
+    peer = request.client.host if request.client else None
+    origin = Origin.of(peer, request.headers, runtime.policy.gateway.trusted_proxies)
+    request.state.client_address = origin.address
+    return runtime.keys.authenticate(request.headers.get("authorization"), origin.direct_peer)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

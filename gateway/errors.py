@@ -3,6 +3,7 @@
     GatewayError                      500 api_error (never raised bare on purpose)
     ├── InvalidRequest                400 invalid_request_error (names the field in `param`)
     │   ├── PayloadTooLarge           413
+    │   ├── CapabilityUnavailable     400 no deployment of the route serves what it needs
     │   └── UpstreamRejected          400/422 an upstream refused, with its type, code, param
     │       └── UpstreamTooLarge      413 (also a PayloadTooLarge)
     ├── AuthenticationFailed          401
@@ -68,6 +69,13 @@ class InvalidRequest(GatewayError):
 class PayloadTooLarge(InvalidRequest):
     status = 413
     default_code = "payload_too_large"
+
+
+class CapabilityUnavailable(InvalidRequest):
+    """The request needs a capability (tools, vision, embeddings, ...) that no deployment
+    of its route that may be called serves: the gateway answers it, not an upstream."""
+
+    default_code = "capability_unavailable"
 
 
 class UpstreamRejected(InvalidRequest):

@@ -10,6 +10,11 @@ reject it too) with the upstream's error `type`, `code` and `param`; a 401/403/4
 means this deployment is misconfigured or cannot do this, so the next one is tried.
 The whole run is bounded by the policy's `request_timeout_s`. A stream is only retried
 before its first event reached us; after that, failures go to the client.
+
+A deployment whose engine is still loading (warming, see `gateway.warmup`) is tried
+after the others; reached, it is waited for until its engine is ready, within the
+request's deadline (past it: a 504 that says the engine is still loading). A refused
+connection has the guard read the engine's state again, so a retry waits too.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTooLarge,
     UpstreamUnavailable,
+    retry_after_header,
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime
@@ -47,16 +53,19 @@ from gateway.upstreams.base import (
     UpstreamTimedOut,
     close_stream,
 )
+from gateway.validation import output_cap
 
 if TYPE_CHECKING:
     from gateway.sla import SlaGuard
 
 log = logging.getLogger(__name__)
+decisions = logging.getLogger("gateway.decisions")  # proxy.DECISIONS_LOGGER: why, per request
 
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 # What of an upstream's error body reaches the client on a client fault, and how long.
 UPSTREAM_ERROR_FIELDS = ("type", "code", "param")
 MAX_ERROR_FIELD_CHARS = 128
+ENGINE_LOADING_RETRY_S = 1.0  # Retry-After of a request whose deadline passed first
 
 AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one deployment
 # Told of each attempt that was sent and then cut off by a timeout (its own, or the
@@ -119,6 +128,7 @@ class _Run:
     current: dict[int, DeploymentRuntime] = field(default_factory=dict)  # chain -> in flight
     started: dict[int, float] = field(default_factory=dict)  # chain -> its call's start
     tried: set[str] = field(default_factory=set)  # deployments called so far
+    waiting: dict[int, DeploymentRuntime] = field(default_factory=dict)  # chain -> warming
     hedges: int = 0
     won_by_hedge: bool = False
     cut_off: CutOffFn = _not_priced
@@ -155,7 +165,7 @@ class Executor:
         that return token logprobs for them (a cascade verifying the answer)."""
 
         async def call(d: DeploymentRuntime) -> UpstreamReply:
-            request = upstream_body(d, body, priority, logprobs)
+            request = upstream_body(d, endpoint, body, priority, logprobs)
             return await self.client_for(d).complete(d.target, endpoint, request)
 
         deployment, reply, run, losers = await self._run(
@@ -174,7 +184,7 @@ class Executor:
         cut_off: CutOffFn = _not_priced,
     ) -> Opened:
         async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
-            request = upstream_body(d, body, priority)
+            request = upstream_body(d, endpoint, body, priority)
             events = self.client_for(d).stream(d.target, endpoint, request)
             try:
                 first = await anext(events)
@@ -202,6 +212,7 @@ class Executor:
         cut_off: CutOffFn = _not_priced,
     ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
         run = _Run(cut_off=cut_off)
+        candidates = self._ready_first(candidates)
         try:
             async with asyncio.timeout(deadline_s):
                 if hedge is None or len(candidates) < 2:
@@ -211,6 +222,8 @@ class Executor:
         except TimeoutError:
             for deployment in run.current.values():  # in flight when the deadline hit
                 run.cut_off(deployment)
+            if run.waiting:
+                raise self._still_loading(run, deadline_s) from None
             raise UpstreamTimeout(
                 f"no deployment answered within the request limit of {deadline_s:g}s"
             ) from None
@@ -286,6 +299,8 @@ class Executor:
                 continue  # ejected meanwhile, or its half-open probe is taken
             try:
                 for retry in range(deployment.max_retries + 1):
+                    if guard is not None and deployment.name in guard.warmup.warming:
+                        await self._warm_up(deployment, run, chain)
                     run.attempts += 1
                     run.current[chain] = deployment
                     run.tried.add(deployment.name)
@@ -319,6 +334,44 @@ class Executor:
         run.current.pop(chain, None)
         raise final_error(candidates, run.failures)
 
+    def _ready_first(self, candidates: list[DeploymentRuntime]) -> list[DeploymentRuntime]:
+        """The candidates with those warming moved last (in their order)."""
+        warming = self._guard.warmup.warming if self._guard is not None else None
+        if not warming:
+            return candidates
+        later = [d for d in candidates if d.name in warming]
+        if not later or len(later) == len(candidates):
+            return candidates
+        decisions.info(
+            "%s warming (engine loading): tried after the others",
+            ", ".join(d.name for d in later),
+        )
+        return [d for d in candidates if d.name not in warming] + later
+
+    async def _warm_up(self, deployment: DeploymentRuntime, run: _Run, chain: int) -> None:
+        """Wait for a deployment whose engine is loading; the request's deadline bounds
+        the wait (`_run` then says the engine is still loading)."""
+        assert self._guard is not None
+        warmup = self._guard.warmup
+        run.waiting[chain] = deployment
+        started = time.perf_counter()
+        await warmup.wait(deployment.name)
+        del run.waiting[chain]
+        waited = time.perf_counter() - started
+        who = warmup.describe(deployment.name)
+        decisions.info("waited %.2fs for deployment %s to load its model", waited, who)
+
+    def _still_loading(self, run: _Run, deadline_s: float) -> GatewayError:
+        assert self._guard is not None
+        waited = next(iter(run.waiting.values()))  # hedged chains: the first one is enough
+        return UpstreamTimeout(
+            f"deployment {self._guard.warmup.describe(waited.name)} is still loading its "
+            f"model and was not ready within the request limit of {deadline_s:g}s; "
+            "retry in a few seconds",
+            code="engine_loading",
+            headers=retry_after_header(ENGINE_LOADING_RETRY_S),
+        )
+
     def _next_wait(
         self, deployment: DeploymentRuntime, failure: UpstreamFailure, retry: int, last: bool
     ) -> float | None:
@@ -342,14 +395,18 @@ class Executor:
 
 def upstream_body(
     deployment: DeploymentRuntime,
+    endpoint: EndpointType,
     body: dict[str, Any],
     priority: int | None = None,
     logprobs: bool = False,
 ) -> dict[str, Any]:
     """The client's body with the deployment's model name, the route's priority (for
-    engines scheduling by priority) and `logprobs: true` (when asked for and the
-    deployment returns them); every other field untouched."""
+    engines scheduling by priority), `logprobs: true` (when asked for and the
+    deployment returns them) and the deployment's `max_output_tokens` cap; every other
+    field untouched."""
     extra: dict[str, Any] = {"model": deployment.target.model}
+    if deployment.max_output_tokens is not None:
+        extra.update(output_cap(endpoint, body, deployment.max_output_tokens))
     if priority is not None and deployment.priority_scheduling and "priority" not in body:
         extra["priority"] = priority
     if logprobs and deployment.returns_logprobs:

@@ -205,6 +205,13 @@ class Metrics:
             ["deployment"],
             registry=r,
         )
+        self.deployment_warming = Gauge(
+            "cascade_deployment_warming",
+            "1 while a deployment's self-hosted engine is loading (requests wait for it or "
+            "go elsewhere; its breaker does not count the refused connections)",
+            ["deployment"],
+            registry=r,
+        )
         self.upstream_ttft = Histogram(
             "cascade_upstream_ttft_seconds",
             "Upstream time to first token per deployment (non-streaming: to the answer)",
@@ -270,6 +277,13 @@ class Metrics:
             "cascade_budget_downgrades",
             "Requests sent to a budget's downgrade tier because it is past its soft limit",
             budget,
+            registry=r,
+        )
+        self.budget_overrun = Counter(
+            "cascade_budget_overrun_usd",
+            "What requests cost beyond the worst case their budgets reserved (an upstream "
+            "that billed more than it was asked for, or timed-out attempts' prompts)",
+            ["route", "deployment"],
             registry=r,
         )
         self.rate_limit_rejections = Counter(

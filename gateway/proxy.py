@@ -31,6 +31,7 @@ from gateway.accounting import (
     reported_usage,
 )
 from gateway.auth import Principal
+from gateway.capabilities import required, unserved
 from gateway.cascade import Cascade, CascadeResult
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.executor import Executor, Hedge, Loser, Opened
@@ -112,7 +113,8 @@ class Proxy:
                 f"{route.max_body_bytes}"
             )
         stream = bool(body.get("stream"))
-        strategy = effective_strategy(route, stream, endpoint)
+        needs = required(endpoint, body)
+        strategy = effective_strategy(route, stream, endpoint, needs)
         score = None
         if strategy in SCORED_STRATEGIES:
             score = await self._scorer.score(endpoint, body, route.classifier)
@@ -120,7 +122,9 @@ class Proxy:
         call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         try:
             candidates = self._select(
-                route, self._candidates(runtime, route, score, strategy, request_id), strategy
+                route,
+                self._candidates(runtime, route, score, strategy, request_id, needs),
+                strategy,
             )
         except GatewayError as error:  # nothing may serve it (unavailable, ejected, shed)
             self._fail(runtime, call, [], error)
@@ -135,6 +139,7 @@ class Proxy:
             runtime, principal, route, endpoint, body, candidates, strategy, request_id, call.prompt
         )
         response: Response | None = None
+        body = admission.cap(endpoint, body)  # upstreams asked for no more than was held
         try:  # from here on the admission's budget hold is released however it ends
             if admission.candidates:  # a soft budget limit downgraded the request
                 candidates = self._select(route, admission.candidates, strategy)
@@ -190,11 +195,15 @@ class Proxy:
         score: float | None,
         strategy: str,
         request_id: str,
+        needs: Mapping[str, str],
     ) -> list[DeploymentRuntime]:
-        plan = runtime.plan(route, score, strategy)
+        wanted = frozenset(needs)
+        plan = runtime.plan(route, score, strategy, wanted)
         if decisions.isEnabledFor(logging.INFO):
             decisions.info("%s %s", request_id, "; ".join(plan.reasons()))
         if not plan.steps:
+            if any(not runtime.deployments[name].serves(wanted) for name, _ in plan.skipped):
+                raise unserved(runtime, route, needs)  # the gateway's answer: a 400
             reasons = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
             raise UpstreamUnavailable(
                 f"route '{route.name}' has no available deployment ({reasons})"
@@ -528,13 +537,20 @@ def missed_sla(error: GatewayError) -> bool:
     return error.status >= 500 or error.code in SLA_FAILURES
 
 
-def effective_strategy(route: RouteRuntime, stream: bool, endpoint: EndpointType) -> str:
+def effective_strategy(
+    route: RouteRuntime,
+    stream: bool,
+    endpoint: EndpointType,
+    needs: Mapping[str, str] | None = None,
+) -> str:
     """A cascade route routes streams by classifier when its policy says so, and
-    embeddings in tier order (cheapest first, the next on failure): a vector has no
-    text to verify, and escalating would pay every tier for the last one's vectors."""
+    embeddings and tool requests in tier order (cheapest first, the next on failure):
+    a vector has no text to verify, nor has a tool call (its content is empty, so the
+    verifier would reject every one), and escalating would pay every tier for the last
+    one's answer."""
     if route.strategy != "cascade":
         return route.strategy
-    if endpoint == "embeddings":
+    if endpoint == "embeddings" or (needs is not None and "tools" in needs):
         return "fallback"
     if stream and route.stream_cascade == "classifier":
         return "classifier"

@@ -22,11 +22,12 @@ from gateway.pricing import (
 )
 from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
+from policies.capabilities import CAPABILITIES, default_capabilities
 from policies.engines import EngineSpec
 from policies.keys import hash_key
 from policies.prices import litellm_price_map
 from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
-from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route, sandbox
+from router import DeploymentView, Plan, RouteSpec, Threshold, embeddings, plan_route, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,17 @@ class DeploymentRuntime:
     unavailable_reason: str | None
     priority_scheduling: bool = False
     returns_logprobs: bool = False  # answers `logprobs: true` with token logprobs
+    max_output_tokens: int | None = None  # never asked for more per answer
+    # What it serves (policies.capabilities): requests needing more skip it.
+    capabilities: frozenset[str] = frozenset(CAPABILITIES)
+    unset_env: tuple[str, ...] = ()  # what to set for it to be available
 
     @property
     def view(self) -> DeploymentView:
-        return DeploymentView(self.name, self.tier, self.unavailable_reason)
+        return DeploymentView(self.name, self.tier, self.unavailable_reason, self.capabilities)
+
+    def serves(self, needs: frozenset[str]) -> bool:
+        return needs <= self.capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +94,10 @@ class RouteRuntime:
     name: str
     strategy: str
     deployments: tuple[str, ...]
-    reference_model: str
-    reference_price: TokenPrice
+    # What savings are counted against; None without a `reference_model` (and for a
+    # deployment asked for by name): no counterfactual, so no reference cost.
+    reference_model: str | None
+    reference_price: TokenPrice | None
     max_body_bytes: int | None = None
     direct: bool = False  # `model` named a deployment, not a route
     tiers: tuple[Threshold, ...] = ()
@@ -135,8 +145,8 @@ class Runtime:
                 name=deployment.name,
                 strategy="fixed",
                 deployments=(deployment.name,),
-                reference_model=deployment.target.model,
-                reference_price=deployment.price,
+                reference_model=None,
+                reference_price=None,
                 direct=True,
             )
         known = ", ".join(sorted(self.routes))
@@ -146,12 +156,17 @@ class Runtime:
         )
 
     def plan(
-        self, route: RouteRuntime, score: float | None = None, strategy: str | None = None
+        self,
+        route: RouteRuntime,
+        score: float | None = None,
+        strategy: str | None = None,
+        needs: frozenset[str] = frozenset(),
     ) -> Plan:
         """The plan for `route`; `strategy` overrides the route's (a cascade route
-        routes streams by classifier when its policy says so)."""
+        routes streams by classifier when its policy says so); deployments that do not
+        serve all of `needs` (capabilities) are skipped."""
         views = [self.deployments[name].view for name in route.deployments]
-        spec = RouteSpec(route.name, strategy or route.strategy, views, route.tiers)
+        spec = RouteSpec(route.name, strategy or route.strategy, views, route.tiers, needs)
         return plan_route(spec, score)
 
     def visible_models(self, principal: Principal) -> list[str]:
@@ -161,16 +176,18 @@ class Runtime:
 
 def build_runtime(loaded: LoadedPolicy) -> Runtime:
     policy = loaded.policy
+    can_embed = embeddings.missing() is None  # the embedded engine's MiniLM
     deployments = {
-        name: _deployment(name, spec, policy.engines) for name, spec in policy.deployments.items()
+        name: _deployment(name, spec, policy.engines, can_embed)
+        for name, spec in policy.deployments.items()
     }
     routes = {
         name: RouteRuntime(
             name=name,
             strategy=spec.strategy,
             deployments=tuple(spec.deployments),
-            reference_model=_reference_name(spec.reference_model, spec.deployments, deployments),
-            reference_price=_reference_price(spec.reference_model, spec.deployments, deployments),
+            reference_model=_reference_name(spec.reference_model, deployments),
+            reference_price=_reference_price(spec.reference_model, deployments),
             max_body_bytes=spec.max_body_bytes,
             tiers=tuple(Threshold(t.tier, t.below) for t in spec.tiers),
             classifier=spec.classifier,
@@ -215,7 +232,7 @@ def _route_sla(sla: Sla | None) -> RouteSla | None:
 
 
 def _deployment(
-    name: str, spec: Deployment, engines: Mapping[str, EngineSpec]
+    name: str, spec: Deployment, engines: Mapping[str, EngineSpec], can_embed: bool
 ) -> DeploymentRuntime:
     target = UpstreamTarget(
         deployment=name,
@@ -239,7 +256,20 @@ def _deployment(
         unavailable_reason=spec.unavailable_reason(),
         priority_scheduling=spec.priority_scheduling,
         returns_logprobs=returns_logprobs(spec, engines),
+        max_output_tokens=spec.max_output_tokens,
+        capabilities=capabilities(spec, engines, can_embed),
+        unset_env=tuple(spec.unset_env()),
     )
+
+
+def capabilities(
+    spec: Deployment, engines: Mapping[str, EngineSpec], can_embed: bool
+) -> frozenset[str]:
+    """What a deployment serves: the policy's `capabilities`, else its kind's default."""
+    if spec.capabilities is not None:
+        return frozenset(spec.capabilities)
+    engine = engines.get(spec.engine) if spec.engine is not None else None
+    return default_capabilities(spec.provider, engine, embeddings_installed=can_embed)
 
 
 def wants_load_view(spec: Deployment) -> bool:
@@ -291,22 +321,18 @@ def _sandbox_usable(route: str) -> bool:
 
 
 def _reference_name(
-    reference: str | None,
-    route_deployments: list[str],
-    deployments: Mapping[str, DeploymentRuntime],
-) -> str:
-    if reference is None:  # no counterfactual: the first deployment is its own reference
-        return deployments[route_deployments[0]].target.model
+    reference: str | None, deployments: Mapping[str, DeploymentRuntime]
+) -> str | None:
+    if reference is None:  # no counterfactual: a route is no reference for itself
+        return None
     return deployments[reference].target.model if reference in deployments else reference
 
 
 def _reference_price(
-    reference: str | None,
-    route_deployments: list[str],
-    deployments: Mapping[str, DeploymentRuntime],
-) -> TokenPrice:
+    reference: str | None, deployments: Mapping[str, DeploymentRuntime]
+) -> TokenPrice | None:
     if reference is None:
-        return deployments[route_deployments[0]].price
+        return None
     if reference in deployments:
         return deployments[reference].price
     price = lookup_litellm(reference)
@@ -329,7 +355,11 @@ def _key_table(policy: Policy) -> KeyTable:
     if policy.auth.anonymous_team is not None:
         team = policy.auth.anonymous_team
         anonymous = Principal(ANONYMOUS_KEY_ID, team, _allowed(policy, team, None))
-    return KeyTable(principals=principals, admin_hashes=admin, anonymous=anonymous)
+    # Listed but all unset (`${METRICS_KEY}` empty) still closes /metrics: fail closed.
+    metrics = (
+        frozenset(hash_key(s) for s in policy.metrics_keys if s) if policy.metrics_keys else None
+    )
+    return KeyTable(principals, admin, anonymous, metrics_hashes=metrics)
 
 
 def _allowed(policy: Policy, team: str, key_routes: list[str] | None) -> frozenset[str] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
@@ -17,10 +17,37 @@ from gateway.scoring import warm
 from gateway.settings import Settings
 from gateway.sla import SlaGuard
 from gateway.upstreams.base import UpstreamClient
-from policies import LoadedPolicy, PolicyError, PolicyReloader
+from policies import LoadedPolicy, Policy, PolicyError, PolicyReloader
+from policies.changes import policy_changes
 from policies.unserved import unserved_notes
 
 log = logging.getLogger(__name__)
+
+
+class RuntimeWarnings(logging.Filter):
+    """Builds runtimes, letting through only the build warnings the last build did not
+    log (a price missing from litellm's map, say): a reload re-logs no standing one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.standing: frozenset[str] = frozenset()
+        self._logged: set[str] = set()
+
+    def build(self, loaded: LoadedPolicy) -> Runtime:
+        logger = logging.getLogger(build_runtime.__module__)
+        self._logged = set()
+        logger.addFilter(self)
+        try:
+            runtime = build_runtime(loaded)
+        finally:
+            logger.removeFilter(self)
+        self.standing = frozenset(self._logged)
+        return runtime
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        self._logged.add(message)
+        return message not in self.standing
 
 
 @dataclass
@@ -36,15 +63,16 @@ class Services:
     guard: SlaGuard
     limits: Limiter
     reloader: PolicyReloader | None = None
+    runtime_warnings: RuntimeWarnings = field(default_factory=RuntimeWarnings)
 
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
-        self.runtime = build_runtime(loaded)
-        log_unserved(loaded)
+        serving = self.runtime.policy
+        self.runtime = self.runtime_warnings.build(loaded)
+        log_changes(serving, loaded)
         warm(self.runtime.routes.values(), self.settings.embedding_threads)
         self.guard.configure(loaded.policy)
         self.metrics.policy_reloads.labels("ok").inc()
-        log.info("policy reloaded (digest %s)", loaded.digest[:12])
 
     def reject(self, error: PolicyError) -> None:
         """A bad edit was refused (by the poller or /admin/reload): count it."""
@@ -56,8 +84,25 @@ class Services:
 
 
 def log_unserved(loaded: LoadedPolicy) -> None:
+    """The first load's full picture: every warning the policy has."""
     for note in unserved_notes(loaded.policy):
         log.warning("policy %s: %s", ", ".join(map(str, loaded.source)), note)
+
+
+def log_changes(serving: Policy, loaded: LoadedPolicy) -> None:
+    """A reload's log: what changed from the serving policy, one line each; a warning
+    the serving policy had already stays silent."""
+    changes = policy_changes(serving, loaded.policy)
+    source, digest = ", ".join(map(str, loaded.source)), loaded.digest[:12]
+    if not changes:
+        log.debug("policy reloaded from %s (digest %s): nothing changed", source, digest)
+        return
+    counts = f"{len(changes.changed)} changes, {len(changes.warnings)} new warnings"
+    log.info("policy reloaded from %s (digest %s): %s", source, digest, counts)
+    for line in changes.changed:
+        log.info("policy change: %s", line)
+    for line in changes.warnings:
+        log.warning("policy change: %s", line)
 
 
 def services_of(request: Request) -> Services:

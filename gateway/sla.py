@@ -3,8 +3,9 @@ model, engine load, circuit breakers) and what the request path asks of it.
 
     guard.select(route, candidates)        # skip ejected / predicted-late deployments
     guard.allows(deployment)               # per deployment: breaker (takes half-open probes)
+    guard.warmup.warming                   # deployments whose engine is loading
     guard.succeeded(deployment, ttft_s)    # per attempt, from the executor
-    guard.failed(deployment, failure)
+    guard.failed(deployment, failure)      # not counted while its engine is loading
     guard.release(admission)               # done with the deployment: its probe slot back
     guard.count_outcome(route, ttft_s, total_s)
 
@@ -19,6 +20,7 @@ import logging
 import math
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -34,7 +36,8 @@ from gateway.latency import LatencyModel
 from gateway.load import LoadView, ScrapeTarget, scrape_targets
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, sla_met
-from gateway.upstreams.base import UpstreamFailure
+from gateway.upstreams.base import UpstreamConnectFailed, UpstreamFailure
+from gateway.warmup import Warmup
 from policies.schema import Policy
 from router.selection import Health, SlaMissType, select
 
@@ -53,12 +56,14 @@ class SlaGuard:
         breakers: CircuitBreakers,
         load: LoadView,
         redis: aioredis.Redis | None = None,
+        warmup: Warmup | None = None,
     ) -> None:
         self._metrics = metrics
         self._redis = redis
         self.latency = latency
         self.breakers = breakers
         self.load = load
+        self.warmup = warmup or Warmup()
         self._tasks: list[asyncio.Task[None]] = []
 
     # Selection.
@@ -107,8 +112,11 @@ class SlaGuard:
         """What the guard knows of a deployment, for `/admin/policy`."""
         prediction = self.latency.predict(deployment)
         reading = self.load.readings.get(deployment)
+        start = self.warmup.state_of(deployment)
         return {
             "breaker": self.breakers.state(deployment),
+            "warming": deployment in self.warmup.warming,
+            "engine_state": None if start is None else start.state,
             "predicted_ttft_ms": _ms(prediction.ttft_s),
             "prediction": prediction.reason,
             "ttft_samples": prediction.samples,
@@ -138,6 +146,8 @@ class SlaGuard:
         self._metrics.child(self._metrics.upstream_ttft, deployment).observe(ttft_s)
 
     def failed(self, deployment: str, failure: UpstreamFailure) -> None:
+        if isinstance(failure, UpstreamConnectFailed) and self.warmup.recheck(deployment):
+            return  # its engine is loading, port still closed: no verdict on it
         self.breakers.record_failure(deployment, failure)
         self.latency.observe(deployment, ok=False)
         if failure.status in (429, 503):  # busy: go elsewhere for a while, don't eject
@@ -178,19 +188,24 @@ class SlaGuard:
         outcome = "met" if met else "missed"
         self._metrics.child(self._metrics.sla_requests, route.name, outcome).inc()
 
-    # Background work: engine scraping and shared breaker state.
+    # Background work: engine scraping, engines' warm-up and shared breaker state.
 
     def start(self, runtime: Callable[[], Runtime]) -> None:
         def targets() -> list[ScrapeTarget]:
-            return scrape_targets(runtime().policy)
+            # An engine still loading has no /metrics to read yet: nothing to warn about.
+            targets = scrape_targets(runtime().policy)
+            return [t for t in targets if t.deployment not in self.warmup.warming]
 
         def deployments() -> list[str]:
             return list(runtime().deployments)
 
+        self.warmup.watch(runtime().policy)
+        self.warmup.read()  # before the first request: an engine just started warms already
         interval = runtime().policy.gateway.load_scrape_interval_s
         self._tasks = [
             asyncio.create_task(self._scrape_loop(targets, interval)),
             asyncio.create_task(self.breakers.run_sync(deployments, BREAKER_SYNC_S)),
+            asyncio.create_task(self.warmup.run()),
         ]
 
     async def _scrape_loop(
@@ -224,12 +239,16 @@ class SlaGuard:
             with suppress(asyncio.CancelledError):
                 await task
         await self.load.close()
+        await self.warmup.close()
         if self._redis is not None:
             await self._redis.aclose()
 
     def configure(self, policy: Policy) -> None:
-        """A reloaded policy's breaker knobs apply from now on."""
+        """A reloaded policy's breaker knobs and engines apply from now on."""
         self.breakers.settings = breaker_settings(policy)
+        self.warmup.watch(policy)
+        watched = self.warmup.watched
+        self._metrics.prune(self._metrics.deployment_warming, lambda labels: labels[0] in watched)
 
 
 def breaker_metric(metrics: Metrics) -> Callable[[str, BreakerStateType], None]:
@@ -239,8 +258,22 @@ def breaker_metric(metrics: Metrics) -> Callable[[str, BreakerStateType], None]:
     return on_change
 
 
-def build_guard(metrics: Metrics, policy: Policy, redis_url: str | None, prefix: str) -> SlaGuard:
-    """The guard for a gateway process; breakers share ejections through Redis if set."""
+def warming_metric(metrics: Metrics) -> Callable[[str, bool], None]:
+    def on_change(deployment: str, warming: bool) -> None:
+        metrics.child(metrics.deployment_warming, deployment).set(1 if warming else 0)
+
+    return on_change
+
+
+def build_guard(
+    metrics: Metrics,
+    policy: Policy,
+    redis_url: str | None,
+    prefix: str,
+    engines_dir: Path | None = None,
+) -> SlaGuard:
+    """The guard for a gateway process; breakers share ejections through Redis if set,
+    and the engines whose state files are in `engines_dir` warm up rather than fail."""
     # Short timeouts: a Redis that stops answering must not stall the breaker sync loop.
     client = (
         aioredis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
@@ -251,7 +284,8 @@ def build_guard(metrics: Metrics, policy: Policy, redis_url: str | None, prefix:
         breaker_settings(policy), client, prefix, on_change=breaker_metric(metrics)
     )
     latency = LatencyModel(policy.gateway.latency_window_s)
-    return SlaGuard(metrics, latency, breakers, LoadView(latency), client)
+    warmup = Warmup(engines_dir, on_change=warming_metric(metrics))
+    return SlaGuard(metrics, latency, breakers, LoadView(latency), client, warmup)
 
 
 def breaker_settings(policy: Policy) -> BreakerSettings:

@@ -3,12 +3,21 @@
 Uses tiktoken's encodings from the copy litellm ships (no download at run time):
 o200k_base for the gpt-4o/o-series family, cl100k_base for everything else, which
 is an estimate for non-OpenAI models and is recorded as such (usage_source=counted).
+
+Every prompt form counts, since budgets reserve from this count: strings, token ids
+(one token each), lists of prompts, content parts, tool schemas, `tool_choice`,
+`response_format`, tool calls in the history. Structured values (parts, schemas) count
+at the larger of their tokens and their JSON size at `CHARS_PER_TOKEN` (providers bill
+some by size); an image at the most a provider bills for one (`IMAGE_TOKENS`), or its
+size if larger (an inline image's bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -24,6 +33,14 @@ TOKENS_PER_REPLY = 3
 # encodes, and a 1 MB prompt takes ~130 ms, which the event loop would otherwise wait.
 THREADED_PROMPT_CHARS = 64_000
 _O200K_PREFIXES = ("gpt-4o", "gpt-4.1", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")
+CHARS_PER_TOKEN = 4  # structured content billed by size
+# The most one image is billed: OpenAI's high detail tops out at 1,445 tokens (8 tiles),
+# Anthropic's at about 1,600 (1.15 megapixels); `detail: low` is 85 at OpenAI.
+IMAGE_TOKENS = {"low": 85, "high": 1_600}
+# Request fields that are sent to the model as part of its prompt, besides the messages.
+PROMPT_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format")
+# Message fields other than `content` and `name` that the model reads.
+MESSAGE_FIELDS = ("tool_calls", "function_call", "audio")
 
 
 def _bundled_cache_dir() -> str | None:
@@ -51,33 +68,82 @@ def count_text(model: str, text: str) -> int:
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # multi-part content: count the text parts
+    if isinstance(content, list):  # multi-part content: the text parts
         return " ".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
     return "" if content is None else str(content)
+
+
+def _by_size(value: Any) -> int:
+    """Tokens of a structured value billed by its size (stdlib JSON, as clients send it)."""
+    return math.ceil(len(json.dumps(value, default=str)) / CHARS_PER_TOKEN)
+
+
+def count_structured(model: str, value: Any) -> int:
+    """A JSON value the model reads (a tool schema, a tool call): its tokens or its
+    size, whichever is more."""
+    if value is None:
+        return 0
+    text = json.dumps(value, default=str)
+    return max(count_text(model, text), math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _part_tokens(model: str, part: Any) -> int:
+    if not isinstance(part, Mapping):
+        return count_structured(model, part)
+    kind = part.get("type")
+    if kind == "text" and isinstance(part.get("text"), str):
+        return count_text(model, part["text"])
+    if kind in ("image_url", "image"):
+        image = part.get("image_url")
+        detail = image.get("detail") if isinstance(image, Mapping) else None
+        return max(IMAGE_TOKENS["low" if detail == "low" else "high"], _by_size(part))
+    return count_structured(model, part)
+
+
+def count_content(model: str, content: Any) -> int:
+    """A message's content: a string, or parts (text, images, audio, files), which
+    count at least their size."""
+    if isinstance(content, str):
+        return count_text(model, content)
+    if isinstance(content, list):
+        return max(sum(_part_tokens(model, p) for p in content), _by_size(content))
+    return 0 if content is None else count_structured(model, content)
 
 
 def count_messages(model: str, messages: Iterable[Mapping[str, Any]]) -> int:
     total = TOKENS_PER_REPLY
     for message in messages:
-        total += TOKENS_PER_MESSAGE + count_text(model, _content_text(message.get("content")))
+        total += TOKENS_PER_MESSAGE + count_content(model, message.get("content"))
         if message.get("name"):
             total += 1 + count_text(model, str(message["name"]))
+        total += sum(count_structured(model, message.get(f)) for f in MESSAGE_FIELDS)
     return total
 
 
 def count_prompt(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
-    """Prompt tokens of a request body for any endpoint."""
+    """Prompt tokens of a request body for any endpoint, in every form it may take."""
     if endpoint == "chat":
-        return count_messages(model, body.get("messages") or [])
-    return sum(count_text(model, text) for text in _prompt_texts(endpoint, body))
+        messages = body.get("messages") or []
+        extra = sum(count_structured(model, body.get(f)) for f in PROMPT_FIELDS)
+        return count_messages(model, messages) + extra
+    field = "prompt" if endpoint == "completions" else "input"
+    return sum(_count_one_prompt(model, p) for p in prompt_list(body.get(field)))
 
 
-def _prompt_texts(endpoint: str, body: Mapping[str, Any]) -> list[str]:
-    """A completion's `prompt` or an embedding's `input`: one string or a list of them."""
-    prompt = body.get("prompt") if endpoint == "completions" else body.get("input")
-    if isinstance(prompt, list):
-        return [p for p in prompt if isinstance(p, str)]
-    return [prompt] if isinstance(prompt, str) else []
+def prompt_list(value: Any) -> list[Any]:
+    """A completion's `prompt` or an embedding's `input` as a list of single prompts:
+    a string, a list of token ids, or a list of either."""
+    if isinstance(value, list) and value and isinstance(value[0], str | list):
+        return value
+    return [] if value is None else [value]
+
+
+def _count_one_prompt(model: str, prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return count_text(model, prompt)
+    if isinstance(prompt, list):  # token ids
+        return len(prompt)
+    return count_structured(model, prompt)
 
 
 async def count_prompt_off_loop(model: str, endpoint: str, body: Mapping[str, Any]) -> int:
@@ -129,7 +195,8 @@ def _prompt_chars(endpoint: str, body: Mapping[str, Any]) -> int:
     if endpoint == "chat":
         messages = body.get("messages") or []
         return sum(len(_content_text(m.get("content"))) for m in messages)
-    return sum(map(len, _prompt_texts(endpoint, body)))
+    field = "prompt" if endpoint == "completions" else "input"
+    return sum(len(p) for p in prompt_list(body.get(field)) if isinstance(p, str))
 
 
 def preload() -> None:

@@ -4,6 +4,10 @@ common ones whose wrong type an upstream would reject less clearly.
 Everything else (tools, response_format, logprobs, seed, user, unknown fields)
 passes to the upstream untouched. The body stays a plain dict: parsing it into
 models would cost time on every request and could reorder or drop fields.
+
+Bounds that keep budgets sound: JSON nesting (`MAX_JSON_DEPTH`, one limit for parsing
+and re-serialising: orjson reads 1,023 levels but writes only 254), and the output a
+request may ask for (`MAX_OUTPUT_TOKENS` per choice and in all: prompts x n x max).
 """
 
 from __future__ import annotations
@@ -14,9 +18,17 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.tokens import prompt_list
 from gateway.upstreams.base import EndpointType
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Deep enough for any tool's JSON schema, well inside what orjson re-serialises (254).
+MAX_JSON_DEPTH = 128
+# The most output tokens one request may ask for: per choice, and over all its choices
+# (prompts x n or best_of x max tokens). Beyond any model's context, far inside int64.
+MAX_OUTPUT_TOKENS = 10_000_000
+MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
+MAX_TOKENS_FORM = f"an integer in [1, {MAX_OUTPUT_TOKENS:,}]".replace(",", "_")
 
 Check = Callable[[Any], bool]
 
@@ -29,14 +41,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_token_limit(value: Any) -> bool:
+    return _is_int(value) and 1 <= value <= MAX_OUTPUT_TOKENS
+
+
 # field -> (check, expected form for the message). Only checked when present.
 OPTIONAL_FIELDS: Mapping[str, tuple[Check, str]] = {
     # null is OpenAI's "not streaming", as for the other nullable fields (read as falsy)
     "stream": (lambda v: v is None or isinstance(v, bool), "a boolean"),
     "stream_options": (lambda v: v is None or isinstance(v, dict), "an object"),
-    "max_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1"),
-    "max_completion_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1"),
+    "max_tokens": (lambda v: v is None or _is_token_limit(v), MAX_TOKENS_FORM),
+    "max_completion_tokens": (lambda v: v is None or _is_token_limit(v), MAX_TOKENS_FORM),
     "n": (lambda v: v is None or (_is_int(v) and 1 <= v <= 128), "an integer in [1, 128]"),
+    "best_of": (lambda v: v is None or (_is_int(v) and 1 <= v <= 128), "an integer in [1, 128]"),
     "temperature": (lambda v: v is None or (_is_number(v) and 0 <= v <= 2), "a number in [0, 2]"),
     "top_p": (lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "a number in [0, 1]"),
     "tools": (lambda v: v is None or isinstance(v, list), "an array"),
@@ -61,6 +78,7 @@ def parse_body(
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
+    _check_depth(raw, body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
@@ -74,7 +92,67 @@ def parse_body(
             )
     if body.get("stream") and endpoint == "embeddings":
         raise InvalidRequest("embeddings cannot be streamed", param="stream")
+    _check_output_total(body, endpoint)
     return body
+
+
+def _check_depth(raw: bytes, body: dict[str, Any]) -> None:
+    """Refuse JSON nested deeper than `MAX_JSON_DEPTH`. Bodies with fewer brackets
+    than that cannot be, so most are never walked."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return
+    level: list[Any] = [body]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return
+    raise InvalidRequest(
+        f"request body is nested more than {MAX_JSON_DEPTH} levels deep; "
+        f"at most {MAX_JSON_DEPTH} are accepted",
+        code="nesting_too_deep",
+    )
+
+
+def _check_output_total(body: dict[str, Any], endpoint: EndpointType) -> None:
+    """Choices x max tokens within `MAX_OUTPUT_TOKENS` (what budgets reserve)."""
+    if endpoint == "embeddings":
+        return
+    per_choice = body.get("max_completion_tokens") or body.get("max_tokens") or 1
+    total = per_choice * choices_of(endpoint, body)
+    if total > MAX_OUTPUT_TOKENS:
+        field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        raise InvalidRequest(
+            f"the request asks for up to {total:_} output tokens ({choices_of(endpoint, body)} "
+            f"choices x {per_choice:_} '{field}'); at most {MAX_OUTPUT_TOKENS:_} are accepted",
+            param=field,
+        )
+
+
+def output_cap(endpoint: EndpointType, body: Mapping[str, Any], cap: int) -> dict[str, int]:
+    """The max-token fields to set so that no answer runs past `cap` tokens: the
+    client's own fields where they ask for more, else the endpoint's field (chat:
+    `max_completion_tokens`, which every OpenAI chat model takes)."""
+    if endpoint == "embeddings":
+        return {}
+    present = [f for f in MAX_TOKEN_FIELDS if body.get(f) is not None]
+    if not present:
+        return {"max_completion_tokens" if endpoint == "chat" else "max_tokens": cap}
+    return {f: cap for f in present if body[f] > cap}
+
+
+def choices_of(endpoint: EndpointType, body: Mapping[str, Any]) -> int:
+    """How many answers a request is billed for: `n` (a completion's `best_of` when
+    larger: each is generated), times a completion's prompts."""
+    n = body.get("n") or 1
+    if endpoint != "completions":
+        return int(n)
+    best_of = body.get("best_of") or 1
+    return max(int(n), int(best_of)) * len(prompt_list(body.get("prompt")))
 
 
 def _check_input(body: dict[str, Any], endpoint: EndpointType) -> None:
@@ -84,10 +162,30 @@ def _check_input(body: dict[str, Any], endpoint: EndpointType) -> None:
     value = body[field]
     if endpoint == "chat":
         _check_messages(value)
-    elif not isinstance(value, str | list) or (isinstance(value, list) and not value):
+    elif not _is_prompt(value):
         raise InvalidRequest(
-            f"'{field}' must be a string or a non-empty array, got {_show(value)}", param=field
+            f"'{field}' must be a string, an array of strings, an array of token ids "
+            f"(integers) or an array of such arrays, none of them empty; got {_show(value)}",
+            param=field,
         )
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(t) and t >= 0 for t in value)
+
+
+def _is_prompt(value: Any) -> bool:
+    """OpenAI's four prompt forms; anything else would be counted as nothing."""
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0]
+    if isinstance(first, str):
+        return all(isinstance(v, str) for v in value)
+    if isinstance(first, list):
+        return all(_is_token_ids(v) for v in value)
+    return _is_token_ids(value)
 
 
 def _check_messages(messages: Any) -> None:
@@ -101,17 +199,20 @@ def _check_messages(messages: Any) -> None:
                 f"'messages[{i}]' must be an object, got {_show(message)}", param=f"messages[{i}]"
             )
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise InvalidRequest(
                 f"'messages[{i}].role' must be one of {', '.join(sorted(CHAT_ROLES))}, "
                 f"got {_show(role)}",
                 param=f"messages[{i}].role",
             )
         content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
+        if content is not None and not (
+            isinstance(content, str)
+            or (isinstance(content, list) and all(isinstance(p, dict) for p in content))
+        ):
             raise InvalidRequest(
-                f"'messages[{i}].content' must be a string, an array of parts or null, "
-                f"got {_show(content)}",
+                f"'messages[{i}].content' must be a string, an array of parts (objects) or "
+                f"null, got {_show(content)}",
                 param=f"messages[{i}].content",
             )
 

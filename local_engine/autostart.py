@@ -11,6 +11,10 @@ environment, which fills the policy's `${VAR}`s (an engine's `api_key`); the eng
 starts get only what `local_engine.environment` lets through. A `cpu` engine needs torch
 (the `[engine]` extra); without it the engine is skipped with a warning and the local
 tier stays unavailable, so routes fall back to the deployments that are.
+
+Each engine's state file says `starting` from the moment its supervisor is launched: the
+gateway, up before the supervisor has imported itself, reads that as the engine warming
+(requests wait for it) rather than as a closed port counted against its breaker.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ import logging
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from local_engine.config import EngineConfig
 from local_engine.cpu_command import cpu_engine_installed
+from local_engine.state import EngineRecord, write_record
+from local_engine.supervisor import live_owner
 from policies.engines import EngineSpec
 
 log = logging.getLogger(__name__)
@@ -58,7 +66,33 @@ def start_engines(
     for name in names:
         argv += ["--engine", name]
     log.info("starting engines %s (logs in %s)", ", ".join(names), run_dir)
-    return subprocess.Popen(argv, start_new_session=True)
+    supervisor = subprocess.Popen(argv, start_new_session=True)
+    mark_starting({name: engines[name] for name in names}, run_dir, supervisor.pid)
+    return supervisor
+
+
+def mark_starting(engines: Mapping[str, EngineSpec], run_dir: Path, supervisor_pid: int) -> None:
+    """Write each engine's state file as `starting`, in the name of the supervisor just
+    launched (which takes the record as its own and replaces it as it goes). An engine
+    whose record has a live supervisor is left alone: another one runs it (ours will
+    refuse it), or ours already wrote it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for name, spec in engines.items():
+        config = EngineConfig(name, spec, run_dir)
+        if live_owner(config) is not None:
+            continue
+        record = EngineRecord(
+            name,
+            "starting",
+            supervisor_pid,
+            base_url=spec.api_base,
+            log_path=str(config.log_path),
+            started_at=now,
+            updated_at=now,
+            message="launched by cascade-gateway serve",
+        )
+        write_record(config.state_path, record)
 
 
 def stop_engines(supervisor: subprocess.Popen[bytes] | None) -> None:

@@ -11,7 +11,8 @@ from `restart_backoff_s` up to `restart_backoff_max_s` (reset once it is ready a
 (refused connections are the model loading) or `startup_timeout_s` passes; once ready,
 `unhealthy_after` failed probes in a row (a 503 is vLLM's dead engine core) restart it.
 A `<name>.stop` file in the run directory (written by `engine down`) stops that engine.
-The state of each engine is written to `<name>.json` for other invocations to read.
+The state of each engine is written to `<name>.json` for other invocations to read (the
+gateway among them: an engine `starting` is warming, see `gateway.warmup`).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class Supervisor:
     def _claim(self, config: EngineConfig) -> None:
         """Refuse an engine another live supervisor runs; stop one a dead supervisor left
         running (it holds the port and the GPUs); clear a stale stop request."""
-        owner = _live_owner(config)
+        owner = live_owner(config)
         if owner is not None:
             raise EngineStateError(
                 f"engine '{config.name}' is supervised by pid {owner} "
@@ -294,8 +295,9 @@ class Supervisor:
         write_record(run.config.state_path, run.record)
 
 
-def _live_owner(config: EngineConfig) -> int | None:
-    """The pid of another live supervisor running this engine, if any."""
+def live_owner(config: EngineConfig) -> int | None:
+    """The pid of another live supervisor running this engine, if any. A record in this
+    process's name is its own (`serve` writes the first one in its supervisor's name)."""
     if not config.state_path.exists():
         return None
     try:

@@ -6,7 +6,8 @@
 Every problem found is reported at once, each with its file, line and dotted field
 (`PolicyError`): schema errors, the checks between sections (run on the entries that
 are valid when others are not) and what this install cannot serve (a route's
-classifier, a reference model with no price). Only a YAML syntax error stops the rest.
+classifier, a reference model with no price). Only a YAML syntax error, or a file past
+one of the size limits in `policies.document`, stops the rest.
 Secrets are never echoed: messages name the `${VAR}` a value came from, and any
 environment value that slips into a message is replaced by its name.
 """
@@ -26,7 +27,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from policies.document import Document, FieldPath, Mark, merge_documents, parse_document
+from policies.document import (
+    MAX_FILE_BYTES,
+    MAX_TOTAL_BYTES,
+    Document,
+    FieldPath,
+    Mark,
+    merge_documents,
+    parse_documents,
+)
 from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem, closest_spelling, did_you_mean
 from policies.prices import litellm_price_map, litellm_rates
@@ -83,15 +92,26 @@ def policy_files(path: Path) -> list[Path]:
 
 
 def read_sources(path: Path) -> list[tuple[Path, bytes]]:
-    """Each policy file with its bytes; unreadable files are a PolicyError."""
+    """Each policy file with its bytes; unreadable files are a PolicyError.
+
+    A file is read only to one byte past the size limit, and reading stops at the file
+    that takes the total past its limit: `parse_documents` refuses both, and a huge or
+    endless file (/dev/zero) costs no more than that.
+    """
     sources: list[tuple[Path, bytes]] = []
+    total = 0
     for file in policy_files(path):
         try:
-            sources.append((file, file.read_bytes()))
+            with file.open("rb") as stream:
+                raw = stream.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise PolicyError(
                 [Problem(file, None, None, "", f"cannot read: {exc.strerror}")]
             ) from exc
+        sources.append((file, raw))
+        total += len(raw)
+        if total > MAX_TOTAL_BYTES:
+            break
     return sources
 
 
@@ -105,7 +125,7 @@ def sources_digest(sources: list[tuple[Path, bytes]]) -> str:
 
 def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> LoadedPolicy:
     """Validate already-read sources (the reloader reads once to digest and load)."""
-    document = merge_documents([parse_document(file, raw) for file, raw in sources])
+    document = merge_documents(parse_documents(sources))
     substitution = substitute(document.data, env)
     report = _Report(document, substitution)
     for path, message in [*substitution.problems, *_plaintext_secrets(substitution)]:
@@ -232,9 +252,10 @@ def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, 
                 for name, entry in entries.items()
                 if isinstance(entry, dict) and field in entry
             ]
-    admin_keys = data.get("admin_keys")
-    if isinstance(admin_keys, list):
-        candidates += [("admin_keys", index) for index in range(len(admin_keys))]
+    for section in ("admin_keys", "finance_keys", "metrics_keys"):
+        keys = data.get(section)
+        if isinstance(keys, list):
+            candidates += [(section, index) for index in range(len(keys))]
     for path in candidates:
         if path not in substitution.references and isinstance(_get(data, path), str):
             yield path, "secrets come from the environment: write ${VAR_NAME}, not the secret"
@@ -294,7 +315,7 @@ class _Report:
     def __init__(self, document: Document, substitution: Substitution) -> None:
         self.document = document
         self.substitution = substitution
-        self.problems: list[Problem] = []
+        self.problems: dict[Problem, None] = {}  # a set, in order of finding
 
     def add(self, loc: FieldPath, message: str, missing: bool = False) -> None:
         """Locate a finding at `loc`; a `missing` field is placed at its parent's key."""
@@ -303,8 +324,7 @@ class _Report:
         mark = self._mark(known, exact=not missing)
         message = self._scrub(self._explain_env(known, message))
         problem = Problem(mark.file, mark.line, mark.column, _dotted(field), message)
-        if problem not in self.problems:
-            self.problems.append(problem)
+        self.problems.setdefault(problem)
 
     def raise_if_any(self) -> None:
         if self.problems:

@@ -7,7 +7,8 @@
 
 Each poll reads the files and compares their digest with the last one tried, so an
 unchanged file costs a few small reads, and a broken file is reported once per edit,
-not once per poll.
+not once per poll. Reading and parsing run in worker threads, never on the event loop,
+and one check or reload runs at a time.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class PolicyReloader:
         self.last_error: PolicyError | None = None
         self._tried_digest = initial.digest if initial is not None else None
         self._task: asyncio.Task[None] | None = None
+        # A poll and /admin/reload each await a parse: unserialized, the slower one
+        # could apply an older policy over a newer one.
+        self._lock = asyncio.Lock()
 
     def start(self) -> None:
         """Start polling in the running event loop (idempotent)."""
@@ -68,41 +72,44 @@ class PolicyReloader:
 
     async def check_now(self) -> bool:
         """Load the policy if its files changed; True when a new policy was applied."""
-        try:
-            sources = await asyncio.to_thread(read_sources, self.path)
-            digest = sources_digest(sources)
-            if digest == self._tried_digest:
+        async with self._lock:
+            try:
+                sources = await asyncio.to_thread(read_sources, self.path)
+                digest = sources_digest(sources)
+                if digest == self._tried_digest:
+                    return False
+                self._tried_digest = digest
+                if self.current is not None and digest == self.current.digest:
+                    if self.last_error is not None:  # a bad edit was undone
+                        self.last_error = None
+                        log.warning("policy %s is the serving policy again; edit undone", self.path)
+                    return False
+                loaded = await asyncio.to_thread(load_sources, sources, self.env)
+            except PolicyError as exc:
+                self._reject(exc)
                 return False
-            self._tried_digest = digest
-            if self.current is not None and digest == self.current.digest:
-                if self.last_error is not None:  # a bad edit was undone
-                    self.last_error = None
-                    log.warning("policy %s is the serving policy again; edit undone", self.path)
-                return False
-            loaded = await asyncio.to_thread(load_sources, sources, self.env)
-        except PolicyError as exc:
-            self._reject(exc)
-            return False
-        self._apply(loaded)
-        return True
+            self._apply(loaded)
+            return True
 
-    def reload_now(self) -> LoadedPolicy:
+    async def reload_now(self) -> LoadedPolicy:
         """Load and apply the policy now, changed or not; raise PolicyError if it is bad."""
-        try:
-            sources = read_sources(self.path)
-            self._tried_digest = sources_digest(sources)
-            loaded = load_sources(sources, self.env)
-        except PolicyError as exc:
-            self._reject(exc)
-            raise
-        self._apply(loaded)
-        return loaded
+        async with self._lock:
+            try:
+                sources = await asyncio.to_thread(read_sources, self.path)
+                self._tried_digest = sources_digest(sources)
+                loaded = await asyncio.to_thread(load_sources, sources, self.env)
+            except PolicyError as exc:
+                self._reject(exc)
+                raise
+            self._apply(loaded)
+            return loaded
 
     def _apply(self, loaded: LoadedPolicy) -> None:
         self.on_reload(loaded)
         self.current = loaded
         self.last_error = None
-        log.info("policy reloaded from %s", ", ".join(map(str, loaded.source)))
+        # on_reload logs what changed (the gateway: Services.apply); this says only when
+        log.debug("policy applied from %s", ", ".join(map(str, loaded.source)))
 
     def _reject(self, exc: PolicyError) -> None:
         if self.last_error is not None and str(self.last_error) == str(exc):

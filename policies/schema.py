@@ -14,22 +14,27 @@ Regenerate the JSON schema shipped beside this module with:
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    IPvAnyNetwork,
     PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from policies.capabilities import CAPABILITIES, CHAT_FEATURES, CapabilityType
 from policies.engines import EngineSpec
 from policies.errors import closest_spelling, did_you_mean
 from policies.providers import litellm_providers
@@ -55,6 +60,25 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 
 Loc = tuple[str | int, ...]
+
+
+def _check_network(entry: object) -> object:
+    """`entry` if it is a network (`10.0.0.0/8`, `fd00::/8`) or an address, else why not."""
+    if not isinstance(entry, str):
+        raise ValueError(f"{entry!r} is not a network; write one as 10.0.0.0/8")
+    try:
+        ipaddress.ip_network(entry)
+    except ValueError as exc:
+        try:
+            loose = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"{exc}; write a network as 10.0.0.0/8 or an address") from None
+        raise ValueError(f"'{entry}' has host bits set; the network is {loose}") from None
+    return entry
+
+
+# A CIDR network (a lone address is its own /32 or /128), named as written when wrong.
+Network = Annotated[IPvAnyNetwork, BeforeValidator(_check_network)]
 
 
 class CrossReferenceError(ValueError):
@@ -109,6 +133,9 @@ class Deployment(_Section):
     self_hosted: SelfHosted | None = None
     requires: list[str] = []
     context_window: Annotated[int, Field(gt=0)] | None = None
+    # The most output tokens per answer the gateway asks of this deployment (it lowers a
+    # request's max_tokens to it): for engines whose context is small.
+    max_output_tokens: Annotated[int, Field(gt=0)] | None = None
     # Load view: vLLM's Prometheus endpoint, scraped every `gateway.load_scrape_interval_s`
     # (default: `api_base` without its `/v1` suffix + `/metrics`, for self-hosted tiers).
     metrics_url: str | None = None
@@ -123,6 +150,10 @@ class Deployment(_Section):
     # A self-hosted engine from `engines`: it supplies api_base (and api_key,
     # self_hosted pricing, priority_scheduling) where this deployment leaves them unset.
     engine: str | None = None
+    # What it serves (chat, completions, embeddings, tools, vision, json_schema); requests
+    # needing something else skip it. None: the default of its provider or engine kind
+    # (see `policies.capabilities`).
+    capabilities: list[CapabilityType] | None = Field(None, examples=[["chat", "tools"]])
 
     # field name -> env var names that were referenced but unset (set by `Policy`)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
@@ -139,6 +170,36 @@ class Deployment(_Section):
             f"'{OPENAI_COMPATIBLE}' for any OpenAI-compatible server, "
             "or a provider litellm serves, e.g. anthropic, bedrock, vertex_ai)"
         )
+
+    @field_validator("capabilities", mode="before")
+    @classmethod
+    def _check_capability_names(cls, names: object) -> object:
+        for name in names if isinstance(names, list) else ():
+            if isinstance(name, str) and name not in CAPABILITIES:
+                guess = closest_spelling(name.lower(), CAPABILITIES)
+                raise ValueError(
+                    f"unknown capability '{name}'{did_you_mean(guess)} (capabilities: "
+                    f"{', '.join(CAPABILITIES)})"
+                )
+        return names
+
+    @field_validator("capabilities")
+    @classmethod
+    def _check_capabilities(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        if not names:
+            raise ValueError("capabilities is empty; list what it serves, e.g. [chat, tools]")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"capabilities name {', '.join(repeated)} more than once")
+        features = sorted(CHAT_FEATURES.intersection(names))
+        if features and "chat" not in names:
+            raise ValueError(
+                f"capabilities has {', '.join(features)} but not chat; they are features of "
+                "chat requests: add chat"
+            )
+        return names
 
     @field_validator("api_base", "metrics_url")
     @classmethod
@@ -157,6 +218,11 @@ class Deployment(_Section):
         elif self.api_key is None:
             return self._not_set("api_key")
         return None
+
+    def unset_env(self) -> list[str]:
+        """The environment variables this deployment referenced that are unset, in order:
+        what to set for it to be called."""
+        return list(dict.fromkeys(name for names in self._unset_env.values() for name in names))
 
     def _not_set(self, field: str) -> str:
         names = self._unset_env.get(field)
@@ -301,8 +367,8 @@ class Route(_Section):
                     f"{field} to strategy 'cascade' (a cascade's answers are judged), "
                     f"not '{self.strategy}'"
                 )
-        names = self.second_opinions
-        repeated = sorted({f"'{name}'" for name in names if names.count(name) > 1})
+        counts = Counter(self.second_opinions)  # not list.count per name: quadratic
+        repeated = sorted(f"'{name}'" for name, n in counts.items() if n > 1)
         if repeated:
             raise ValueError(
                 f"second_opinions name {', '.join(repeated)} more than once; each "
@@ -413,6 +479,9 @@ class GatewaySection(_Section):
     load_scrape_interval_s: PositiveFloat = 2.0
     # Sliding window of the live latency model (TTFT, inter-token time, error rate).
     latency_window_s: PositiveFloat = 60.0
+    # Proxies (CIDRs) whose X-Forwarded-For gives the client's address for logs and
+    # limits. A forwarded request is never key-less (auth.anonymous_team), trusted or not.
+    trusted_proxies: list[Network] = []
 
 
 class Policy(_Section):
@@ -429,6 +498,8 @@ class Policy(_Section):
     admin_keys: list[str | None] = []
     # Keys for the spend API and the finance dashboard (read-only); admin keys work too.
     finance_keys: list[str | None] = []
+    # Keys for /metrics; admin keys work too. None listed: /metrics is open.
+    metrics_keys: list[str | None] = []
     budgets: list[Budget] = []
     auth: Auth = Auth()
     gateway: GatewaySection = GatewaySection()

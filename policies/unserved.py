@@ -27,4 +27,13 @@ def unserved_notes(policy: Policy) -> list[str]:
         notes.append(f"no client key is enabled: the gateway serves {who}")
     if policy.admin_keys and not any(policy.admin_keys):
         notes.append("no admin key is set: /admin answers 401")
+    if policy.metrics_keys and not any(policy.metrics_keys):
+        notes.append("no metrics key is set: /metrics answers admin keys only, others 401")
+    if not any(policy.finance_keys):  # none listed (the embedded default), or all unset
+        why = "is set" if policy.finance_keys else "in the policy"
+        who = "admin keys only" if any(policy.admin_keys) else "nobody, no admin key is set either"
+        notes.append(
+            f"no finance key {why}: the spend API and /dashboard/ answer {who} "
+            '(finance_keys: ["${FINANCE_KEY}"] lets one in)'
+        )
     return notes

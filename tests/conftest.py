@@ -20,6 +20,23 @@ OUR_VARIABLES = (
 )
 
 
+FUZZ_LONG_VARIABLE = "CASCADE_FUZZ_LONG"  # read by the fuzz suites' hypothesis profiles
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-long",
+        action="store_true",
+        help="run the fuzz suites (policy loader, every endpoint) with their long example counts",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Set before the fuzz modules are imported: they pick their profile at import.
+    if config.getoption("--fuzz-long"):
+        os.environ[FUZZ_LONG_VARIABLE] = "1"
+
+
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):

@@ -1,10 +1,12 @@
 """Budgets: what a request may cost at worst, the plans a soft limit may switch to,
 and the 429 a hard limit answers.
 
-The worst case is reserved before the upstream call: prompt tokens (counted with the
-tokenizer) plus the request's `max_completion_tokens`/`max_tokens` (else the route's
-`max_output_tokens`), times `n`, priced at the most expensive deployment the plan may
-call; a cascade may pay for one answer per tier, so it is the sum over the tiers it may
+The worst case is reserved before the upstream call: prompt tokens (every form counted:
+`gateway.tokens`) plus, per answer billed (`n`, a completion's `best_of` and its list of
+prompts), the request's `max_completion_tokens`/`max_tokens` (else the route's
+`max_output_tokens`, which is then sent upstream: `capped_body`; never more than a
+deployment's own `max_output_tokens`), priced at the most expensive deployment the plan
+may call; a cascade may pay for one answer per tier, so it is the sum over the tiers it may
 try (plus one answer per second opinion when it has a tier to escalate to, even for a
 prompt that turns out to get none: the hold errs high), and a hedged
 route may pay for `1 + max_hedges` answers at once.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -22,18 +25,39 @@ from gateway.errors import BudgetExceeded
 from gateway.limits.rules import BudgetRule, Period, Rules
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
+from gateway.validation import choices_of, output_cap
 
 SIGNIFICANT_DIGITS = 6  # in dollar amounts of messages
 
 
-def output_tokens(endpoint: EndpointType, body: Mapping[str, Any], default: int) -> int:
-    """The most output tokens a request may be billed for."""
+@dataclass(frozen=True, slots=True)
+class Output:
+    """The output a request may be billed for: `per_choice` tokens for each of
+    `choices` answers (0 for embeddings)."""
+
+    per_choice: int
+    choices: int
+
+    def tokens(self, deployment: DeploymentRuntime) -> int:
+        """At most, from `deployment` (which is never asked for more than its own cap)."""
+        cap = deployment.max_output_tokens
+        return min(self.per_choice, cap if cap is not None else self.per_choice) * self.choices
+
+
+def output_of(endpoint: EndpointType, body: Mapping[str, Any], default: int) -> Output:
+    """The most output a request may be billed for; `default` when it sets no maximum."""
     if endpoint == "embeddings":
-        return 0
+        return Output(0, 0)
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     per_choice = asked if isinstance(asked, int) and asked > 0 else default
-    n = body.get("n")
-    return per_choice * (n if isinstance(n, int) and n > 1 else 1)
+    return Output(per_choice, choices_of(endpoint, body))
+
+
+def capped_body(endpoint: EndpointType, body: dict[str, Any], per_choice: int) -> dict[str, Any]:
+    """`body` asking for no more than `per_choice` output tokens per answer, what was
+    reserved: an upstream honours the cap, so what it bills stays within the hold."""
+    fields = output_cap(endpoint, body, per_choice)
+    return {**body, **fields} if fields else body
 
 
 def worst_case_nanos(
@@ -41,7 +65,7 @@ def worst_case_nanos(
     strategy: str,
     route: RouteRuntime,
     prompt: int,
-    output: int,
+    output: Output,
     copies: int,
 ) -> int:
     groups = (
@@ -49,11 +73,15 @@ def worst_case_nanos(
         if strategy == "cascade"
         else [candidates]
     )
-    per_answer = (max(d.price.cost_nanos(prompt, output) for d in group) for group in groups)
+
+    def answer(d: DeploymentRuntime) -> int:
+        return d.price.cost_nanos(prompt, output.tokens(d))
+
+    per_answer = (max(answer(d) for d in group) for group in groups)
     # Second opinions may be asked when a cascade verifies an answer, i.e. has a second
     # tier; held whether or not this prompt gets them (the hold errs high, never low).
     opinions = route.second_opinions if len(groups) > 1 else ()
-    return copies * sum(per_answer) + sum(d.price.cost_nanos(prompt, output) for d in opinions)
+    return copies * sum(per_answer) + sum(answer(d) for d in opinions)
 
 
 def downgrade_plans(

@@ -2,6 +2,7 @@
 
     admission = await limiter.admit(runtime, principal, route, endpoint, body,
                                     candidates, strategy, request_id, call.prompt)
+    body = admission.cap(endpoint, body)  # no more output asked than was reserved
     ... call admission.candidates or the planned candidates ...
     admission.settle(records)        # exactly once, however the request ended
 
@@ -31,16 +32,19 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gateway.auth import Principal
 from gateway.errors import LimitsUnavailable, retry_after_header
 from gateway.ledger.record import SpendRecord, usd
 from gateway.limits.budgets import (
+    Output,
     budget_exceeded,
+    capped_body,
     dollars,
     downgrade_plans,
-    output_tokens,
+    output_of,
     worst_case_nanos,
 )
 from gateway.limits.rate_limits import rate_limited, ratelimit_headers
@@ -69,11 +73,21 @@ BATCH_MAX = 64
 MAX_PENDING = 100_000  # settlements kept while Redis is down; older ones are dropped
 
 
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What an admission counted on: output tokens per answer (sent upstream as the
+    cap) and, where budgets held money, how much (None: nothing was held)."""
+
+    route: str
+    per_choice: int
+    nanos: int | None
+
+
 class Admission:
     """One admitted request: the plan to use and the headers to send, and its
     settlement, which happens once (later calls do nothing)."""
 
-    __slots__ = ("_charge", "_limiter", "_tokens", "candidates", "headers")
+    __slots__ = ("_charge", "_limiter", "_reserved", "_tokens", "candidates", "headers")
 
     def __init__(
         self,
@@ -82,10 +96,18 @@ class Admission:
         tokens: int = 0,
         candidates: list[DeploymentRuntime] | None = None,
         headers: Mapping[str, str] | None = None,
+        reserved: Reserved | None = None,
     ) -> None:
         self._limiter, self._charge, self._tokens = limiter, charge, tokens
+        self._reserved = reserved
         self.candidates = candidates  # None: as planned; else the downgrade tier's
         self.headers: Mapping[str, str] = headers or {}
+
+    def cap(self, endpoint: EndpointType, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` asking upstreams for no more output than was reserved for it."""
+        if self._reserved is None:
+            return body
+        return capped_body(endpoint, body, self._reserved.per_choice)
 
     def settle(self, records: Sequence[SpendRecord]) -> None:
         """Charge what `records` (the request's priced attempts) cost and release the
@@ -98,6 +120,9 @@ class Admission:
         cost = sum(r.cost_nanos for r in records)
         delta = used - self._tokens if charge.window >= 0 else 0
         limiter.enqueue(dataclasses.replace(charge, token_delta=delta, cost_nanos=cost))
+        reserved = self._reserved
+        if reserved is not None and reserved.nanos is not None and cost > reserved.nanos:
+            limiter.overrun(charge.request_id, reserved, records, cost - reserved.nanos)
 
 
 UNLIMITED = Admission()
@@ -153,19 +178,24 @@ class Limiter:
             return UNLIMITED
         plans = self._plans(runtime, route, candidates, rules)
         tokens = await prompt.count(plans[0][0].target.model, endpoint, body)
-        ask = self._ask(runtime, route, endpoint, body, plans, strategy, rules, request_id, tokens)
+        output = output_of(endpoint, body, rules.max_output_tokens)
+        ask = self._ask(runtime, route, output, plans, strategy, rules, request_id, tokens)
         if self._store is None or self._down:
-            return self._unchecked(runtime, ask, None)
+            return self._unchecked(
+                runtime, ask, None, Reserved(route.name, output.per_choice, None)
+            )
         try:
             verdict = await self._store.admit(ask)
         except LimitsStoreUnavailable as exc:
-            return self._unchecked(runtime, ask, exc)
+            reserved = Reserved(route.name, output.per_choice, None)
+            return self._unchecked(runtime, ask, exc, reserved)
         self._recovered()
         if isinstance(verdict, RateRefusal):
             self._refuse_rate(ask, verdict)
         if isinstance(verdict, BudgetRefusal):
             self._refuse_budget(ask, verdict)
-        return self._admitted(ask, verdict, plans)
+        held = ask.options[verdict.option] if ask.budgets else None
+        return self._admitted(ask, verdict, plans, Reserved(route.name, output.per_choice, held))
 
     @staticmethod
     def _plans(
@@ -178,15 +208,13 @@ class Limiter:
         self,
         runtime: Runtime,
         route: RouteRuntime,
-        endpoint: EndpointType,
-        body: Mapping[str, Any],
+        output: Output,
         plans: list[list[DeploymentRuntime]],
         strategy: str,
         rules: Rules,
         request_id: str,
         prompt: int,
     ) -> Ask:
-        output = output_tokens(endpoint, body, rules.max_output_tokens)
         options = tuple(
             worst_case_nanos(plan, strategy, route, prompt, output, rules.copies) for plan in plans
         )
@@ -198,11 +226,15 @@ class Limiter:
             for b in rules.budgets
         )
         hold_ms = int((runtime.request_timeout_s + HOLD_GRACE_S) * 1000)
-        tokens = prompt + output
+        tokens = prompt + output.per_choice * output.choices
         return Ask(request_id, rules.rates, rules.budgets, periods, options, down, tokens, hold_ms)
 
     def _admitted(
-        self, ask: Ask, verdict: Admitted, plans: list[list[DeploymentRuntime]]
+        self,
+        ask: Ask,
+        verdict: Admitted,
+        plans: list[list[DeploymentRuntime]],
+        reserved: Reserved,
     ) -> Admission:
         m = self._metrics
         candidates = None
@@ -223,7 +255,7 @@ class Limiter:
                     break
         charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, verdict.window, 0, 0)
         headers = ratelimit_headers(ask.rates, verdict.remaining) if ask.rates else None
-        return Admission(self, charge, ask.tokens, candidates, headers)
+        return Admission(self, charge, ask.tokens, candidates, headers, reserved)
 
     def _refuse_rate(self, ask: Ask, refusal: RateRefusal) -> NoReturn:
         rule = ask.rates[refusal.rule]
@@ -238,7 +270,11 @@ class Limiter:
         raise budget_exceeded(budget, period, refusal.used_nanos, refusal.cost_nanos, self.clock())
 
     def _unchecked(
-        self, runtime: Runtime, ask: Ask, exc: LimitsStoreUnavailable | None
+        self,
+        runtime: Runtime,
+        ask: Ask,
+        exc: LimitsStoreUnavailable | None,
+        reserved: Reserved,
     ) -> Admission:
         """The store is down (or absent): fail open or closed, as the policy says."""
         if exc is not None or not self._down:
@@ -253,7 +289,26 @@ class Limiter:
             )
         m.child(m.limits_unavailable, "served_unchecked").inc()
         charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, -1, 0, 0)
-        return Admission(self, charge, ask.tokens)
+        return Admission(self, charge, ask.tokens, reserved=reserved)
+
+    def overrun(
+        self, request_id: str, reserved: Reserved, records: Sequence[SpendRecord], nanos: int
+    ) -> None:
+        """A request cost `nanos` more than its budgets held: its real cost is settled
+        all the same; counted, and logged once (the request's one line)."""
+        deployment = records[-1].deployment
+        m = self._metrics
+        m.child(m.budget_overrun, reserved.route, deployment).inc(usd(nanos))
+        log.warning(
+            "request %s cost %s more than its budgets reserved (%s; answered by '%s', "
+            "%d upstream call(s)): an upstream billed past the max_tokens it was sent, "
+            "or attempts that timed out were charged their prompts",
+            request_id,
+            dollars(nanos),
+            dollars(reserved.nanos or 0),
+            deployment,
+            len(records),
+        )
 
     async def show_budgets(self, runtime: Runtime) -> None:
         """Set `cascade_budget_remaining_usd` of every budget of the policy from the

@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
+import math
+import time
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import Any, TypeVar, cast
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -65,13 +67,19 @@ TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "CLUSTERDOWN")
 KEEP_AFTER_PERIOD_S = 7 * 86400  # budget counters stay readable a week past their period
 SETTLED_MARKER_TTL_S = 86400  # long enough for a retry after any outage a queue survives
 PROBE_TTL_S = 60
+T = TypeVar("T")
+TICK_S = 0.1  # how often a call waiting on Redis checks whether Redis is silent
 
 
 class RedisLimitStore:
     """A `LimitStore` on Redis via `redis.asyncio`, with short timeouts: an admission
     must fail fast when Redis is gone so the gateway can apply its outage policy. It
-    takes at most `socket_timeout`, waiting for a connection included, and a timeout is
-    never retried (a hung Redis would cost two, and the timed-out script may have run).
+    gives up after `socket_timeout` of silence (waiting for a connection included), and
+    a timeout is never retried (a hung Redis would cost two, and the timed-out script
+    may have run). Silence, not elapsed time: while Redis keeps answering other calls
+    (a burst queued on the pool, a busy event loop), a call waits on, up to
+    `busy_timeout`; declaring an outage then would serve the burst unchecked (or refuse
+    it) while Redis is up.
 
     >>> store = RedisLimitStore("redis://localhost:6379/0"); verdict = await store.admit(ask)
     """
@@ -82,20 +90,23 @@ class RedisLimitStore:
         prefix: str = "cg:",
         *,
         max_connections: int = 64,
-        socket_connect_timeout: float = 0.25,
         socket_timeout: float = 0.5,
+        busy_timeout: float = 5.0,
     ) -> None:
         pool = BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
-            timeout=socket_timeout,
-            socket_connect_timeout=socket_connect_timeout,
-            socket_timeout=socket_timeout,
+            timeout=busy_timeout,
+            # Redis-py's own timeouts are the outer bound; `_patiently` the usual one.
+            socket_connect_timeout=busy_timeout,
+            socket_timeout=busy_timeout,
             # A dropped connection (Redis restarted, an idle one closed) is retried once.
             retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
             decode_responses=True,
         )
         self._timeout_s = socket_timeout
+        self._busy_s = busy_timeout
+        self._answered_at = -math.inf  # time.monotonic() of Redis's last reply
         self._client: Redis = Redis.from_pool(pool)
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
@@ -119,16 +130,14 @@ class RedisLimitStore:
             soft = -1 if budget.soft_nanos is None else budget.soft_nanos
             args += [budget.limit_nanos, soft, down, _expire_at(period.ends_at)]
         with self._translate():
-            async with asyncio.timeout(self._timeout_s):
-                reply = await self._admit(keys, args)
+            reply = await self._patiently(self._admit(keys, args))
         return _verdict(cast(list[int], reply), len(ask.rates), len(ask.budgets))
 
     async def probe(self) -> None:
         """Raise `LimitsStoreUnavailable` unless Redis takes a write now, within one
         timeout. A write, not a PING, which a replica or a Redis out of memory answers."""
         with self._translate():
-            async with asyncio.timeout(self._timeout_s):
-                await self._client.set(self._base + "probe", "1", ex=PROBE_TTL_S)
+            await self._patiently(self._client.set(self._base + "probe", "1", ex=PROBE_TTL_S))
 
     async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
         """Each charge's script call, pipelined in one round trip (each stays atomic).
@@ -137,10 +146,10 @@ class RedisLimitStore:
         or LOADING, which raise `LimitsStoreUnavailable` so the batch is sent again) is
         logged and dropped alone: one bad charge must not hold the queue behind it."""
         with self._translate():
-            replies = await self._settle_batch(charges)
+            replies = await self._patiently(self._settle_batch(charges))
             if any(isinstance(r, redis_errors.NoScriptError) for r in replies):
                 await self._client.script_load(SETTLE_LUA)  # Redis restarted: resend
-                replies = await self._settle_batch(charges)
+                replies = await self._patiently(self._settle_batch(charges))
         results: list[tuple[Balance, ...] | None] = []
         for charge, reply in zip(charges, replies, strict=True):
             if isinstance(reply, redis_errors.RedisError):
@@ -154,12 +163,41 @@ class RedisLimitStore:
 
     async def spent(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[int]:
         with self._translate():
-            async with asyncio.timeout(self._timeout_s):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for budget, period in budgets:
-                        pipe.hget(self.budget_key(budget.scope, budget.name, period.id), "spent")
-                    replies: list[str | None] = await pipe.execute()
+            replies = await self._patiently(self._spent(budgets))
         return [int(reply or 0) for reply in replies]
+
+    async def _spent(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[str | None]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for budget, period in budgets:
+                pipe.hget(self.budget_key(budget.scope, budget.name, period.id), "spent")
+            replies: list[str | None] = await pipe.execute()
+            return replies
+
+    async def _patiently(self, call: Awaitable[T]) -> T:
+        """`call`'s result, or TimeoutError once Redis has been silent (answered no call
+        of this store) for the timeout, or the call has taken `busy_timeout`. Silence is
+        counted in ticks: a tick that comes late was the event loop's lag, not Redis's
+        silence, and counts once."""
+        task = asyncio.ensure_future(call)
+        started = last = time.monotonic()
+        silence = 0.0
+        try:
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=TICK_S)
+                now = time.monotonic()
+                if done:
+                    result = task.result()
+                    self._answered_at = now
+                    return result
+                silence = 0.0 if self._answered_at > last else silence + min(now - last, TICK_S)
+                last = now
+                if silence >= self._timeout_s or now - started >= self._busy_s:
+                    raise TimeoutError(f"redis answered nothing for {self._timeout_s} s")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, *_UNAVAILABLE):
+                    await task
 
     async def _settle_batch(self, charges: Sequence[Charge]) -> list[Any]:
         """Replies or, per charge, the error Redis answered (connection errors raise)."""

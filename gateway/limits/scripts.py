@@ -5,6 +5,11 @@ windows and hold expiry. Amounts of money are passed and stored as decimal strin
 (nano-dollars) and only compared as Lua numbers: a Lua number handed back to Redis
 could be formatted in exponent notation, which `HINCRBY` rejects.
 
+Every amount (tokens, nano-dollars) is clamped into [-AMOUNT_CAP, AMOUNT_CAP] as it is
+read: far above any real request (validation bounds them first), exact as a Lua double,
+and a counter cannot be pushed past int64 by a few huge values (HINCRBY would refuse
+and the settlement would be lost).
+
 Rate limits are sliding-window counters: a hash per key or team holds this minute's
 counts (`r`, `t`), the previous minute's (`pr`, `pt`) and the minute they belong to
 (`w`); the estimate is `previous * (1 - elapsed fraction) + current`.
@@ -13,6 +18,17 @@ counts (`r`, `t`), the previous minute's (`pr`, `pt`) and the minute they belong
 from __future__ import annotations
 
 WINDOW_MS = 60_000
+AMOUNT_CAP = 10**15  # tokens or nano-dollars ($1M): < 2^53, so exact in Lua
+
+# Shared by both scripts: whole-number formatting and the clamp.
+_PRELUDE = """
+local function int(x) return string.format('%d', x) end
+local function amount(x)
+  local v = tonumber(x) or 0
+  if v > __CAP__ then return __CAP__ elseif v < -__CAP__ then return -__CAP__ end
+  return v
+end
+""".replace("__CAP__", str(AMOUNT_CAP))
 
 # KEYS: the rate hashes (n_rate), then per budget its hash and its set of holds.
 # ARGV: 1 request id, 2 hold ms, 3 n_rate, 4 n_budget, 5 n_options, 6 tokens,
@@ -21,8 +37,9 @@ WINDOW_MS = 60_000
 # Returns {1, option, window, (requests left, tokens left) per rule, past-soft per budget},
 #         {0, 1, rule, kind (1 requests, 2 tokens), previous, current, elapsed ms}, or
 #         {0, 2, budget, spent + reserved, worst case, option}.
-ADMIT_LUA = """
-local function int(x) return string.format('%d', x) end
+ADMIT_LUA = (
+    _PRELUDE
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local window = math.floor(now / __WINDOW__)
@@ -30,7 +47,7 @@ local elapsed = now - window * __WINDOW__
 local weight = 1 - elapsed / __WINDOW__
 local id = ARGV[1]
 local n_rate, n_budget, n_opt = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local tokens = tonumber(ARGV[6])
+local tokens = amount(ARGV[6])
 local a = 7 + n_opt
 local rates = {}
 for i = 1, n_rate do
@@ -67,11 +84,11 @@ for b = 1, n_budget do
   local soft, down = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local past = soft >= 0 and used >= soft
   if past and down > 0 and option == 1 then option = down + 1 end
-  budgets[b] = {hash, held, used, tonumber(ARGV[a]), ARGV[a + 3], past and 1 or 0}
+  budgets[b] = {hash, held, used, amount(ARGV[a]), ARGV[a + 3], past and 1 or 0}
   a = a + 4
 end
-local cost_arg = ARGV[6 + option]
-local cost = tonumber(cost_arg)
+local cost = amount(ARGV[6 + option])
+local cost_arg = int(cost)
 for b = 1, n_budget do
   if budgets[b][3] + cost > budgets[b][4] then
     return {0, 2, b, budgets[b][3], cost, option - 1}
@@ -96,23 +113,27 @@ for b = 1, n_budget do
   out[#out + 1] = bu[6]
 end
 return out
-""".replace("__WINDOW__", str(WINDOW_MS))
+"""
+).replace("__WINDOW__", str(WINDOW_MS))
 
 # KEYS: 1 the settled marker, the rate hashes (n_rate), then per budget its hash and holds.
 # ARGV: 1 request id, 2 marker ttl s, 3 n_rate, 4 n_budget, 5 window (-1: none),
 #       6 token delta, 7 cost, then per budget its expire-at.
 # Returns {0} if the request was settled before, else {1, (spent, reserved) per budget}.
-SETTLE_LUA = """
+SETTLE_LUA = (
+    _PRELUDE
+    + """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then return {0} end
 local id = ARGV[1]
 local n_rate, n_budget, window = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if ARGV[6] ~= '0' and window >= 0 then
+local delta, cost = int(amount(ARGV[6])), int(amount(ARGV[7]))
+if delta ~= '0' and window >= 0 then
   for i = 1, n_rate do
     local w = tonumber(redis.call('HGET', KEYS[1 + i], 'w'))
     if w == window then
-      redis.call('HINCRBY', KEYS[1 + i], 't', ARGV[6])
+      redis.call('HINCRBY', KEYS[1 + i], 't', delta)
     elseif w == window + 1 then
-      redis.call('HINCRBY', KEYS[1 + i], 'pt', ARGV[6])
+      redis.call('HINCRBY', KEYS[1 + i], 'pt', delta)
     end
   end
 end
@@ -125,7 +146,7 @@ for b = 1, n_budget do
     redis.call('HDEL', hash, 'h:' .. id)
     redis.call('ZREM', held, id)
   end
-  if ARGV[7] ~= '0' then redis.call('HINCRBY', hash, 'spent', ARGV[7]) end
+  if cost ~= '0' then redis.call('HINCRBY', hash, 'spent', cost) end
   redis.call('EXPIREAT', hash, ARGV[7 + b])
   redis.call('EXPIREAT', held, ARGV[7 + b])
   local s = redis.call('HMGET', hash, 'spent', 'reserved')
@@ -134,3 +155,4 @@ for b = 1, n_budget do
 end
 return out
 """
+)

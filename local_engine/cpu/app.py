@@ -3,18 +3,22 @@
     app = create_app(EngineService(runner, tokenizer, metrics, "local-tiny"))
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both stream as OpenAI's SSE,
-with `stream_options.include_usage`), GET /v1/models, GET /health, GET /metrics.
+with `stream_options.include_usage`), POST /v1/embeddings (MiniLM, with the
+`embeddings` extra), GET /v1/models, GET /health, GET /metrics.
 Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,9 +26,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from local_engine.cpu.embeddings import DIMENSIONS, MODEL_NAME, SentenceEncoder
 from local_engine.cpu.errors import CpuEngineError, InvalidRequest, ModelNotFound
 from local_engine.cpu.metrics import EngineMetrics
-from local_engine.cpu.protocol import ChatCompletionBody, CompletionBody, GenerationBody
+from local_engine.cpu.protocol import (
+    ChatCompletionBody,
+    CompletionBody,
+    EmbeddingBody,
+    GenerationBody,
+)
 from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.sequence import Output
 from local_engine.cpu.sequence import Request as EngineRequest
@@ -45,6 +55,7 @@ class EngineService:
     metrics: EngineMetrics
     model_name: str
     model_root: str = ""
+    encoder: SentenceEncoder = field(default_factory=SentenceEncoder)
 
 
 def create_app(service: EngineService) -> FastAPI:
@@ -106,7 +117,30 @@ def create_app(service: EngineService) -> FastAPI:
         choice = {"index": 0, "text": text, "logprobs": None}
         return JSONResponse(_reply(service, request, "text_completion", choice, last))
 
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingBody) -> Response:
+        # The engine's own name (what the gateway's deployment asks for) or MiniLM's.
+        if body.model not in (service.model_name, MODEL_NAME):
+            raise ModelNotFound(f"The model `{body.model}` does not exist.")
+        if body.dimensions not in (None, DIMENSIONS):
+            message = f"dimensions is {body.dimensions}; {MODEL_NAME} has {DIMENSIONS}"
+            raise InvalidRequest(message, "dimensions")
+        vectors, tokens = await asyncio.to_thread(service.encoder.encode, body.texts)
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": MODEL_NAME, "usage": usage})
+
     return app
+
+
+def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+    """A vector as floats, or as base64 of little-endian float32 (what the SDKs ask for)."""
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
 def _completion_ids(tokenizer: Tokenizer, prompt: str | list[str] | list[int]) -> list[int]:

@@ -1,8 +1,8 @@
 """OpenAI request bodies the CPU engine accepts, validated at the HTTP boundary.
 
 Unknown fields are accepted and ignored, as vLLM does; fields this engine cannot honour
-(`n` > 1, `logprobs`, `echo`, tools) are rejected with a 400 naming them rather than
-silently dropped.
+(`n` > 1, `logprobs`, `echo`, tools, token-id embedding input, other `dimensions`) are
+rejected with a 400 naming them rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from local_engine.cpu.sampling import SamplingParams
 
 RoleType = Literal["system", "developer", "user", "assistant", "tool"]
+EncodingFormatType = Literal["float", "base64"]
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per request
 
 
 class TextPart(BaseModel):
@@ -95,3 +97,29 @@ class CompletionBody(GenerationBody):
 
     def sampling_params(self) -> SamplingParams:
         return self.sampling(16 if self.max_tokens is None else self.max_tokens)
+
+
+class EmbeddingBody(BaseModel):
+    """`/v1/embeddings`: one text or a list of texts (token ids are not accepted: the
+    embedding model has its own tokenizer)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[str] = Field(union_mode="left_to_right")
+    encoding_format: EncodingFormatType = "float"
+    dimensions: int | None = Field(None, ge=1)
+
+    @field_validator("input")
+    @classmethod
+    def _some_text(cls, value: str | list[str]) -> str | list[str]:
+        texts = [value] if isinstance(value, str) else value
+        if not texts or len(texts) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"between 1 and {MAX_EMBEDDING_INPUTS} texts; got {len(texts)}")
+        if any(not text for text in texts):
+            raise ValueError("an input is empty; embed non-empty text")
+        return value
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

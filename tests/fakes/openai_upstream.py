@@ -10,7 +10,9 @@
 a background thread on a free loopback port. Each request takes its `Behaviour` from
 the next scripted entry (`script(...)`) or, when none is queued, from the knob
 attributes of the same names. Usage is deterministic: prompt tokens are the words of
-the prompt, completion tokens are the words of the reply (or `tokens` when set).
+the prompt (structured parts such as images, and tool schemas, by their JSON size at 4
+characters a token, as providers bill them; token ids one each), completion tokens are
+the words of the reply (or `tokens` when set), for each answer (`n` per prompt).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import logging
 import math
 import random
@@ -74,6 +77,7 @@ class Behaviour:
     reset_after_chunks: int | None = None  # stream: abort the connection after this many
     malformed_json: bool = False  # body (or first content chunk) is not valid JSON
     logprob: float = -0.25  # every token's logprob, when the request asks for logprobs
+    ignore_max_tokens: bool = False  # answer in full whatever max_tokens says (bills past it)
 
 
 KNOBS = tuple(f.name for f in fields(Behaviour))
@@ -206,7 +210,9 @@ class FakeServer:
 
     def start(self) -> Self:
         """Bind a free port and serve until `stop()`."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on such sockets (else Nagle
+        # holds each reply ~40 ms for the client's delayed ACK).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self._socket, self.port = sock, sock.getsockname()[1]
@@ -283,10 +289,36 @@ def count_words(value: Any) -> int:
     if isinstance(value, dict):
         if value.get("type") in (None, "text"):
             return count_words(value.get("content")) + count_words(value.get("text"))
-        return 0
+        return by_size(value)  # an image, audio, a file: billed by size
     if isinstance(value, int):  # a token id in a pre-tokenised prompt
         return 1
     return 0
+
+
+def by_size(value: Any) -> int:
+    return len(json.dumps(value)) // 4
+
+
+def chat_prompt_tokens(body: dict[str, Any]) -> int:
+    """The messages' words, plus tool schemas and response formats by size."""
+    extra = sum(by_size(body[f]) for f in ("tools", "response_format") if body.get(f))
+    return count_words(body["messages"]) + extra
+
+
+def output_limit(body: dict[str, Any], behaviour: Behaviour) -> int | None:
+    """The output cap the request sets (None with `ignore_max_tokens`)."""
+    if behaviour.ignore_max_tokens:
+        return None
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    return limit if isinstance(limit, int) else None
+
+
+def prompt_count(body: dict[str, Any]) -> int:
+    """How many prompts a completion request carries (a list of them is answered each)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
 
 
 def sse(payload: Any, event: str | None = None) -> bytes:
@@ -414,8 +446,7 @@ class FakeOpenAI(FakeServer):
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     def _chat_body(self, body: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        pieces, cut = reply_pieces(behaviour, limit)
+        pieces, cut = reply_pieces(behaviour, output_limit(body, behaviour))
         tool = forced_tool(body)
         n = int(body.get("n") or 1)
         choices = []
@@ -434,14 +465,13 @@ class FakeOpenAI(FakeServer):
         reply = completion_envelope("chat.completion", body, "chatcmpl-")
         reply["choices"] = choices
         if not behaviour.omit_usage:
-            reply["usage"] = usage(count_words(body["messages"]), len(pieces) * n)
+            reply["usage"] = usage(chat_prompt_tokens(body), len(pieces) * n)
         return reply
 
     async def _chat_stream(
         self, body: dict[str, Any], behaviour: Behaviour
     ) -> AsyncIterator[bytes]:
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        pieces, cut = reply_pieces(behaviour, limit)
+        pieces, cut = reply_pieces(behaviour, output_limit(body, behaviour))
         tool = forced_tool(body)
         n = int(body.get("n") or 1)
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -470,7 +500,7 @@ class FakeOpenAI(FakeServer):
                 {
                     **envelope,
                     "choices": [],
-                    "usage": usage(count_words(body["messages"]), len(pieces) * n),
+                    "usage": usage(chat_prompt_tokens(body), len(pieces) * n),
                 }
             )
         yield b"data: [DONE]\n\n"
@@ -492,8 +522,8 @@ class FakeOpenAI(FakeServer):
                 yield chunk(index, delta)
 
     def _text_body(self, body: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
-        pieces, cut = reply_pieces(behaviour, body.get("max_tokens"))
-        n = int(body.get("n") or 1)
+        pieces, cut = reply_pieces(behaviour, output_limit(body, behaviour))
+        n = int(body.get("n") or 1) * prompt_count(body)
         reply = completion_envelope("text_completion", body, "cmpl-")
         reply["choices"] = [
             {
@@ -511,8 +541,8 @@ class FakeOpenAI(FakeServer):
     async def _text_stream(
         self, body: dict[str, Any], behaviour: Behaviour
     ) -> AsyncIterator[bytes]:
-        pieces, cut = reply_pieces(behaviour, body.get("max_tokens"))
-        n = int(body.get("n") or 1)
+        pieces, cut = reply_pieces(behaviour, output_limit(body, behaviour))
+        n = int(body.get("n") or 1) * prompt_count(body)
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         envelope = completion_envelope("text_completion", body, "cmpl-")
         if with_usage:

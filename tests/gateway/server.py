@@ -29,6 +29,7 @@ class GatewayServer:
             log_level="warning",
             access_log=False,
             lifespan="on",
+            proxy_headers=False,  # as `serve` runs it: no header replaces the peer
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)

@@ -5,6 +5,7 @@ and a hung Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -13,10 +14,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.limits.budgets import budget_exceeded, dollars, output_tokens
+from gateway.limits.budgets import Output, budget_exceeded, capped_body, dollars, output_of
 from gateway.limits.rate_limits import rate_limited, wait_s
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import BudgetRule, Period, RateRule, periods_at
+from gateway.limits.scripts import AMOUNT_CAP
 from gateway.limits.store import (
     Admitted,
     Ask,
@@ -169,11 +171,30 @@ def test_a_small_budget_is_not_rounded_to_cents() -> None:
     assert "may cost up to $0.00007 ($0.00005 left)" in error.message
 
 
-def test_output_tokens_cover_every_choice() -> None:
-    assert output_tokens("chat", {"max_tokens": 7}, 4096) == 7
-    assert output_tokens("chat", {"max_completion_tokens": 9, "max_tokens": 7}, 4096) == 9
-    assert output_tokens("chat", {"n": 3}, 100) == 300
-    assert output_tokens("embeddings", {"max_tokens": 7}, 4096) == 0
+def test_output_covers_every_choice() -> None:
+    assert output_of("chat", {"max_tokens": 7}, 4096) == Output(7, 1)
+    assert output_of("chat", {"max_completion_tokens": 9, "max_tokens": 7}, 4096) == Output(9, 1)
+    assert output_of("chat", {"n": 3}, 100) == Output(100, 3)
+    assert output_of("embeddings", {"max_tokens": 7}, 4096) == Output(0, 0)
+    # A completion is billed for every prompt, and for best_of answers where above n.
+    prompts = {"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 5}
+    assert output_of("completions", prompts, 4096) == Output(5, 6)
+    assert output_of("completions", {**prompts, "best_of": 4}, 4096) == Output(5, 12)
+    assert output_of("completions", {"prompt": [[1, 2], [3]], "max_tokens": 5}, 9) == Output(5, 2)
+    assert output_of("completions", {"prompt": [1, 2, 3]}, 9) == Output(9, 1)
+
+
+def test_capped_body_asks_for_no_more_than_was_reserved() -> None:
+    assert capped_body("chat", {"messages": []}, 64) == {
+        "messages": [],
+        "max_completion_tokens": 64,
+    }
+    assert capped_body("completions", {"prompt": "x"}, 64) == {"prompt": "x", "max_tokens": 64}
+    both = {"max_tokens": 1000, "max_completion_tokens": 5}
+    assert capped_body("chat", both, 5) == {"max_tokens": 5, "max_completion_tokens": 5}
+    asked = {"max_tokens": 7}
+    assert capped_body("chat", asked, 7) is asked  # already within: the same body
+    assert capped_body("embeddings", {"input": "x"}, 7) == {"input": "x"}
 
 
 def test_periods_are_utc_days_and_months() -> None:
@@ -225,3 +246,55 @@ async def test_a_hung_redis_fails_within_one_timeout(redis_server: RedisServer) 
     finally:
         redis_server.resume()
         await limits.close()
+
+
+async def test_huge_amounts_are_clamped_not_overflowed(
+    store: RedisLimitStore, client: aioredis.Redis
+) -> None:
+    """Amounts past int64 (2^63 - 1 tokens) are clamped as the scripts read them: the
+    counters stay numbers HINCRBY takes, and the settlement is not lost."""
+    huge = 2**63 - 1
+    rich = BudgetRule("team", "research", "day", huge, None, None)
+    verdict = await store.admit(ask("h1", huge, budget=rich, rates=(RATE,), tokens=huge))
+    assert isinstance(verdict, RateRefusal)  # the clamped count is still over 10,000 tpm
+    unlimited = RateRule("key", "k", None, None)
+    verdict = await store.admit(ask("h1", huge, budget=rich, rates=(unlimited,), tokens=huge))
+    assert isinstance(verdict, Admitted)
+    key = store.budget_key("team", "research", PERIOD.id)
+    assert await client.hget(key, "reserved") == str(AMOUNT_CAP)
+    for i in range(3):  # each settlement adds the cap; three would overflow unclamped
+        settled = await store.settle_many(
+            [
+                charge(
+                    f"s{i}",
+                    huge,
+                    budget=rich,
+                    rates=(unlimited,),
+                    window=verdict.window,
+                    token_delta=huge,
+                )
+            ]
+        )
+        assert settled[0] is not None
+    assert await client.hget(key, "spent") == str(3 * AMOUNT_CAP)
+    assert int(await client.hget(store.rate_key("key", "k"), "t")) == 4 * AMOUNT_CAP
+
+
+async def test_a_busy_redis_is_waited_for_not_taken_for_down(store: RedisLimitStore) -> None:
+    """A call queued behind others that Redis keeps answering (a burst, a busy loop) is
+    no outage: it waits past the silence timeout (0.5 s), up to the busy one. Without
+    answers to anyone, the same wait fails at the silence timeout."""
+
+    async def chatter() -> None:  # other calls of the store keep being answered
+        for _ in range(16):
+            await asyncio.sleep(0.05)
+            await store.spent([(BUDGET, PERIOD)])
+
+    await store.probe()
+    talk = asyncio.create_task(chatter())
+    assert await store._patiently(asyncio.sleep(0.8, result="late")) == "late"
+    await talk
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await store._patiently(asyncio.sleep(0.8))
+    assert 0.45 < time.monotonic() - started < 0.75

@@ -116,11 +116,11 @@ def test_policy_explain_names_route_deployment_and_reasons() -> None:
 def test_policy_explain_scores_every_prompt_and_says_when_the_route_ignores_it() -> None:
     result = run("policy", "explain", str(POLICIES / "default.yaml"), "--prompt", "hello")
     decision = json.loads(result.stdout)
-    assert decision["strategy"] == "fallback"
+    assert decision["strategy"] == "cascade"
     expected = Classifier.load().score([{"role": "user", "content": "hello"}])
     assert decision["score"] == pytest.approx(expected, abs=1e-9)
     assert decision["classifier"] == "features"
-    assert any("does not route by it" in reason for reason in decision["reasons"])
+    assert any("the verifier's prior" in reason for reason in decision["reasons"])
 
 
 @pytest.mark.parametrize(

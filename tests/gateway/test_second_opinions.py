@@ -20,7 +20,7 @@ from gateway.cascade import Cascade
 from gateway.errors import GatewayError
 from gateway.executor import Executor
 from gateway.ledger import RedisStore, SpendRecord
-from gateway.limits.budgets import worst_case_nanos
+from gateway.limits.budgets import Output, worst_case_nanos
 from gateway.metrics import Metrics
 from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla, build_runtime
@@ -693,9 +693,9 @@ def test_second_opinions_resolve_to_deployments_and_are_reserved_for() -> None:
     tiers = [runtime.deployments["cheap"], runtime.deployments["premium"]]
     without = dataclasses.replace(route, second_opinions=())
     price = runtime.deployments["judge"].price.cost_nanos(100, 50)
-    worst = worst_case_nanos(tiers, "cascade", route, 100, 50, 1)
-    assert worst == worst_case_nanos(tiers, "cascade", without, 100, 50, 1) + price
+    worst = worst_case_nanos(tiers, "cascade", route, 100, Output(50, 1), 1)
+    assert worst == worst_case_nanos(tiers, "cascade", without, 100, Output(50, 1), 1) + price
     # A plan with no second tier verifies nothing, so it asks no opinion.
-    assert worst_case_nanos(tiers[:1], "cascade", route, 100, 50, 1) == worst_case_nanos(
-        tiers[:1], "cascade", without, 100, 50, 1
+    assert worst_case_nanos(tiers[:1], "cascade", route, 100, Output(50, 1), 1) == worst_case_nanos(
+        tiers[:1], "cascade", without, 100, Output(50, 1), 1
     )

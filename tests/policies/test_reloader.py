@@ -100,13 +100,13 @@ async def test_deleted_file_keeps_the_policy(path: Path) -> None:
     assert reloader.current is initial
 
 
-def test_reload_now(path: Path) -> None:
+async def test_reload_now(path: Path) -> None:
     applied: list[LoadedPolicy] = []
     reloader = PolicyReloader(path, applied.append, env=ENV)
-    assert model_of(reloader.reload_now()) == "m1"
+    assert model_of(await reloader.reload_now()) == "m1"
     write(path, text="routes: {}\n")
     with pytest.raises(PolicyError, match="deployments"):
-        reloader.reload_now()
+        await reloader.reload_now()
     assert reloader.last_error is not None
     assert [model_of(loaded) for loaded in applied] == ["m1"]
 
