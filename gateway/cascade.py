@@ -16,6 +16,11 @@ have sent it.
 A route's `second_opinions` (see `gateway.opinions`) are asked alongside the first tier
 and handed to the verifier as samples; they are priced, and cancelled, however the
 cascade ends, or as soon as only the last tier (not verified) is left.
+
+A route's `judge` (see `gateway.judge`) grades each verified answer after the verifier
+has scored it; when it answers, its score replaces the verifier's for the threshold
+decision (and in the answer's record and the decisions log), else the verifier's
+stands. Its calls are priced like second opinions (`<request_id>:j<n>`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from gateway.accounting import Accountant, Call, count_unreported, reply_usage
 from gateway.code_runs import run_code
 from gateway.errors import GatewayError
 from gateway.executor import Completed, Executor
+from gateway.judge import RUBRIC_VERSION, Judge
 from gateway.ledger import SpendRecord
 from gateway.metrics import Metrics
 from gateway.opinions import SecondOpinions, worth_asking
@@ -41,6 +47,7 @@ from gateway.upstreams.base import EndpointType, UpstreamReply
 from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
+decisions = logging.getLogger("gateway.decisions")  # the proxy's decisions log
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,8 @@ class CascadeResult:
     scores: tuple[float, ...]  # the verifier's score of each answer it judged
     # (agreeing, answered) when second opinions were asked
     second_opinions: tuple[int, int] | None = None
+    # The judge's score of each answer it graded (None: the verifier decided instead).
+    judge_scores: tuple[float | None, ...] = ()
 
     @property
     def cost_nanos(self) -> int:
@@ -81,6 +90,7 @@ class Cascade:
         self._accountant = accountant
         self._verifier = verifier
         self._metrics = metrics
+        self._judge = Judge(executor, accountant, metrics)
 
     async def run(
         self,
@@ -102,9 +112,10 @@ class Cascade:
             )
             opinions.ask(second_opinions, deadline_s)
         records: list[SpendRecord] = []
+        graded = _Graded()
         try:
             final, scores, escalations = await self._climb(
-                call, groups, endpoint, body, ends_at, opinions, records
+                call, groups, endpoint, body, ends_at, opinions, records, graded
             )
         finally:
             if opinions is not None:
@@ -113,7 +124,9 @@ class Cascade:
         if opinions is not None:
             records += opinions.records
             tally = (opinions.agreeing, opinions.answered)
-        return CascadeResult(final, tuple(records), escalations, scores, tally)
+        records += graded.records
+        judged = tuple(graded.scores)
+        return CascadeResult(final, tuple(records), escalations, scores, tally, judged)
 
     async def _climb(
         self,
@@ -124,6 +137,7 @@ class Cascade:
         ends_at: float,
         opinions: SecondOpinions | None,
         records: list[SpendRecord],
+        graded: _Graded,
     ) -> tuple[Completed, tuple[float, ...], int]:
         """Ask tier after tier while the verifier rejects the answer; the answer kept,
         the verifier's scores and the escalations (the tiers climbed to the answer
@@ -187,6 +201,10 @@ class Cascade:
                 latest.judged = self._verify(
                     call, endpoint, body, done.reply.body, samples, code_run
                 )
+                if call.route.judge is not None:
+                    latest.judged = await self._graded(
+                        call, endpoint, body, done.reply.body, ends_at, graded, latest.judged
+                    )
                 score = 0.0 if latest.judged is None else latest.judged  # broke: escalate
                 scores.append(score)
                 self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
@@ -231,6 +249,37 @@ class Cascade:
             return run
 
         return await asyncio.gather(samples(), code_run())
+
+    async def _graded(
+        self,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        reply: dict[str, Any],
+        ends_at: float,
+        graded: _Graded,
+        verified: float | None,
+    ) -> float | None:
+        """The judge's score of `reply` when it gives one, else the verifier's."""
+        n = len(graded.scores) + 1
+        verdict = await self._judge.grade(call, endpoint, body, reply, ends_at, n, graded.records)
+        graded.scores.append(verdict.score)
+        if decisions.isEnabledFor(logging.INFO):
+            judge = call.route.judge.name if call.route.judge else None
+            said = (
+                f"graded {verdict.score:.3f} (from its {verdict.source})"
+                if verdict.score is not None
+                else f"{verdict.outcome}: the verifier's {_rounded(verified)} stands"
+            )
+            decisions.info(
+                "%s judge '%s' (%s) on answer %d: %s",
+                call.request_id,
+                judge,
+                RUBRIC_VERSION,
+                n,
+                said,
+            )
+        return verdict.score if verdict.score is not None else verified
 
     def _verify(
         self,
@@ -287,6 +336,14 @@ class _Answer:
     judged: float | None = None  # the verifier's score; None: not judged, or it broke
 
 
+@dataclass(slots=True)
+class _Graded:
+    """The judge's work over one climb: its score of each answer, its calls priced."""
+
+    scores: list[float | None] = dataclasses.field(default_factory=list)
+    records: list[SpendRecord] = dataclasses.field(default_factory=list)
+
+
 async def _finished(closing: asyncio.Task[None]) -> None:
     """Wait for the opinions' early close; its failure is logged (the cascade's own
     close, which always follows, tries again). Cancelled here, it is cut short, and
@@ -312,3 +369,7 @@ def without_logprobs(done: Completed) -> Completed:
         return done
     stripped = [{**c, "logprobs": None} if isinstance(c, Mapping) else c for c in choices]
     return dataclasses.replace(done, reply=UpstreamReply({**done.reply.body, "choices": stripped}))
+
+
+def _rounded(score: float | None) -> str:
+    return "none" if score is None else f"{score:.3f}"

@@ -184,7 +184,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         + ([] if routed_by_score else [unused_score_reason(route, score)])
         + sla_reasons(route)
         + opinion_reasons(route, args.prompt, plan)
-        + code_run_reasons(route, args.prompt),
+        + code_run_reasons(route, args.prompt)
+        + judge_reasons(route),
     }
     print(json.dumps(decision, indent=2))
     return 0
@@ -253,6 +254,19 @@ def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
         f"second opinions from {', '.join(usable)} asked alongside the first tier (unless "
         "ejected by their breaker); the verifier compares their final answers (or their "
         "code) with the cheap answer (each priced)"
+    ]
+
+
+def judge_reasons(route: RouteRuntime) -> list[str]:
+    """Which deployment grades the cascade's verified answers, if any."""
+    from gateway.judge import RUBRIC_VERSION
+
+    if route.judge is None:
+        return []
+    return [
+        f"judge '{route.judge.name}' grades each verified answer (rubric {RUBRIC_VERSION}, "
+        f"within {route.judge_timeout_s * 1000:g} ms; priced); its grade replaces the "
+        "verifier's score, which decides when the judge times out, fails or gives no grade"
     ]
 
 

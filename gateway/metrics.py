@@ -129,6 +129,13 @@ class Metrics:
             ["route", "outcome"],
             registry=r,
         )
+        self.judge_calls = Counter(
+            "cascade_judge_calls",
+            "Cascade answers graded by the route's judge, by route and outcome (ok; "
+            "fallback_timeout, fallback_error, unparsed: the verifier decided)",
+            ["route", "outcome"],
+            registry=r,
+        )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
             "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge)",

@@ -261,6 +261,10 @@ class Proxy:
         self._observe(call, final.deployment, "200")
         headers = cascade_headers(call, final.deployment, final.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
+        if result.judge_scores:  # the judge's grade of each checked answer
+            headers["x-cascade-judge"] = ",".join(
+                "fallback" if s is None else f"{s:.3f}" for s in result.judge_scores
+            )
         headers["x-cascade-cost-usd"] = f"{usd(call.cost_nanos):.9f}"  # opinions, cut-offs too
         if result.second_opinions is not None:
             agreeing, answered = result.second_opinions

@@ -113,6 +113,10 @@ class RouteRuntime:
     # Cascades: run code answers against their own examples (in the sandbox) for the
     # verifier; off where the policy asked for it but this host cannot isolate them.
     run_code_examples: bool = False
+    # Cascades: the deployment grading verified answers (`gateway.judge`); None: the
+    # learned verifier alone.
+    judge: DeploymentRuntime | None = None
+    judge_timeout_s: float = 3.0
 
 
 def sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
@@ -198,6 +202,8 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             max_output_tokens=spec.max_output_tokens,
             second_opinions=tuple(deployments[d] for d in spec.second_opinions),
             run_code_examples=spec.run_code_examples and _sandbox_usable(name),
+            judge=deployments[spec.judge] if spec.judge is not None else None,
+            judge_timeout_s=spec.judge_timeout_ms / 1000,
         )
         for name, spec in policy.routes.items()
     }

@@ -316,7 +316,10 @@ class Route(_Section):
     the first tier; whether their final answers (or their code) agree is evidence for
     the verifier. `run_code_examples` (cascade only): run a code answer against the
     examples it claims, in a sandbox (`router.sandbox`), as evidence for the verifier;
-    off by default, since it executes model-written code. `classifier` picks the model
+    off by default, since it executes model-written code. `judge` (cascade only): a
+    deployment that grades each verified answer with a fixed rubric (`gateway.judge`);
+    when it answers within `judge_timeout_ms`, its grade replaces the verifier's score,
+    else the verifier decides. `classifier` picks the model
     that scores requests for `tiers`:
     `features` (the default) or `minilm` (adds a sentence embedding; slower, and on the
     shipped data no better: for a model retrained on your own traffic)."""
@@ -330,6 +333,8 @@ class Route(_Section):
     stream_cascade: StreamCascadeType = "buffer"
     second_opinions: list[str] = []
     run_code_examples: bool = False
+    judge: str | None = None
+    judge_timeout_ms: Annotated[int, Field(gt=0, le=60_000)] = 3000
     reference_model: str | None = None
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     # Output tokens assumed for a request without `max_tokens` when reserving budget.
@@ -361,6 +366,7 @@ class Route(_Section):
         for value, field in (
             (self.second_opinions, "second_opinions apply"),
             (self.run_code_examples, "run_code_examples applies"),
+            (self.judge, "judge applies"),
         ):
             if value and self.strategy != "cascade":
                 raise ValueError(

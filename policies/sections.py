@@ -147,6 +147,11 @@ class Sections:
                     )
             served = self.route_deployments(route)
             yield from self._opinion_problems(route_name, route, served)
+            if route.judge is not None and not _declared(self.deployments, route.judge):
+                yield (
+                    ("routes", route_name, "judge"),
+                    self._undeclared(f"judge of route '{route_name}'", "deployment", route.judge),
+                )
             if served is None:
                 continue
             tiers = {deployment.tier for deployment in served}

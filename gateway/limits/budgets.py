@@ -8,7 +8,9 @@ prompts), the request's `max_completion_tokens`/`max_tokens` (else the route's
 deployment's own `max_output_tokens`), priced at the most expensive deployment the plan
 may call; a cascade may pay for one answer per tier, so it is the sum over the tiers it may
 try (plus one answer per second opinion when it has a tier to escalate to, even for a
-prompt that turns out to get none: the hold errs high), and a hedged
+prompt that turns out to get none: the hold errs high; and, on a route with a `judge`,
+one grade per verified answer, its prompt the request's, an answer and the rubric), and
+a hedged
 route may pay for `1 + max_hedges` answers at once.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 from gateway.cascade import tier_groups
 from gateway.errors import BudgetExceeded
+from gateway.judge import OVERHEAD_TOKENS
 from gateway.limits.rules import BudgetRule, Period, Rules
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
@@ -81,7 +84,14 @@ def worst_case_nanos(
     # Second opinions may be asked when a cascade verifies an answer, i.e. has a second
     # tier; held whether or not this prompt gets them (the hold errs high, never low).
     opinions = route.second_opinions if len(groups) > 1 else ()
-    return copies * sum(per_answer) + sum(answer(d) for d in opinions)
+    # The judge reads the prompt and one answer (one choice: its first) and writes a token.
+    judge, verified = route.judge, len(groups) - 1
+    grades = (
+        verified * judge.price.cost_nanos(prompt + output.per_choice + OVERHEAD_TOKENS, 1)
+        if judge is not None
+        else 0
+    )
+    return copies * sum(per_answer) + sum(answer(d) for d in opinions) + grades
 
 
 def downgrade_plans(
