@@ -74,7 +74,7 @@ _PYTHON_TAGS = re.compile(r"\[/?PYTHON\]")  # Code Llama's fences
 FENCE = re.compile(r"```[ \t]*+([\w+#.-]*+)")  # a fence, and the language it names
 MAX_CODE_CHARS = 8000  # code is compared on the head of long answers
 # Two code answers "agree" (for the metric and header) from this similarity: about the
-# median between two right answers to one task in the shared MBPP data (0.09 when one
+# median between two right answers to one task in the shipped MBPP data (0.09 when one
 # of them is wrong). The verifier takes the similarity itself.
 CODE_AGREES = 0.15
 MAX_SCANNED_CHARS = 8000  # final answers are looked for in the head of long answers

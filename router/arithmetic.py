@@ -3,7 +3,7 @@
 Worked answers state their steps as chains like ``60 * 3 = 180`` or GSM8K-style
 ``<<60*3=180>>``. Each ``=`` link whose two sides both evaluate, at least one of them
 being an expression, is a checked step; a step whose sides differ is a wrong step.
-A wrong step is a strong sign of a wrong answer (on the shared GSM8K data, 55 of 65
+A wrong step is a strong sign of a wrong answer (on the shipped GSM8K data, 55 of 65
 Mixtral answers with a wrong step were wrong, against 37% of answers overall).
 
 The evaluator walks Python's AST of numbers and + - * / ** only (no ``eval``), with

@@ -18,7 +18,15 @@ import numpy as np
 
 from router import sandbox, verifier_train
 from router.answers import comparable
-from router.dataset import DEFAULT_DATA_DIR, STRONG_MODEL, WEAK_MODEL, PromptScores, cheap_pool
+from router.dataset import (
+    DEFAULT_DATA_DIR,
+    STRONG_MODEL,
+    WEAK_MODEL,
+    PromptScores,
+    cheap_pool,
+    data_file,
+    open_data,
+)
 from router.evaluation import (
     INTERVAL_HEADERS,
     Curve,
@@ -103,7 +111,7 @@ def run_cascade_evaluation(
     )
     reports = []
     for stem, name in CASCADE_FILES.items():
-        path = directory / f"{stem}.jsonl"
+        path = data_file(directory, stem)
         if not path.is_file():
             continue
         cheap_model = "weak" if stem == "gsm8k" else WEAK_MODEL
@@ -157,7 +165,7 @@ def choose_opinions(reports: Sequence[CascadeReport]) -> list[CascadeReport]:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as lines:
+    with open_data(path) as lines:
         return [json.loads(line) for line in lines if line.strip()]
 
 

@@ -379,7 +379,7 @@ rows only (`dataset.selection_folds`: each non-MMLU dataset left out in turn, MM
 subjects in 3 groups). Chosen for the shipped model: {recipe}.
 
 ## Data and label
-`../shared/data/routing/` (MMLU, GSM8K, RouterBench ARC-Challenge, Winogrande, MBPP;
+`router/data/` (MMLU, GSM8K, RouterBench ARC-Challenge, Winogrande, MBPP;
 weak = Mixtral-8x7B, strong = GPT-4). Label 1 when only the strong model answered
 correctly, 0 when the weak one did. The regression uses every row through the gain
 (both wrong = 0: routing them either way gives the same quality; pooled on RouterBench,

@@ -408,12 +408,12 @@ def run_eval(args: argparse.Namespace) -> int:
 def _arena_table(data_dir: Path | None) -> str:
     """The open-ended verifier's cascade on arena chat (nested CV and the final split),
     or "" when the data has no arena chat."""
-    from router.dataset import DEFAULT_DATA_DIR
+    from router.dataset import DEFAULT_DATA_DIR, data_file
     from router.open_evaluation import format_arena_table, run_arena_evaluation
-    from router.open_verifier_train import ARENA_FILE
+    from router.open_verifier_train import ARENA_STEM
 
     directory = data_dir or DEFAULT_DATA_DIR
-    if not (directory / ARENA_FILE).is_file():
+    if not data_file(directory, ARENA_STEM).is_file():
         return ""
     return format_arena_table(run_arena_evaluation(directory))
 

@@ -1,6 +1,7 @@
 """The labelled routing data and its fixed train / held-out split.
 
-Each row of `../shared/data/routing/*.jsonl` is a prompt with whether the weak model
+Each row of `router/data/*.jsonl.gz` (the data the package ships, gzip-compressed; a
+directory given instead may hold plain `*.jsonl`) is a prompt with whether the weak model
 (Mixtral-8x7B) and the strong model (GPT-4) answered it correctly. The label is 1 when
 only the strong model was right: that is the only case where paying for the strong
 model changes the answer. "Weak right, strong wrong" is 0 (the weak model suffices).
@@ -22,16 +23,18 @@ The split never lets a model see a prompt it is judged on:
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from router.errors import RoutingError
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "data"  # shipped as package data
+COMPRESSED = ".gz"  # a data file `STEM.jsonl` may be stored as `STEM.jsonl.gz`
 
 # The pair the labels compare (RouterBench rows name every model they carry).
 WEAK_MODEL = "mistralai/mixtral-8x7b-chat"
@@ -88,19 +91,43 @@ def load_examples(data_dir: Path | None = None) -> list[Example]:
     directory = data_dir or DEFAULT_DATA_DIR
     examples: list[Example] = []
     for stem, name in DATASETS.items():
-        path = directory / f"{stem}.jsonl"
+        path = data_file(directory, stem)
         if not path.is_file():
-            raise RoutingError(f"routing data file {path} is missing; expected {stem}.jsonl")
+            raise RoutingError(
+                f"routing data file {path} is missing; expected {stem}.jsonl or {stem}.jsonl.gz"
+            )
         examples += _read(path, name)
     return examples
 
 
+def data_file(directory: Path, stem: str) -> Path:
+    """One dataset's file under ``directory``: ``STEM.jsonl``, else ``STEM.jsonl.gz``
+    (as shipped); the plain name when neither is there, for the caller's message."""
+    plain = directory / f"{stem}.jsonl"
+    packed = plain.with_name(plain.name + COMPRESSED)
+    return packed if not plain.is_file() and packed.is_file() else plain
+
+
+def open_data(path: Path) -> IO[str]:
+    """A data file's lines as text, a gzip one decompressed on the way."""
+    if path.suffix == COMPRESSED:
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def data_bytes(path: Path) -> bytes:
+    """A data file's content, decompressed: what digests are taken over, so a digest
+    does not depend on how the file is stored."""
+    raw = path.read_bytes()
+    return gzip.decompress(raw) if path.suffix == COMPRESSED else raw
+
+
 def data_fingerprint(data_dir: Path | None = None) -> str:
-    """SHA-256 over the dataset files (hex): what derived caches are keyed on."""
+    """SHA-256 over the dataset files' content (hex): what derived caches are keyed on."""
     directory = data_dir or DEFAULT_DATA_DIR
     digest = hashlib.sha256()
     for stem in DATASETS:
-        digest.update((directory / f"{stem}.jsonl").read_bytes())
+        digest.update(data_bytes(data_file(directory, stem)))
     return digest.hexdigest()
 
 
@@ -174,7 +201,7 @@ def _subject_group(example: Example) -> int:
 
 def _read(path: Path, dataset: str) -> list[Example]:
     rows, examples = [], []
-    with path.open(encoding="utf-8") as lines:
+    with open_data(path) as lines:
         for number, line in enumerate(lines, start=1):
             try:
                 row = json.loads(line)

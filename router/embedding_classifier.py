@@ -3,7 +3,7 @@ sentence embedding of the conversation, for routes whose policy asks for it
 (``classifier: minilm``).
 
 It costs tens of milliseconds per request on a CPU (the gateway runs it off the event
-loop) and, on the shared routing data, routes no better than the default classifier
+loop) and, on the shipped routing data, routes no better than the default classifier
 (its model card has both figures): it is there for operators who retrain it on their
 own labelled traffic (``cascade-gateway router train --embeddings --data DIR``), where
 the topics of their prompts may say more. It needs the ``embeddings`` extra (torch, the

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from router.dataset import data_file, open_data
 from router.errors import RoutingError
 from router.evaluation import apgr, cascade_curve
 from router.open_features import OPEN_FEATURES, open_features
@@ -44,7 +45,8 @@ from router.open_verifier import (
 )
 from router.verifier import Signals, Verifier, extract_features
 
-ARENA_FILE = "arena_chat.jsonl"
+ARENA_STEM = "arena_chat"  # ``dataset.data_file``: arena_chat.jsonl, or .jsonl.gz
+ARENA_FILE = f"{ARENA_STEM}.jsonl"
 WEAK_MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1"  # the pair the issue's cascade uses
 STRONG_MODEL = "gpt-4-1106-preview"
 FINAL_BUCKETS = 4  # prompts whose hash is 0 mod this are the final split
@@ -146,7 +148,7 @@ class ArenaData:
         """``data_dir``'s arena answers (of its first ``limit`` prompts by id);
         ``prompt_scores`` (prompt id -> the complexity classifier's score) default to
         the shipped classifier's."""
-        rows = read_rows(data_dir / ARENA_FILE)[:limit]
+        rows = read_rows(data_file(data_dir, ARENA_STEM))[:limit]
         if prompt_scores is None:
             prompt_scores = classifier_scores(rows)
         return cls.build(graded_answers(rows), prompt_scores)
@@ -214,7 +216,8 @@ def train_section(
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open_data(path) as text:
+            lines = text.read().splitlines()
     except OSError as exc:
         raise RoutingError(f"cannot read training data {path}: {exc}") from exc
     return sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["id"])

@@ -17,7 +17,7 @@ prompt that appears twice, in one file or in two, is always on one side:
 - ``outer_folds`` split the rest for the reported cross-validation;
 - ``inner_folds`` split an outer fold's training rows to choose the recipe.
 
-    table = load_table()                 # ../shared/data/routing by default
+    table = load_table()                 # the shipped router/data by default
     pool, final = final_split(table)
     for train, test in outer_folds(pool): ...
 """
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router.dataset import DATA_DIGEST_DIGITS, DEFAULT_DATA_DIR
+from router.dataset import DATA_DIGEST_DIGITS, DEFAULT_DATA_DIR, data_bytes, data_file, open_data
 from router.errors import RoutingError
 from router.quality import STRONG_MODEL, canonical
 
@@ -93,31 +93,32 @@ class QualityTable:
 
 
 def load_table(data_dir: Path | None = None) -> QualityTable:
-    """Every known file under `data_dir` (the shared routing data by default); a file
-    that is absent is skipped, but at least one must be there."""
+    """Every known file under `data_dir` (the shipped data by default; each `STEM.jsonl`
+    or `STEM.jsonl.gz`); a file that is absent is skipped, but at least one must be there."""
     directory = data_dir or DEFAULT_DATA_DIR
     records: list[tuple[str, str, str, dict[str, tuple[float, float]]]] = []
     for stem, name in DATASETS.items():
-        path = directory / f"{stem}.jsonl"
+        path = data_file(directory, stem)
         if path.is_file():
             records += [(name, *record) for record in _read(path)]
     if not records:
         raise RoutingError(
             f"no routing data under {directory}; expected some of "
             + ", ".join(f"{stem}.jsonl" for stem in DATASETS)
+            + " (or .jsonl.gz)"
         )
     return _tabulate(records)
 
 
 def data_digest(data_dir: Path | None = None) -> str:
-    """SHA-256 over the known files present under `data_dir` (first 12 hex digits, as
-    `router.dataset.data_digest` records it)."""
+    """SHA-256 over the content of the known files present under `data_dir` (first 12
+    hex digits, as `router.dataset.data_digest` records it)."""
     directory = data_dir or DEFAULT_DATA_DIR
     digest = hashlib.sha256()
     for stem in DATASETS:
-        path = directory / f"{stem}.jsonl"
+        path = data_file(directory, stem)
         if path.is_file():
-            digest.update(stem.encode() + b"\0" + path.read_bytes())
+            digest.update(stem.encode() + b"\0" + data_bytes(path))
     return digest.hexdigest()[:DATA_DIGEST_DIGITS]
 
 
@@ -159,7 +160,7 @@ def inner_folds(table: QualityTable, rows: IntArray) -> Iterator[tuple[IntArray,
 
 def _read(path: Path) -> Iterator[tuple[str, str, dict[str, tuple[float, float]]]]:
     """(id, prompt, {canonical model: (quality, cost)}) per line."""
-    with path.open(encoding="utf-8") as lines:
+    with open_data(path) as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -156,7 +156,7 @@ The candidates ({recipes}):
 - `heads`: the prior plus, per model, a ridge regression of its residual on the features.
 
 ## Data
-`../shared/data/routing/`: RouterBench ARC-Challenge, Winogrande and MBPP (11 models,
+`router/data/`: RouterBench ARC-Challenge, Winogrande and MBPP (11 models,
 `correct` and `cost_usd` per answer), arena chat (about 13 models, GPT-4's 1-10 grade
 read as (grade - 1) / 9, estimated `cost_usd`), MMLU and GSM8K (Mixtral and GPT-4 only,
 no costs). {models} models: {model_list}. A model the data lists under two names is one

@@ -2,7 +2,7 @@
 
 This is how the cascade verifier checks code (opt-in: a cascade route's
 `run_code_examples: true`, `router verify --run-code`): an answer whose own examples
-do not hold is more often wrong (on the shared MBPP answers of the ten cheap models,
+do not hold is more often wrong (on the shipped MBPP answers of the ten cheap models,
 37% of those whose every checked example fails are right, 70% of those whose every
 example holds). Model-written code is untrusted, so the kernel keeps it apart:
 

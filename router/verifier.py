@@ -116,7 +116,7 @@ SCORE_CAPS: dict[str, float] = {
     "code_stub": 0.2,
 }
 # Hard rules on maths questions only (`math_prompt`): a wrong arithmetic step. On the
-# shared GSM8K answers 14% of those with one are right (75% of all); in code answers
+# shipped GSM8K answers 14% of those with one are right (75% of all); in code answers
 # the step check misreads assignments (56% right, as the rest), so there it only weighs.
 MATH_SCORE_CAPS: dict[str, float] = {"math_wrong_step": 0.3}
 
@@ -165,7 +165,7 @@ _OTHER_LANGUAGE_SET = frozenset(OTHER_LANGUAGES)
 # and next to a word that makes them a language: "in C", "a Go function", "R code".
 _LETTER_NAMES = ("c", "go", "r")
 
-# An answer that opens by declining. "Unfortunately" only before "I" (the shared data's
+# An answer that opens by declining. "Unfortunately" only before "I" (the shipped data's
 # cut-off "Unfortunately I"; "Unfortunately for Pluto fans, no." answers), and "I do not"
 # only as not having or knowing ("I don't think so; it is 4" answers).
 _REFUSAL = re.compile(
@@ -438,11 +438,11 @@ def _code_features(prompt: str, question: str, answer: str) -> dict[str, float]:
         "code_missing": float(not _CODE_SIGNS.search(answer)),
         # Fenced as a language other than Python that the prompt did not name.
         "code_other_language": float(bool(other_fenced - named)),
-        # Long code is more often wrong (a harder task, or a detour): on the shared MBPP
+        # Long code is more often wrong (a harder task, or a detour): on the shipped MBPP
         # answers, 62% of those with <= 5 lines are right, 42% of those with > 12.
         "code_lines": math.log1p(_lines(code)),
         # Asked for a function (in Python: no other language named) and wrote no Python
-        # function: on the shared MBPP answers these are other languages' code without a
+        # function: on the shipped MBPP answers these are other languages' code without a
         # fence tag, or a bare expression, and 5% of them are right (52% of the rest).
         "code_no_function": float(
             asks_function and not named and not _PYTHON_FUNCTION.search(code)
@@ -524,7 +524,7 @@ def _names_not_implemented(exc: ast.expr | None) -> bool:
 
 
 def _code_run_features(run: ExampleRun | None) -> dict[str, float]:
-    """Whether the answer's own examples held when its code ran: on the shared MBPP
+    """Whether the answer's own examples held when its code ran: on the shipped MBPP
     answers of the ten cheap models, 70% of those whose every example holds are right,
     37% of those whose every example fails. NaN (neutral) when not run or nothing to run."""
     if run is None or not run.checked:

@@ -1,6 +1,6 @@
 """Training for the cascade verifier (``router.verifier``).
 
-Rows come from the shared routing data: each GSM8K prompt gives two answers (the weak
+Rows come from the routing data (``router/data``): each GSM8K prompt gives two answers (the weak
 and the strong model's, labelled by correctness) and each RouterBench prompt gives
 eleven (every model's response, acceptable when ``correct >= 0.5``). The model is a
 logistic regression on ``FEATURE_NAMES``; features the data cannot teach (logprobs,
@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from router import open_evaluation, open_verifier_train, sandbox
 from router.artifacts import read_artifact
 from router.code_examples import ExampleRun
-from router.dataset import DATASETS, PromptScores
+from router.dataset import DATASETS, DEFAULT_DATA_DIR, PromptScores, data_file, open_data
 from router.errors import RoutingError
 from router.verifier import (
     ARTIFACT_FORMAT,
@@ -53,13 +53,12 @@ from router.verifier import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "routing"
 _BUILT = re.compile(r"Built (\d{4}-\d\d-\d\d) by")  # the card's date of the closed-form part
-GSM8K_FILE = "gsm8k.jsonl"
-ROUTERBENCH_FILES = (
-    "routerbench_arc_challenge.jsonl",
-    "routerbench_mbpp.jsonl",
-    "routerbench_winogrande.jsonl",
+GSM8K_STEM = "gsm8k"  # data file stems (``dataset.data_file``)
+ROUTERBENCH_STEMS = (
+    "routerbench_arc_challenge",
+    "routerbench_mbpp",
+    "routerbench_winogrande",
 )
 HELD_OUT_TASK = "routerbench_winogrande"
 TEST_FRACTION_BUCKETS = 5  # one bucket in five of each other source is held out
@@ -116,7 +115,7 @@ class Example:
 
 def run_code_examples(examples: Sequence[Example]) -> list[Example]:
     """``examples`` with their code run against its own claims (``verifier.code_job``)
-    in the sandbox, one per CPU: about 50 s for the shared data's 3,000 on 12 cores."""
+    in the sandbox, one per CPU: about 50 s for the shipped data's 3,000 on 12 cores."""
     runs = sandbox.run_all([code_job(e.prompt, e.response) for e in examples])
     return [replace(e, code_run=run) for e, run in zip(examples, runs, strict=True)]
 
@@ -124,11 +123,11 @@ def run_code_examples(examples: Sequence[Example]) -> list[Example]:
 def build_examples(
     data_dir: Path, *, limit: int | None = None, prompt_scores: PromptScores | None = None
 ) -> list[Example]:
-    """Labelled answers from the shared data, in a fixed order (``limit`` prompts per file),
+    """Labelled answers from the data, in a fixed order (``limit`` prompts per file),
     each with its prompt's held-out classifier score when ``prompt_scores`` has it."""
-    examples = list(_gsm8k_examples(data_dir / GSM8K_FILE, limit))
-    for name in ROUTERBENCH_FILES:
-        examples += _routerbench_examples(data_dir / name, limit)
+    examples = list(_gsm8k_examples(data_file(data_dir, GSM8K_STEM), limit))
+    for stem in ROUTERBENCH_STEMS:
+        examples += _routerbench_examples(data_file(data_dir, stem), stem, limit)
     scores = prompt_scores or {}
     return [
         replace(e, prompt_score=scores.get((DATASETS[e.source], e.prompt_id))) for e in examples
@@ -148,7 +147,8 @@ def held_out_prompt_scores(data_dir: Path) -> dict[tuple[str, str], float]:
 
 def _read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open_data(path) as text:
+            lines = text.read().splitlines()
     except OSError as exc:
         raise RoutingError(f"cannot read training data {path}: {exc}") from exc
     rows = sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["id"])
@@ -163,11 +163,10 @@ def _gsm8k_examples(path: Path, limit: int | None) -> Iterator[Example]:
             yield Example("gsm8k", row["id"], row["prompt"], response, label, side)
 
 
-def _routerbench_examples(path: Path, limit: int | None) -> Iterator[Example]:
+def _routerbench_examples(path: Path, source: str, limit: int | None) -> Iterator[Example]:
     """Every model's answer, each with one other model's answer as its second opinion
     (picked by a hash of the prompt and the model: fixed from run to run, and spread
     over the other models about evenly)."""
-    source = path.stem
     for row in _read_rows(path, limit):
         names = sorted(row["models"])
         responses = {name: unwrap_response(row["models"][name]["response"]) for name in names}
@@ -488,7 +487,7 @@ def train(
         "prior_coefficients": sorted(PRIOR_COEFFICIENTS),
     }
     artifact["held_out_metrics"] = evaluate(verifier, test_set, features[held_out])
-    if (data_dir / open_verifier_train.ARENA_FILE).is_file():
+    if data_file(data_dir, open_verifier_train.ARENA_STEM).is_file():
         artifact["format"] = ARTIFACT_FORMAT
         artifact["open_ended"] = open_verifier_train.train_section(
             data_dir, verifier, limit=limit, prompt_scores=arena_scores
@@ -625,7 +624,7 @@ shared between the mixes. `ran` rows are the answers with examples that ran, sco
 without the run, and `ran +examples` the same rows scored with it.
 
 ## Data
-`shared/data/routing`: GSM8K (weak and strong model answers, labelled by correctness)
+`router/data`: GSM8K (weak and strong model answers, labelled by correctness)
 and RouterBench ARC-Challenge, MBPP and Winogrande (all 11 models' responses,
 acceptable when `correct >= 0.5`). Sources are weighted equally in training.
 

@@ -1,7 +1,7 @@
 """Train the shipped tiny model pair: `python -m local_engine.cpu.train_tiny`.
 
 Deterministic (fixed seeds, fixed step counts; same torch and thread count give the same
-weights) and offline: the text is the routing data in `shared/data/routing` (GSM8K
+weights) and offline: the text is the routing data the router ships, `router/data` (GSM8K
 questions with GPT-4's worked answers, RouterBench prompts with the models' responses),
 rendered with the chat template, so the models learn the template and end replies with
 `<|end|>`. Rows whose id hashes into the last 5% are held out for perplexity.
@@ -32,10 +32,11 @@ from local_engine.cpu.config import LlamaConfig
 from local_engine.cpu.model import LlamaForCausalLM
 from local_engine.cpu.server import DEFAULT_DRAFT, DEFAULT_MODEL
 from local_engine.cpu.tokenizer import TOKENIZER_FILE, Tokenizer
+from router.dataset import DEFAULT_DATA_DIR, data_file, open_data
 
 log = logging.getLogger("local_engine")
 
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing"
+DATA_DIR = DEFAULT_DATA_DIR  # STEM.jsonl.gz as shipped, or plain STEM.jsonl
 VOCAB_SIZE = 1024
 CONTEXT = 512
 HELD_OUT_PERCENT = 5
@@ -78,11 +79,12 @@ DRAFT = Recipe(128, 320, 1, 2, 1, steps=1000)
 
 def documents(data_dir: Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """(row id, chat messages) for every usable question/answer pair."""
-    for row in _rows(data_dir / "gsm8k.jsonl"):
+    for row in _rows(data_file(data_dir, "gsm8k")):
         if row.get("strong_response"):
             yield row["id"], _chat(row["prompt"], row["strong_response"])
-    for path in sorted(data_dir.glob("routerbench_*.jsonl")):
-        for row in _rows(path):
+    stems = {p.name.split(".")[0] for p in data_dir.glob("routerbench_*.jsonl*")}
+    for stem in sorted(stems):
+        for row in _rows(data_file(data_dir, stem)):
             for rank, name in enumerate(RESPONDERS):
                 answer = _response(row.get("models", {}).get(name, {}).get("response"))
                 # One letter answers (ARC, Winogrande) teach little: keep the first responder's.
@@ -91,7 +93,7 @@ def documents(data_dir: Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
 
 
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open() as lines:
+    with open_data(path) as lines:
         for line in lines:
             yield json.loads(line)
 

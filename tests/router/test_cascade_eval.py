@@ -17,7 +17,14 @@ from router.cascade_evaluation import (
     run_cascade_evaluation,
 )
 from router.classifier_train import FeatureCache, fit_folds, held_out_scores
-from router.dataset import DATASETS, DEFAULT_DATA_DIR, STRONG_MODEL, WEAK_MODEL, load_examples
+from router.dataset import (
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    STRONG_MODEL,
+    WEAK_MODEL,
+    load_examples,
+    open_data,
+)
 from router.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
 from router.verifier import FEATURE_NAMES
 
@@ -87,15 +94,17 @@ def test_cascade_table_reports_cost_at_cpt_and_ties() -> None:
 
 
 def _sample_data(source: Path, target: Path, every: int) -> None:
-    """Every `every`-th row of each routing data file (MMLU keeps many subjects)."""
+    """Every `every`-th row of each shipped data file (MMLU keeps many subjects), written
+    as plain `.jsonl`, the form a user's own `--data` directory has."""
     target.mkdir()
-    for path in source.glob("*.jsonl"):
-        lines = path.read_text(encoding="utf-8").splitlines()
-        step = every * 10 if path.stem == "mmlu" else every
-        (target / path.name).write_text("\n".join(lines[::step]) + "\n", encoding="utf-8")
+    for path in source.glob("*.jsonl.gz"):
+        with open_data(path) as text:
+            lines = text.read().splitlines()
+        name = path.name.removesuffix(".gz")
+        step = every * 10 if name == "mmlu.jsonl" else every
+        (target / name).write_text("\n".join(lines[::step]) + "\n", encoding="utf-8")
 
 
-@pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
 def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None:
     """The eval pipeline end to end on a sample: held-out classifier priors, then every
     cheap answer scored by a verifier trained without its prompt."""
@@ -139,7 +148,6 @@ def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None
         assert np.isnan(report.metrics.apgr) or low <= report.metrics.apgr <= high
 
 
-@pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
 def test_task_verifiers_never_see_their_task() -> None:
     """A task's verifier is the same whatever that task's answers and labels are (it
     trained on the others only); without any code answer, the code signals carry no
@@ -166,7 +174,6 @@ def test_task_verifiers_never_see_their_task() -> None:
     assert len(set(scores.values())) == len(scores)
 
 
-@pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
 def test_router_eval_prints_the_tables_and_draws_every_dataset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,15 +1,22 @@
-"""The split on the real routing data (present in CI, where a missing copy fails)."""
+"""The split on the routing data the package ships (``router/data``: a missing file
+fails these tests, never skips them), and how that data is read."""
 
 from __future__ import annotations
 
-import os
+import gzip
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
 
+from router import dataset, open_verifier_train, quality_data
 from router.dataset import (
     DEFAULT_DATA_DIR,
     Example,
     cheap_pool,
+    data_digest,
+    data_file,
     evaluation_folds,
     is_held_out_subject,
     load_examples,
@@ -18,15 +25,44 @@ from router.dataset import (
     subject_folds,
     training_pool,
 )
+from router.errors import RoutingError
+
+ROOT = Path(__file__).resolve().parents[2]
+STEMS = sorted({*dataset.DATASETS, *quality_data.DATASETS, open_verifier_train.ARENA_STEM})
 
 
 @pytest.fixture(scope="module")
 def examples() -> list[Example]:
-    if not DEFAULT_DATA_DIR.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"routing data missing at {DEFAULT_DATA_DIR} under CI=true")
-        pytest.skip(f"routing data not at {DEFAULT_DATA_DIR}")
     return load_examples()
+
+
+def test_the_package_ships_every_data_file_with_its_card() -> None:
+    """Each file any trainer reads is in ``router/data``, gzip-compressed, and matched by
+    the package data globs, so an installed package trains as a clone does."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    globs = config["tool"]["setuptools"]["package-data"]["router"]
+    shipped = sorted(p.name for p in DEFAULT_DATA_DIR.iterdir())
+    assert shipped == sorted([*(f"{stem}.jsonl.gz" for stem in STEMS), "README.md"])
+    for name in shipped:
+        assert any(fnmatch(f"data/{name}", glob) for glob in globs), name
+    for stem in STEMS:
+        assert data_file(DEFAULT_DATA_DIR, stem) == DEFAULT_DATA_DIR / f"{stem}.jsonl.gz"
+
+
+def test_plain_and_compressed_files_read_alike(tmp_path: Path) -> None:
+    """A ``--data`` directory of plain ``.jsonl`` reads as the shipped ``.jsonl.gz`` does,
+    with the same digest (taken over the content), so artefacts record one figure."""
+    for stem in dataset.DATASETS:
+        plain = gzip.decompress(data_file(DEFAULT_DATA_DIR, stem).read_bytes())
+        (tmp_path / f"{stem}.jsonl").write_bytes(plain)
+    assert data_digest(tmp_path) == data_digest()
+    assert quality_data.data_digest(tmp_path) != quality_data.data_digest()  # no arena
+    assert load_examples(tmp_path)[::500] == load_examples()[::500]
+
+
+def test_a_missing_file_is_named_with_both_forms(tmp_path: Path) -> None:
+    with pytest.raises(RoutingError, match=r"mmlu\.jsonl is missing; expected mmlu\.jsonl or"):
+        load_examples(tmp_path)
 
 
 def test_folds_never_test_on_training_prompts(examples: list[Example]) -> None:

@@ -1,6 +1,6 @@
 """The verifier's open-ended judgement: the kind dispatch, its scores, the `router verify`
 contract on chat rows, the artifact, and training by grouped cross-validation (on
-fixture rows written here, never the shared data)."""
+fixture rows written here, never the shipped data)."""
 
 from __future__ import annotations
 

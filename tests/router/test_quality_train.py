@@ -1,5 +1,5 @@
 """The quality predictor's data, splits, training and evaluation, on small fixture rows
-written here (the tests never read the shared data)."""
+written here (the tests never read the shipped data)."""
 
 from __future__ import annotations
 

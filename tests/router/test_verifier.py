@@ -25,8 +25,6 @@ from router.verifier import (
 )
 from router.verifier_train import DEFAULT_DATA_DIR, build_examples, signal_variants, train
 
-needs_data = pytest.mark.skipif(not DEFAULT_DATA_DIR.is_dir(), reason="no shared routing data")
-
 MATHS = "Tom has 3 boxes with 12 apples each. He eats 5 apples. How many apples are left?"
 MATHS_ANSWER = "3 boxes * 12 apples = 36 apples. 36 - 5 = 31.\n#### 31"
 CHOICE = (
@@ -126,7 +124,7 @@ def test_an_answer_nested_past_the_parsers_depth_is_invalid_json_not_an_error() 
         ("Unfortunately for Pluto fans, no. It is a dwarf planet.", 0),
         ("I don't think so: 7 is prime.", 0),
         ("I do not agree; the answer is 4.", 0),
-        ("Unfortunately I", 1),  # the shared data's cut-off refusal
+        ("Unfortunately I", 1),  # the shipped data's cut-off refusal
         ("Unfortunately, I cannot share that.", 1),
         ("I can't help with that.", 1),
         ("I'm unable to provide information on that topic.", 1),
@@ -298,7 +296,6 @@ def test_each_mix_of_optional_signals_is_fitted_and_shares_its_rows_weight() -> 
     assert kept == {(True, True), (True, False), (False, True), (False, False)}
 
 
-@needs_data
 def test_training_pairs_each_answer_with_a_second_opinion() -> None:
     """RouterBench answers carry another model's answer to the same prompt; GSM8K has
     no third model, so its answers carry none."""
@@ -489,14 +486,13 @@ def test_bad_artifact_is_a_routing_error(tmp_path: Path) -> None:
         Verifier.load(tmp_path / "missing.json")
 
 
-@needs_data
 def test_training_is_deterministic(tmp_path: Path) -> None:
     first, second = tmp_path / "a" / "verifier.json", tmp_path / "b" / "verifier.json"
     # The closed-form data only: the open-ended section has its own (test_open_verifier).
     data = tmp_path / "data"
     data.mkdir()
-    for source in DEFAULT_DATA_DIR.glob("*.jsonl"):
-        if source.name != "arena_chat.jsonl":
+    for source in DEFAULT_DATA_DIR.glob("*.jsonl.gz"):
+        if source.name != "arena_chat.jsonl.gz":
             (data / source.name).symlink_to(source)
     # Without prompt scores (the full held-out classifier run is tested with the eval).
     train(data, first, limit=60, prompt_scores={})
@@ -506,7 +502,6 @@ def test_training_is_deterministic(tmp_path: Path) -> None:
     Verifier.load(first)
 
 
-@needs_data
 def test_examples_cover_every_source() -> None:
     examples = build_examples(DEFAULT_DATA_DIR, limit=3)
     sources = {e.source for e in examples}
