@@ -212,3 +212,21 @@ def test_policy_explain_says_what_each_deployment_serves_and_what_it_skips(
     with pytest.raises(SystemExit):
         main([*args[:-1], "tool"])
     assert "unknown capability tool" in capsys.readouterr().err
+
+
+def test_without_the_embeddings_extra_the_400_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the defaults installed with `[engine]` only, nothing serves embeddings: the
+    gateway's answer says the embedded engine would, with the extra."""
+    from gateway import capabilities as module
+    from router import embeddings
+
+    monkeypatch.setattr(embeddings, "missing", lambda: "it needs the extra (pip install x)")
+    runtime = build_runtime(load_policy(DEFAULT_POLICY_PATH, env={}))
+    route = runtime.routes["auto"]
+    error = module.unserved(runtime, route, {"embeddings": "model"})
+    assert error.status == 400 and error.param == "model"
+    assert error.message.endswith(
+        "the embedded CPU engine would serve embeddings, but it needs the extra (pip install x)"
+    )
