@@ -136,7 +136,16 @@ class Proxy:
         # has that much less for its upstreams.
         deadline_s = max(0.001, deadline_s - (time.perf_counter() - started))
         admission = await self._limits.admit(
-            runtime, principal, route, endpoint, body, candidates, strategy, request_id, call.prompt
+            runtime,
+            principal,
+            route,
+            endpoint,
+            body,
+            candidates,
+            strategy,
+            request_id,
+            call.prompt,
+            frozenset(needs),
         )
         response: Response | None = None
         body = admission.cap(endpoint, body)  # upstreams asked for no more than was held

@@ -95,18 +95,22 @@ def worst_case_nanos(
 
 
 def downgrade_plans(
-    runtime: Runtime, route: RouteRuntime, rules: Rules
+    runtime: Runtime, route: RouteRuntime, rules: Rules, needs: frozenset[str] = frozenset()
 ) -> dict[str, list[DeploymentRuntime]]:
     """For each downgrade tier of the budgets in `rules`: the route's available
-    deployments in that tier, in route order. Tiers the route does not serve are left
-    out (such a budget only alerts)."""
+    deployments in that tier that serve what the request `needs` (tools, vision...), in
+    route order. Tiers with none are left out (for this request the budget only alerts)."""
     plans: dict[str, list[DeploymentRuntime]] = {}
     for budget in rules.budgets:
         tier = budget.downgrade_tier
         if tier is None or budget.soft_nanos is None or tier in plans:
             continue
         deployments = [runtime.deployments[name] for name in route.deployments]
-        found = [d for d in deployments if d.tier == tier and d.unavailable_reason is None]
+        found = [
+            d
+            for d in deployments
+            if d.tier == tier and d.unavailable_reason is None and d.serves(needs)
+        ]
         if found:
             plans[tier] = found
     return plans

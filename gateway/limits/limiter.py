@@ -170,13 +170,14 @@ class Limiter:
         strategy: str,
         request_id: str,
         prompt: PromptCounts,
+        needs: frozenset[str] = frozenset(),
     ) -> Admission:
         """Admit the request or raise `RateLimited`, `BudgetExceeded` or (store down,
         policy closed) `LimitsUnavailable`. The prompt's count lands in `prompt`."""
         rules = self._book_of(runtime).rules_for(principal.key_id, principal.team, route.name)
         if rules is None or not candidates:  # no candidates: nothing will be called
             return UNLIMITED
-        plans = self._plans(runtime, route, candidates, rules)
+        plans = self._plans(runtime, route, candidates, rules, needs)
         tokens = await prompt.count(plans[0][0].target.model, endpoint, body)
         output = output_of(endpoint, body, rules.max_output_tokens)
         ask = self._ask(runtime, route, output, plans, strategy, rules, request_id, tokens)
@@ -199,10 +200,14 @@ class Limiter:
 
     @staticmethod
     def _plans(
-        runtime: Runtime, route: RouteRuntime, candidates: list[DeploymentRuntime], rules: Rules
+        runtime: Runtime,
+        route: RouteRuntime,
+        candidates: list[DeploymentRuntime],
+        rules: Rules,
+        needs: frozenset[str],
     ) -> list[list[DeploymentRuntime]]:
         """The planned candidates, then one plan per downgrade tier the route serves."""
-        return [candidates, *downgrade_plans(runtime, route, rules).values()]
+        return [candidates, *downgrade_plans(runtime, route, rules, needs).values()]
 
     def _ask(
         self,

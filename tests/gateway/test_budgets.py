@@ -272,6 +272,29 @@ def test_past_the_soft_limit_requests_go_to_the_downgrade_tier(
     assert metric(base, "cascade_budget_downgrades_total") == 2
 
 
+def test_a_downgrade_skips_deployments_that_cannot_serve_the_request(
+    start: Any, counters: Counters, cheap: FakeOpenAI
+) -> None:
+    """Past the soft limit, a tools request stays on the tier that serves tools rather
+    than being sent to a downgrade tier whose deployment does not (it would refuse)."""
+    budget = (
+        "{scope: team, name: research, period: day, limit_usd: 1, "
+        f"soft_limit_usd: {0.5 * ACTUAL / 1e9}, downgrade_tier: local}}"
+    )
+    text = policy(budget).replace(
+        "    tier: local\n", "    tier: local\n    capabilities: [chat]\n"
+    )
+    base = start(text).url
+    assert ask(base).headers["x-cascade-tier"] == "premium"
+    counters.settled("team", "research", ACTUAL)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with_tools = ask(base, tools=[tool])
+    assert with_tools.status_code == 200
+    assert with_tools.headers["x-cascade-tier"] == "premium"  # local serves no tools
+    assert ask(base).headers["x-cascade-tier"] == "local"  # plain chat is downgraded
+    assert all("tools" not in r["body"] for r in cheap.requests)
+
+
 def test_a_downgrade_tier_that_is_ejected_releases_its_hold(
     start: Any, counters: Counters, cheap: FakeOpenAI
 ) -> None:
