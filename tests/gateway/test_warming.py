@@ -52,7 +52,6 @@ deployments:
   spare:
     provider: openai
     api_base: {spare_url}
-    api_key: sk-fake
     model: gpt-4o-mini
     tier: paid
     max_retries: 0
