@@ -28,7 +28,7 @@ MAX_JSON_DEPTH = 128
 # (prompts x n or best_of x max tokens). Beyond any model's context, far inside int64.
 MAX_OUTPUT_TOKENS = 10_000_000
 MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
-MAX_TOKENS_FORM = f"an integer in [1, {MAX_OUTPUT_TOKENS:,}]".replace(",", "_")
+MAX_TOKENS_FORM = f"an integer in [1, {MAX_OUTPUT_TOKENS:_}]"
 
 Check = Callable[[Any], bool]
 
@@ -122,15 +122,22 @@ def _check_output_total(body: dict[str, Any], endpoint: EndpointType) -> None:
     """Choices x max tokens within `MAX_OUTPUT_TOKENS` (what budgets reserve)."""
     if endpoint == "embeddings":
         return
-    per_choice = body.get("max_completion_tokens") or body.get("max_tokens") or 1
-    total = per_choice * choices_of(endpoint, body)
-    if total > MAX_OUTPUT_TOKENS:
+    per_choice = asked_tokens(body) or 1
+    choices = choices_of(endpoint, body)
+    if per_choice * choices > MAX_OUTPUT_TOKENS:
         field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
         raise InvalidRequest(
-            f"the request asks for up to {total:_} output tokens ({choices_of(endpoint, body)} "
+            f"the request asks for up to {per_choice * choices:_} output tokens ({choices} "
             f"choices x {per_choice:_} '{field}'); at most {MAX_OUTPUT_TOKENS:_} are accepted",
             param=field,
         )
+
+
+def asked_tokens(body: Mapping[str, Any]) -> int | None:
+    """The most output tokens per answer the client asks for (None: it sets none);
+    `max_completion_tokens` first, as OpenAI reads it."""
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    return asked if isinstance(asked, int) and asked > 0 else None
 
 
 def output_cap(endpoint: EndpointType, body: Mapping[str, Any], cap: int) -> dict[str, int]:

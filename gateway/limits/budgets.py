@@ -28,7 +28,7 @@ from gateway.judge import OVERHEAD_TOKENS
 from gateway.limits.rules import BudgetRule, Period, Rules
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
-from gateway.validation import choices_of, output_cap
+from gateway.validation import asked_tokens, choices_of, output_cap
 
 SIGNIFICANT_DIGITS = 6  # in dollar amounts of messages
 
@@ -51,9 +51,7 @@ def output_of(endpoint: EndpointType, body: Mapping[str, Any], default: int) -> 
     """The most output a request may be billed for; `default` when it sets no maximum."""
     if endpoint == "embeddings":
         return Output(0, 0)
-    asked = body.get("max_completion_tokens") or body.get("max_tokens")
-    per_choice = asked if isinstance(asked, int) and asked > 0 else default
-    return Output(per_choice, choices_of(endpoint, body))
+    return Output(asked_tokens(body) or default, choices_of(endpoint, body))
 
 
 def capped_body(endpoint: EndpointType, body: dict[str, Any], per_choice: int) -> dict[str, Any]:
