@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from gateway import tokens
 from gateway.accounting import Accountant
 from gateway.ledger import CostLedger, LedgerStore
 from gateway.limits import Limiter
@@ -71,6 +72,7 @@ class Services:
         self.runtime = self.runtime_warnings.build(loaded)
         log_changes(serving, loaded)
         warm(self.runtime.routes.values(), self.settings.embedding_threads)
+        tokens.warm(counted_models(self.runtime))
         self.guard.configure(loaded.policy)
         self.metrics.policy_reloads.labels("ok").inc()
 
@@ -81,6 +83,11 @@ class Services:
     def last_reload_error(self) -> str | None:
         error = self.reloader.last_error if self.reloader is not None else None
         return None if error is None else str(error)
+
+
+def counted_models(runtime: Runtime) -> set[str]:
+    """The upstream models whose tokens the gateway may count (those reporting no usage)."""
+    return {deployment.target.model for deployment in runtime.deployments.values()}
 
 
 def log_unserved(loaded: LoadedPolicy) -> None:

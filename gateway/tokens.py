@@ -20,12 +20,15 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import tiktoken
 
 from policies.prices import litellm_root
 
+# Encodings are built off the event loop, one at a time (`warm`).
+_LOADER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiktoken")
 # OpenAI's chat format adds a few tokens per message and for the reply's priming.
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REPLY = 3
@@ -191,6 +194,12 @@ class PromptCounts:
         return known
 
 
+def estimate_prompt_tokens(endpoint: str, body: Mapping[str, Any]) -> int:
+    """A quick size of the prompt's text, in tokens (`CHARS_PER_TOKEN`): enough to rank
+    deployments by expected cost without encoding it."""
+    return 1 + _prompt_chars(endpoint, body) // CHARS_PER_TOKEN
+
+
 def _prompt_chars(endpoint: str, body: Mapping[str, Any]) -> int:
     if endpoint == "chat":
         messages = body.get("messages") or []
@@ -199,7 +208,15 @@ def _prompt_chars(endpoint: str, body: Mapping[str, Any]) -> int:
     return sum(len(p) for p in prompt_list(body.get(field)) if isinstance(p, str))
 
 
-def preload() -> None:
-    """Load both encodings now (at start-up) rather than inside the first request."""
-    encoding_for("gpt-4o")
-    encoding_for("cl100k")
+def preload(models: Iterable[str] = ("gpt-4o", "cl100k")) -> None:
+    """Load the encodings `models` are counted with now rather than inside a request,
+    on the event loop (default: both)."""
+    for model in models:
+        encoding_for(model)
+
+
+def warm(models: Iterable[str]) -> Future[None]:
+    """`preload(models)` in the loader's thread: at start-up for the policy's models, and
+    on each reload for those it brings (an encoding costs ~0.2 s of CPU to build, so
+    one no deployment counts with is never built)."""
+    return _LOADER.submit(preload, list(models))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from policies.errors import PolicyError
 from policies.keys import hash_key
-from policies.loader import LoadedPolicy, load_policy
+from policies.loader import InstallCheck, LoadedPolicy, load_policy
 from policies.reloader import PolicyReloader
 from policies.schema import Policy
 
@@ -21,6 +21,7 @@ EXAMPLES_DIR = Path(__file__).parent / "examples"
 __all__ = [
     "DEFAULT_POLICY_PATH",
     "EXAMPLES_DIR",
+    "InstallCheck",
     "LoadedPolicy",
     "Policy",
     "PolicyError",

