@@ -4,7 +4,6 @@ filled by real requests. Screenshots land in `test-artifacts/` (gitignored)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from tests.dashboards.conftest import (
     FilledGateway,
     finance_headers,
 )
+from tests.support import unavailable
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM_ARGS = [
@@ -40,10 +40,7 @@ def chromium_path() -> str:
     """Debian's chromium; under CI a missing browser fails the test, locally it skips."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        message = "chromium is not installed (apt-get install -y chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("chromium is not installed (apt-get install -y chromium)")
     return path
 
 
@@ -151,6 +148,7 @@ async def test_dashboard_renders_filters_and_exports_what_the_api_serves(
     total = api(filled, "/v1/spend", **span)["total"]
     assert await kpi(page, "cost") == total["cost_usd"]
     assert await kpi(page, "savings") == total["savings_usd"]
+    assert await kpi(page, "cache-savings") == total["cache_savings_usd"]
     assert await kpi(page, "per-1k") == total["cost_per_1k_requests_usd"]
     assert await kpi(page, "requests") == total["requests"]
 

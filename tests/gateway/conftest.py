@@ -3,12 +3,11 @@ per test, real Redis under a per-test key prefix, and the fake upstreams."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -17,12 +16,15 @@ from gateway.settings import Settings
 from tests.fakes.fixtures import fake_anthropic, fake_openai
 from tests.gateway.ledger_fixtures import RedisServer
 from tests.gateway.server import GatewayServer
+from tests.support import eventually_async
 
 __all__ = ["fake_anthropic", "fake_openai"]
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 CLIENT_KEY = "fake-client-key"
 ADMIN_KEY = "fake-admin-key"
+AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}  # a client's headers
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}  # an admin's
 
 StartGateway = Callable[..., GatewayServer]
 
@@ -89,12 +91,15 @@ async def ledger_store(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis
 
 async def wait_for_record(store: RedisStore, record_id: str, timeout_s: float = 5.0) -> SpendRecord:
     """Ledger writes happen after the reply; poll until this one has landed."""
-    deadline = time.monotonic() + timeout_s
-    while (record := await store.get(record_id)) is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"record {record_id} never reached the ledger")
-        await asyncio.sleep(0.02)
+    record = await eventually_async(lambda: store.get(record_id), timeout_s, f"record {record_id}")
+    assert record is not None
     return record
+
+
+def metric(base: str, name: str) -> float:
+    """The sum of the gateway's /metrics samples whose line starts with `name` (0: none)."""
+    text = httpx.get(f"{base}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
 def openai_compatible_policy() -> Path:

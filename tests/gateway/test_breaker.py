@@ -14,13 +14,13 @@ import redis.asyncio as aioredis
 
 from gateway.breaker import BreakerSettings, CircuitBreakers
 from gateway.errors import RateLimited, UpstreamTimeout
-from gateway.upstreams.base import UpstreamConnectFailed, UpstreamStatus
+from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamStatus
 from tests.gateway.scripted import ScriptedClient
 from tests.gateway.test_hedging import (
     BODY,
     answers,
     deployment,
-    ejected_then_expired,
+    due_for_a_probe,
     executor,
     fails,
 )
@@ -101,9 +101,8 @@ def test_release_hands_back_only_the_slot_it_was_given() -> None:
 
 def probe_taken() -> CircuitBreakers:
     """a's breaker half-open, its one probe slot held by another request."""
-    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=30))
-    breakers.record_failure("a", BROKEN)
-    assert breakers.allows("a", now=time.time() + 31)
+    breakers = due_for_a_probe()
+    assert breakers.allows("a")
     return breakers
 
 
@@ -125,12 +124,17 @@ async def test_a_busy_last_resort_leaves_the_probe_slot_to_its_holder() -> None:
 
 
 async def test_a_probe_keeps_its_slot_while_it_waits_to_retry() -> None:
-    breakers = ejected_then_expired(0.2)
-    await asyncio.sleep(0.21)
-    run, _ = executor(ScriptedClient({"a": fails(SLOW_DOWN), "b": answers()}), breakers)
+    answered_busy = asyncio.Event()
+
+    async def busy() -> UpstreamReply:
+        answered_busy.set()
+        raise SLOW_DOWN
+
+    breakers = due_for_a_probe()
+    run, _ = executor(ScriptedClient({"a": busy, "b": answers()}), breakers)
     candidates = [deployment("a", retries=1), deployment("b")]
     request = asyncio.create_task(run.complete(candidates, "chat", BODY, 5.0))
-    await asyncio.sleep(0.05)  # a answered busy; the request waits to ask it again
+    await answered_busy.wait()  # the request waits to ask a again
     assert breakers.is_ejected("a")  # its probe is still out
     assert (await request).deployment.name == "b"
     assert breakers.state("a") == "half_open" and not breakers.is_ejected("a")

@@ -21,11 +21,10 @@ from gateway.ledger import RedisStore
 from gateway.limits.budgets import output_of
 from gateway.tokens import count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway
+from tests.gateway.conftest import AUTH, StartGateway
 from tests.gateway.test_budgets_concurrency import ledger_until, wait_until_settled
 
 log = logging.getLogger(__name__)  # the figures per shape, for `--log-cli-level=INFO`
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 REQUESTS = 500
 ADMITTED = 120  # the budget has room for about this many worst cases
 NANOS_PER_TOKEN = 10_000  # $10 per million tokens, in and out

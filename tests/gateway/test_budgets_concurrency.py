@@ -15,9 +15,8 @@ import redis
 from gateway.ledger import RedisStore
 from gateway.tokens import count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway
+from tests.gateway.conftest import AUTH, StartGateway
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 MESSAGES = [{"role": "user", "content": "hi there"}]
 MAX_TOKENS = 10
 PROMPT = count_prompt("big-model", "chat", {"messages": MESSAGES})

@@ -22,9 +22,8 @@ from policies.engines import EngineSpec
 from policies.schema import Deployment
 from router import DeploymentView, RouteSpec, plan_route
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway
+from tests.gateway.conftest import StartGateway
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}

@@ -22,9 +22,8 @@ from policies import DEFAULT_POLICY_PATH, load_policy
 from policies.schema import Deployment
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 POLICY = """
 deployments:
   cheap:

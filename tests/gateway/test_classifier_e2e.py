@@ -16,9 +16,8 @@ from gateway.scoring import RequestScorer
 from router import embedding_classifier, embeddings
 from router.errors import RoutingError
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 EASY = "hi, what is the capital of France?"
 HARD = (
     "Prove that for every prime p > 3, p^2 - 1 is divisible by 24. Then solve step by "

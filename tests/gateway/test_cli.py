@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,13 +22,14 @@ from router.classifier import Classifier
 from router.embedding_classifier import shipped
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import (
-    CLIENT_KEY,
+    AUTH,
     POLICIES,
     StartGateway,
     openai_compatible_policy,
     wait_for_record,
 )
 from tests.gateway.ledger_fixtures import free_port
+from tests.support import serving
 
 EXE = shutil.which("cascade-gateway") or str(Path(sys.executable).parent / "cascade-gateway")
 
@@ -295,17 +295,7 @@ def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
 
 
 def wait_for(check: Callable[[], bool], proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            output = proc.stdout.read() if proc.stdout and proc.poll() is not None else b""
-            pytest.fail(f"serve did not get there in {timeout_s:.0f} s: {output!r}")
-        time.sleep(0.2)
+    serving(proc, check, timeout_s, lambda: proc.stdout.read() if proc.stdout else b"")
 
 
 async def test_spend_report_matches_the_ledger(
@@ -316,11 +306,10 @@ async def test_spend_report_matches_the_ledger(
     redis_prefix: str,
 ) -> None:
     base = start_gateway(openai_compatible_policy(), UPSTREAM_BASE_URL=fake_openai.url).url
-    headers = {"authorization": f"Bearer {CLIENT_KEY}"}
     ids = []
     for words in (1, 5, 9):
         body = {"model": "auto", "messages": [{"role": "user", "content": "w " * words}]}
-        reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers)
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
         ids.append(reply.headers["x-request-id"])
     records = [await wait_for_record(ledger_store, i) for i in ids]
     today = datetime.now(UTC).date().isoformat()

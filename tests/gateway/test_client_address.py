@@ -8,7 +8,6 @@ import ipaddress
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from gateway.auth import Origin, forwarded_for
 from gateway.cli import _run_uvicorn, main
 from gateway.settings import Settings
 from tests.gateway.ledger_fixtures import free_port
+from tests.support import serving
 
 CLIENT_KEY = "fake-address-client-key"
 POLICY = """
@@ -65,11 +65,7 @@ def serve(tmp_path: Path, policy: str) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while not healthy(base):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else "serve exited"
-            assert time.monotonic() < deadline, "serve never became healthy"
-            time.sleep(0.1)
+        serving(proc, lambda: healthy(base), 60, lambda: proc.stdout.read() if proc.stdout else "")
         yield base
     finally:
         proc.terminate()

@@ -20,13 +20,11 @@ from policies import load_policy
 from router import sandbox
 from router.code_examples import ExampleRun
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 from tests.gateway.test_cascade_e2e import POLICY
+from tests.support import requires
 
-pytestmark = pytest.mark.skipif(
-    sandbox.available() is not None, reason=f"no sandbox here: {sandbox.available()}"
-)
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+pytestmark = requires(sandbox.available(), "the sandbox")
 QUESTION = {"role": "user", "content": "Write a python function to add two numbers."}
 
 

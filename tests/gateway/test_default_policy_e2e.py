@@ -22,6 +22,7 @@ from policies import DEFAULT_POLICY_PATH
 from router.embeddings import missing
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
 from tests.gateway.conftest import ADMIN_KEY, StartGateway, wait_for_record
+from tests.support import requires
 
 HARD = {
     "role": "user",
@@ -129,7 +130,7 @@ def test_with_a_key_embeddings_skip_the_paid_chat_models(
     assert paid.requests == []  # gpt-4o and its mini are chat models
 
 
-@pytest.mark.skipif(missing() is not None, reason=str(missing()))
+@requires(missing(), "prompt embeddings")
 def test_embeddings_on_the_defaults_come_from_the_engines_minilm(
     start_gateway: StartGateway,
 ) -> None:

@@ -61,9 +61,11 @@ def executor(
     return Executor({"openai": client}, metrics, max_retry_wait_s=2.0, guard=guard), guard
 
 
-def ejected_then_expired(cooldown_s: float) -> CircuitBreakers:
-    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=cooldown_s))
+def due_for_a_probe() -> CircuitBreakers:
+    """a's breaker opened, and read at the end of its cooldown: half-open, not waited for."""
+    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=30))
     breakers.record_failure("a", UpstreamStatus("boom", status=500))
+    assert breakers.state("a", now=time.time() + 30) == "half_open"
     return breakers
 
 
@@ -80,8 +82,7 @@ async def test_a_hedge_starts_at_a_deployment_not_called_yet() -> None:
 
 
 async def test_a_probe_answered_busy_frees_its_slot() -> None:
-    breakers = ejected_then_expired(0.05)
-    await asyncio.sleep(0.06)
+    breakers = due_for_a_probe()
     client = ScriptedClient({"a": fails(UpstreamStatus("queue full", status=503)), "b": answers()})
     run, _ = executor(client, breakers)
     done = await run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0)
@@ -90,8 +91,7 @@ async def test_a_probe_answered_busy_frees_its_slot() -> None:
 
 
 async def test_a_probe_cancelled_by_a_lost_race_frees_its_slot() -> None:
-    breakers = ejected_then_expired(0.05)
-    await asyncio.sleep(0.06)
+    breakers = due_for_a_probe()
     client = ScriptedClient({"a": answers(2.0), "b": answers()})
     run, _ = executor(client, breakers)
     done = await run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0, Hedge(0.05))
@@ -100,8 +100,7 @@ async def test_a_probe_cancelled_by_a_lost_race_frees_its_slot() -> None:
 
 
 async def test_a_route_s_only_deployment_is_ejected_again_after_its_cooldown() -> None:
-    breakers = ejected_then_expired(0.05)
-    await asyncio.sleep(0.06)
+    breakers = due_for_a_probe()
     client = ScriptedClient({"a": fails(UpstreamStatus("boom", status=500))})
     run, _ = executor(client, breakers)
     with pytest.raises(GatewayError):
@@ -140,10 +139,13 @@ async def test_a_chain_waiting_to_retry_is_not_a_loser() -> None:
 
 
 async def test_cancelling_the_request_is_not_swallowed_by_the_cleanup() -> None:
+    cleaning_up = asyncio.Event()
+
     async def slow_to_cancel() -> UpstreamReply:
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
+            cleaning_up.set()
             await asyncio.sleep(0.3)  # closing a connection
             raise
         raise AssertionError("unreachable")
@@ -153,7 +155,7 @@ async def test_cancelling_the_request_is_not_swallowed_by_the_cleanup() -> None:
     task = asyncio.create_task(
         run.complete([deployment("a"), deployment("b")], "chat", BODY, 5.0, Hedge(0.05))
     )
-    await asyncio.sleep(0.15)  # b won; the loser's cleanup is running
+    await cleaning_up.wait()  # b won; the loser's cleanup is running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

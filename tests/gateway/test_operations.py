@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway
-
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
-ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+from tests.gateway.conftest import ADMIN, AUTH, StartGateway, metric
+from tests.support import eventually
 
 POLICY = """
 deployments:
@@ -41,13 +37,6 @@ gateway:
 def chat(base: str) -> httpx.Response:
     body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
     return httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.05)
 
 
 def test_health_readiness_and_metrics(start_gateway: StartGateway, fake_openai: FakeOpenAI) -> None:
@@ -106,10 +95,11 @@ def test_file_edit_is_picked_up_and_bad_edit_keeps_last_good(
         chat(base)
         return bool(fake_openai.requests[-1]["body"]["model"] == "m2")
 
-    wait_until(serves_m2)
+    eventually(serves_m2)
 
     path.write_text(POLICY.replace("MODEL_NAME", "m3").replace("timeout_s", "x") + "\nbogus: 1\n")
-    time.sleep(0.5)  # several reload intervals: the bad edit must not take effect
+    rejections = 'cascade_policy_reloads_total{result="rejected"}'
+    eventually(lambda: metric(base, rejections) >= 1, 5, "the poller to reject it")
     assert chat(base).status_code == 200
     assert fake_openai.requests[-1]["body"]["model"] == "m2"
 
@@ -154,13 +144,13 @@ def test_a_bad_edit_found_by_the_poller_is_reported(
         status = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()
         return bool(status["last_reload_error"])
 
-    wait_until(reported)
+    eventually(reported)
     text = httpx.get(f"{base}/metrics").text
     assert 'cascade_policy_reloads_total{result="rejected"} 1.0' in text
     assert "cascade_policy_edit_rejected 1.0" in text  # for as long as the file is bad
     assert chat(base).status_code == 200
     path.write_text(POLICY.replace("MODEL_NAME", "m1"))  # the edit undone
-    wait_until(lambda: not reported())
+    eventually(lambda: not reported())
     assert "cascade_policy_edit_rejected 0.0" in httpx.get(f"{base}/metrics").text
 
 
@@ -207,11 +197,11 @@ def test_a_reload_prunes_the_gauges_of_what_it_removed(
         'cascade_sla_target_seconds{kind="timeout",route="timed"}',
         'cascade_budget_remaining_usd{name="k",period="day",scope="key"}',
     ]
-    wait_until(lambda: all(series in httpx.get(f"{base}/metrics").text for series in gone))
+    eventually(lambda: all(series in httpx.get(f"{base}/metrics").text for series in gone))
 
     after = RICH.replace("TIER", "premium").replace("EXTRA", "").replace("ROUTE", "")
     path.write_text(after.replace("BUDGETS", ""))
-    wait_until(lambda: "timed" not in httpx.get(f"{base}/admin/policy", headers=ADMIN).text)
+    eventually(lambda: "timed" not in httpx.get(f"{base}/admin/policy", headers=ADMIN).text)
     text = httpx.get(f"{base}/metrics").text
     assert [series for series in gone if series in text] == []
     assert 'cascade_deployment_available{deployment="upstream",tier="premium"} 1.0' in text
@@ -230,5 +220,5 @@ def test_an_unreachable_redis_shows_before_any_request(start_gateway: StartGatew
             text = httpx.get(f"{base}/metrics").text
             return "cascade_ledger_degraded 1.0" in text and "cascade_limits_degraded 1.0" in text
 
-        wait_until(degraded)
+        eventually(degraded)
         assert httpx.get(f"{base}/readyz").json()["ledger"] == "degraded"

@@ -7,6 +7,7 @@ count runs."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,18 +26,16 @@ from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.upstreams.base import UpstreamReply, UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, CLIENT_KEY, StartGateway, wait_for_record
 from tests.gateway.scripted import ScriptedClient
+from tests.gateway.test_second_opinions import QUESTION
+from tests.support import eventually_async
 
 LIMITED_KEY = "fake-limited-key"
 REPORT = "a long pasted report. " * 5_000  # over THREADED_PROMPT_CHARS
-QUESTION = (
-    "A student heats water in a pot. Which change of state happens when the water boils?\n"
-    "(A) solid to liquid\n(B) liquid to gas\n(C) gas to liquid\n(D) liquid to solid\nAnswer:"
-)
 LONG = [{"role": "user", "content": REPORT}]
 # A multiple-choice question (so second opinions are asked) after a long system prompt.
-LONG_QUESTION = [{"role": "system", "content": REPORT}, {"role": "user", "content": QUESTION}]
+LONG_QUESTION = [{"role": "system", "content": REPORT}, QUESTION]
 COUNT = tokens.count_prompt  # the real one, before the spy replaces it
 
 POLICY = """
@@ -158,9 +157,8 @@ async def test_a_stream_without_usage_has_its_long_prompt_counted_off_the_loop(
     base = start()
     fake_openai.omit_usage = True
     body = {"model": "plain", "messages": LONG, "stream": True}
-    headers = {"authorization": f"Bearer {CLIENT_KEY}"}
     with httpx.stream(
-        "POST", f"{base}/v1/chat/completions", json=body, headers=headers, timeout=30
+        "POST", f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30
     ) as response:
         assert response.read().endswith(b"data: [DONE]\n\n")
     record = await wait_for_record(ledger_store, response.headers["x-request-id"])
@@ -249,9 +247,11 @@ async def test_a_cascade_cancelled_while_counting_prices_its_answer_once(
     monkeypatch: pytest.MonkeyPatch, counted: list[Counted]
 ) -> None:
     spy = tokens.count_prompt
+    counting = threading.Event()
 
     def slow_off_the_loop(model: str, endpoint: str, body: Any) -> int:
         if not on_a_loop():
+            counting.set()
             time.sleep(0.5)
         return spy(model, endpoint, body)
 
@@ -264,16 +264,14 @@ async def test_a_cascade_cancelled_while_counting_prices_its_answer_once(
     route = RouteRuntime("careful", "cascade", ("cheap",), "cheap-model", cheap.price)
     call = Call("req_1", "team", "key", route, False, time.perf_counter())
     run = asyncio.create_task(cascade.run(call, [cheap], "chat", {"messages": LONG}, 10.0))
-    await asyncio.sleep(0.2)  # answered; its prompt is being counted in a worker thread
+    await eventually_async(counting.is_set, 5, "the prompt counted in a worker thread")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
     [record] = ledger
     assert record.record_id == "req_1"
     assert_counted_exactly(record, "cheap-model", LONG)
-    deadline = time.monotonic() + 5
-    while len(counted) < 2 and time.monotonic() < deadline:  # the abandoned count ends
-        await asyncio.sleep(0.05)
+    await eventually_async(lambda: len(counted) == 2, 5, "the abandoned count to end")
     assert sorted(counted, key=lambda c: c.on_loop) == [
         Counted(len(REPORT), on_loop=False),
         Counted(len(REPORT), on_loop=True),  # the fallback, once cancelled

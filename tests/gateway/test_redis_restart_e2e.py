@@ -12,8 +12,9 @@ import httpx
 
 from gateway.ledger import RedisStore
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, openai_compatible_policy
+from tests.gateway.conftest import AUTH, StartGateway, openai_compatible_policy
 from tests.gateway.ledger_fixtures import RedisServer
+from tests.support import eventually_async
 
 REQUESTS = 240
 WORKERS = 8
@@ -39,7 +40,7 @@ async def test_redis_restart_during_load_keeps_spend_exactly_once(
         response = httpx.post(
             f"{server.url}/v1/chat/completions",
             json={"model": "auto", "messages": [{"role": "user", "content": f"hello {i}"}]},
-            headers={"authorization": f"Bearer {CLIENT_KEY}"},
+            headers=AUTH,
             timeout=30,
         )
         return response.status_code, response.headers.get("x-request-id", "")
@@ -58,13 +59,14 @@ async def test_redis_restart_during_load_keeps_spend_exactly_once(
     answered = {request_id for _, request_id in results}
     store = RedisStore(redis_server.url, prefix=redis_prefix)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            events = await store.events(limit=10 * REQUESTS)
-            ids = [event.request_id for event in events]
-            if set(ids) >= answered or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert sorted(ids) == sorted(answered)  # all of them, each once
+
+        async def recorded() -> list[str]:
+            return [event.request_id for event in await store.events(limit=10 * REQUESTS)]
+
+        async def all_recorded() -> bool:
+            return set(await recorded()) >= answered
+
+        await eventually_async(all_recorded, 20, "every answer recorded")
+        assert sorted(await recorded()) == sorted(answered)  # all of them, each once
     finally:
         await store.close()

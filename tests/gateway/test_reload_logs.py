@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import ADMIN_KEY, StartGateway
+from tests.gateway.conftest import ADMIN, StartGateway
 
-ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 POLICY = """
 deployments:
   upstream:

@@ -14,10 +14,9 @@ import pytest
 
 from gateway.validation import MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway
+from tests.gateway.conftest import AUTH, StartGateway
 from tests.gateway.server import GatewayServer
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 MESSAGES = [{"role": "user", "content": "hi there"}]
 ROUTE_MAX_OUTPUT = 16
 

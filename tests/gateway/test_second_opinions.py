@@ -28,11 +28,11 @@ from gateway.scoring import AnswerVerifier
 from gateway.upstreams.base import EndpointType, UpstreamReply, UpstreamStatus, UpstreamTarget
 from policies import LoadedPolicy, Policy
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 from tests.gateway.ledger_fixtures import free_port
 from tests.gateway.scripted import Behaviour, ScriptedClient
+from tests.support import eventually_async
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 QUESTION = {
     "role": "user",
     "content": "A student heats water in a pot. Which change of state happens when the "
@@ -129,6 +129,14 @@ async def records_of(store: RedisStore, request_id: str) -> list[SpendRecord]:
     return [r for r in await store.events() if r.request_id == request_id]
 
 
+async def all_landed(base: str, store: RedisStore) -> None:
+    """Wait until every record of the requests answered so far is in the ledger. A
+    request's records are submitted before its reply, and the ledger writes them in
+    order: once a later request's record has landed, so have they."""
+    haiku = {"role": "user", "content": "Write a haiku about the sea."}  # asks no opinion
+    await wait_for_record(store, ask(base, haiku).headers["x-request-id"])
+
+
 async def test_an_agreeing_opinion_keeps_the_cheap_answer_and_is_priced(
     start: Callable[..., str], premium: FakeOpenAI, judge: FakeOpenAI, ledger_store: RedisStore
 ) -> None:
@@ -193,7 +201,7 @@ async def test_a_failing_opinion_is_ignored(
     request_id = response.headers["x-request-id"]
     cheap = await wait_for_record(ledger_store, request_id)
     assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(cheap.cost_nanos / 1e9)
-    await asyncio.sleep(0.2)  # records are written in batches: give a stray one time to land
+    await all_landed(base, ledger_store)
     assert await ledger_store.get(f"{request_id}:o1") is None
     assert opinions_counted(base, "failed") == 1
 
@@ -223,7 +231,7 @@ async def test_a_failing_first_tier_escalates_without_waiting_for_opinions(
         "partial",
         0,
     )
-    await asyncio.sleep(0.2)  # records are written in batches: give a stray one time to land
+    await all_landed(base, ledger_store)
     events = await ledger_store.events()
     assert [r.record_id for r in events if r.deployment == "judge"] == [opinion.record_id]
 
@@ -391,6 +399,21 @@ def leftover_tasks() -> set[asyncio.Task[Any]]:
     return asyncio.all_tasks() - {asyncio.current_task()}
 
 
+def slow_close(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Make closing the opinions slow (a long prompt, counted off the loop); the event
+    is set when a close begins."""
+    closing = asyncio.Event()
+    real = opinions_module.count_unreported
+
+    async def slow(*args: Any, **kwargs: Any) -> None:
+        closing.set()
+        await asyncio.sleep(0.3)
+        await real(*args, **kwargs)
+
+    monkeypatch.setattr(opinions_module, "count_unreported", slow)
+    return closing
+
+
 async def test_a_slow_opinion_is_cancelled_when_every_tier_fails() -> None:
     behaviours = {"cheap": fails(), "mid": fails(), "judge": says("B", 5.0)}
     result, ledger, _, client = await run_cascade(behaviours)
@@ -446,13 +469,23 @@ async def test_a_verifier_that_breaks_escalates_and_records_no_verdict() -> None
     assert [(r.record_id, r.verifier_score) for r in ledger] == [("req_1", None), ("req_1:1", None)]
 
 
-async def test_a_request_cancelled_while_its_answer_is_judged_is_still_priced() -> None:
+async def test_a_request_cancelled_while_its_answer_is_judged_is_still_priced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The cheap answer is priced after its verdict, so a request cancelled while the
     verdict waits for a slow opinion must still price it (once, without a verdict)."""
+    judging = asyncio.Event()
+    real = opinions_module.SecondOpinions.samples
+
+    async def samples(self: Any, *args: Any) -> tuple[str, ...]:
+        judging.set()
+        return await real(self, *args)
+
+    monkeypatch.setattr(opinions_module.SecondOpinions, "samples", samples)
     ledger = Ledger()
     behaviours = {"cheap": says("B"), "judge": says("B", 5.0)}
     run = asyncio.create_task(run_cascade(behaviours, ledger=ledger))
-    await asyncio.sleep(0.3)  # the cheap answer is in; its opinion is not
+    await judging.wait()  # the cheap answer is in; its opinion is not
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -492,17 +525,11 @@ async def test_a_request_cancelled_while_its_opinions_close_leaves_none_running(
 ) -> None:
     """Closed early (only the unverified last tier left), the opinions' close is cut
     short by a cancellation: the cascade's own close must still cancel and await them."""
-    real = opinions_module.count_unreported
-
-    async def slow(*args: Any, **kwargs: Any) -> None:  # a long prompt, counted off the loop
-        await asyncio.sleep(0.3)
-        await real(*args, **kwargs)
-
-    monkeypatch.setattr(opinions_module, "count_unreported", slow)
+    closing = slow_close(monkeypatch)
     ledger = Ledger()
     behaviours = {"cheap": fails(), "mid": says("B"), "judge": says("B", 3.0)}
     run = asyncio.create_task(run_cascade(behaviours, ledger=ledger))
-    await asyncio.sleep(0.15)  # cheap failed; the opinions are being closed
+    await closing.wait()  # cheap failed; the opinions are being closed
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
@@ -543,17 +570,12 @@ async def test_a_last_answer_in_while_the_opinions_close_is_priced_if_cancelled(
 ) -> None:
     """The last tier answered (paid for) and the opinions are still closing when the
     request is cancelled: the answer is priced all the same, and nothing outlives it."""
-    real = opinions_module.count_unreported
-
-    async def slow(*args: Any, **kwargs: Any) -> None:
-        await asyncio.sleep(0.3)
-        await real(*args, **kwargs)
-
-    monkeypatch.setattr(opinions_module, "count_unreported", slow)
+    closing = slow_close(monkeypatch)
     ledger = Ledger()
     behaviours = {"cheap": fails(), "mid": says("B"), "judge": says("B", 3.0)}
     run = asyncio.create_task(run_cascade(behaviours, ledger=ledger))
-    await asyncio.sleep(0.15)  # mid has answered; the opinions are being closed
+    await closing.wait()
+    await eventually_async(lambda: any(r.deployment == "mid" for r in ledger), 5, "mid priced")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

@@ -18,9 +18,9 @@ from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
 from gateway.upstreams.base import UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway, wait_for_record
-
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+from tests.gateway.conftest import ADMIN, AUTH, StartGateway, metric, wait_for_record
+from tests.gateway.server import GatewayServer
+from tests.support import eventually
 
 POLICY = """
 deployments:
@@ -81,12 +81,17 @@ def engine_b() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture
-def start(start_gateway: StartGateway, engine_a: FakeOpenAI, engine_b: FakeOpenAI) -> Any:
-    def run(**env: str) -> str:
+def start_server(start_gateway: StartGateway, engine_a: FakeOpenAI, engine_b: FakeOpenAI) -> Any:
+    def run(**env: str) -> GatewayServer:
         urls = {"A_URL": engine_a.url, "B_URL": engine_b.url}
-        return start_gateway(POLICY, **{**urls, **env}).url
+        return start_gateway(POLICY, **{**urls, **env})
 
     return run
+
+
+@pytest.fixture
+def start(start_server: Any) -> Any:
+    return lambda **env: start_server(**env).url
 
 
 def chat(base: str, model: str = "chat", **extra: Any) -> httpx.Response:
@@ -98,11 +103,23 @@ def chat_requests(fake: FakeOpenAI) -> list[dict[str, Any]]:
     return [r for r in fake.requests if r["path"].endswith("/chat/completions")]
 
 
-def metric(base: str, line_start: str) -> float:
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
-        if line.startswith(line_start):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+def breaker_state(base: str) -> float:
+    """a's breaker on /metrics: 0 closed, 1 half-open, 2 open."""
+    return metric(base, 'cascade_breaker_state{deployment="a"}')
+
+
+def scraped(base: str, **waiting: float) -> None:
+    """Wait until the load scrapes have read each deployment's `waiting` queue."""
+
+    def seen() -> bool:
+        text = httpx.get(f"{base}/metrics").text
+        samples = (
+            f'cascade_engine_requests{{deployment="{d}",state="waiting"}} {float(n)}'
+            for d, n in waiting.items()
+        )
+        return all(sample in text.splitlines() for sample in samples)
+
+    eventually(seen, 5, f"scrapes of {waiting}")
 
 
 async def test_a_late_first_token_is_hedged_and_both_attempts_are_priced(
@@ -169,13 +186,12 @@ def test_an_engine_with_a_long_queue_is_skipped(
 ) -> None:
     engine_a.engine_load = (8, 200, 0.99)  # vLLM's /metrics: 8 running, 200 waiting, KV full
     base = start(HEDGE_MS="5000")
-    time.sleep(0.5)  # a few scrapes
+    scraped(base, a=200)
     for _ in range(3):
         assert chat(base).headers["x-cascade-deployment"] == "b"
     assert chat_requests(engine_a) == []
     assert metric(base, 'cascade_engine_requests{deployment="a",state="waiting"}') == 200
-    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-    health = httpx.get(f"{base}/admin/policy", headers=admin).json()["deployments"]["a"]["health"]
+    health = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()["deployments"]["a"]["health"]
     assert health["breaker"] == "closed" and health["engine"]["waiting"] == 200
     assert health["predicted_ttft_ms"] > 400 and "200 waiting" in health["prediction"]
 
@@ -186,11 +202,10 @@ def test_the_per_response_load_report_is_read(
     """vLLM's `endpoint-load-metrics` header, asked for on every request to an engine,
     updates its load before the next scrape."""
     base = start(HEDGE_MS="5000", SCRAPE_S="60")
-    time.sleep(0.2)  # the first scrape saw idle engines; the next one is a minute away
+    scraped(base, a=0)  # the first scrape saw idle engines; the next one is a minute away
     engine_a.engine_load = (8, 200, 0.99)
     assert chat(base).headers["x-cascade-deployment"] == "a"  # its reply reports the queue
     assert chat_requests(engine_a)[0]["headers"]["endpoint-load-metrics-format"] == "text"
-    time.sleep(0.3)  # past the latency model's cache
     assert chat(base).headers["x-cascade-deployment"] == "b"
 
 
@@ -199,7 +214,7 @@ def test_when_no_engine_can_meet_the_sla_shed_answers_429(
 ) -> None:
     engine_a.engine_load = engine_b.engine_load = (8, 200, 0.99)
     base = start(ON_MISS="shed")
-    time.sleep(0.5)
+    scraped(base, a=200, b=200)
     response = chat(base)
     assert response.status_code == 429
     assert response.headers["retry-after"] == "1"
@@ -214,27 +229,29 @@ def test_degrade_tries_the_fastest_predicted_anyway(
     engine_a.engine_load = (8, 400, 0.99)
     engine_b.engine_load = (8, 100, 0.5)
     base = start(HEDGE_MS="5000")
-    time.sleep(0.5)
+    scraped(base, a=400, b=100)
     response = chat(base)
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "b"
 
 
 def test_breaker_ejects_a_failing_engine_then_probes_it(
-    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+    start_server: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
 ) -> None:
-    base = start(COOLDOWN_S="1")
+    server = start_server()
+    base = server.url
     engine_a.fail(500, times=None)
     for _ in range(2):  # two consecutive failures open a's breaker (each falls back to b)
         assert chat(base, "plain").headers["x-cascade-deployment"] == "b"
     assert len(chat_requests(engine_a)) == 2
-    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 2
+    assert breaker_state(base) == 2
     assert chat(base, "plain").headers["x-cascade-attempts"] == "1"  # a skipped
     assert len(chat_requests(engine_a)) == 2
     engine_a.fail_status = None  # a recovers; after the cooldown one probe goes to it
-    time.sleep(1.1)
+    breakers = server.services.guard.breakers
+    assert breakers.state("a", now=time.time() + 30) == "half_open"  # the cooldown is over
     assert chat(base, "plain").headers["x-cascade-deployment"] == "a"
-    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 0
+    assert breaker_state(base) == 0
 
 
 def test_an_ejected_deployment_no_traffic_reaches_reads_half_open_after_its_cooldown(
@@ -242,13 +259,12 @@ def test_an_ejected_deployment_no_traffic_reaches_reads_half_open_after_its_cool
 ) -> None:
     """Its cooldown is over, so it is due for a probe, not ejected: /metrics (and the
     ejection alert) must not read "open" until some request happens to reach it."""
-    base = start(COOLDOWN_S="1")
+    base = start(COOLDOWN_S="0.5")
     engine_a.fail(500, times=None)
     for _ in range(2):
         chat(base, "plain")
-    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 2
-    time.sleep(1.1)  # no request meanwhile
-    assert metric(base, 'cascade_breaker_state{deployment="a"}') == 1
+    assert breaker_state(base) == 2
+    eventually(lambda: breaker_state(base) == 1, 5, "a half-open")  # no request meanwhile
     assert len(chat_requests(engine_a)) == 2  # nothing probed it
 
 
@@ -261,10 +277,7 @@ def test_an_ejection_is_shared_with_other_gateways_through_redis(
     engine_a.fail(500, times=None)
     for _ in range(2):
         chat(first, "plain")
-    deadline = time.monotonic() + 3
-    while metric(second, 'cascade_breaker_state{deployment="a"}') != 2:
-        assert time.monotonic() < deadline, "the second gateway never adopted the ejection"
-        time.sleep(0.1)
+    eventually(lambda: breaker_state(second) == 2, 3, "the second gateway to adopt the ejection")
     before = len(chat_requests(engine_a))
     assert chat(second, "plain").headers["x-cascade-deployment"] == "b"
     assert len(chat_requests(engine_a)) == before  # the second gateway never tried a
@@ -344,13 +357,18 @@ async def test_self_hosted_tokens_are_priced_from_measured_throughput(
     assert static.cost_nanos == round(tokens * per_token_static * 1e9)
     for _ in range(3):
         chat(base, "local")
-    time.sleep(0.5)  # scrapes see 2400 tokens generated in well under a minute
+
+    def measured_price() -> float | None:
+        health = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()["deployments"]["gpu"]
+        price: float | None = health["health"]["measured_price_per_mtok"]
+        return price
+
+    # Scrapes see 2400 tokens generated in well under a minute.
+    price = eventually(measured_price, 5, "a price from measured throughput")
+    assert price is not None and 0 < price < 10
     later = chat(base, "local")
     measured = await wait_for_record(ledger_store, later.headers["x-request-id"])
     assert measured.cost_nanos < static.cost_nanos
-    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-    health = httpx.get(f"{base}/admin/policy", headers=admin).json()["deployments"]["gpu"]
-    assert 0 < health["health"]["measured_price_per_mtok"] < 10
 
 
 def _failed_request_verdict(sla: RouteSla | None, missed: bool) -> bool | None:

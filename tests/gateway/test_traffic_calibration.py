@@ -15,14 +15,13 @@ from gateway.scoring import RequestScorer
 from gateway.traffic import recent_scores
 from router.calibration import calibrate, tiers_yaml, verify_threshold
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 from tests.gateway.ledger_fixtures import make_record
 from tests.gateway.test_cascade_e2e import POLICY as CASCADE_POLICY
 from tests.gateway.test_cascade_e2e import QUESTION as CASCADE_QUESTION
 from tests.gateway.test_classifier_e2e import POLICY
 from tests.gateway.test_cli import EXE
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 PROMPTS = [
     "hi there",
     "What is the capital of France?",

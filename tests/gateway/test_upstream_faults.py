@@ -15,9 +15,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
-
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 
 TWO_DEPLOYMENTS = """
 deployments:

@@ -26,7 +26,8 @@ from local_engine.state import read_record
 from policies import load_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import ADMIN_KEY, StartGateway
-from tests.local_engine.stand_in import ROOT, free_port, wait_for
+from tests.local_engine.stand_in import ROOT, free_port
+from tests.support import eventually
 
 LOAD_S = 3.0  # the stand-in's "model load"
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
@@ -218,10 +219,10 @@ async def test_a_crash_after_readiness_still_trips_the_breaker(
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         first = await client.post("/v1/chat/completions", json={"model": "auto", **CHAT})
         assert first.status_code == 200, first.text
-        wait_for(lambda: engine_state(tmp_path) == "ready", 10, "the engine to be ready")
+        eventually(lambda: engine_state(tmp_path) == "ready", 10, "the engine to be ready")
         with pytest.raises(httpx.TransportError):  # it exits without answering
             await client.post(f"http://127.0.0.1:{port}/crash")
-        wait_for(lambda: engine_state(tmp_path) == "failed", 10, "the supervisor to give up")
+        eventually(lambda: engine_state(tmp_path) == "failed", 10, "the supervisor to give up")
         replies = [
             await client.post("/v1/chat/completions", json={"model": "auto", **CHAT})
             for _ in range(3)

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +15,7 @@ from prometheus_client.mmap_dict import MmapedDict
 
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.ledger_fixtures import free_port
+from tests.support import serving
 
 POLICY = """
 deployments:
@@ -68,16 +68,7 @@ def test_every_scrape_counts_every_workers_requests(tmp_path: Path) -> None:
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, "serve exited"
-                assert time.monotonic() < deadline, "serve never became healthy"
-                try:
-                    if httpx.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
+            serving(proc, lambda: httpx.get(f"{base}/healthz").status_code == 200, 60)
             body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
             auth = {"authorization": f"Bearer {KEY}", "connection": "close"}
             sent = 0

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +29,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
 
 
 def fake_spec(**fields: Any) -> EngineSpec:

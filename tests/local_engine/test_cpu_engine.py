@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
@@ -16,6 +15,7 @@ from local_engine.cpu.sampling import SamplingParams
 from local_engine.cpu.sequence import Output, Request, Sequence
 from local_engine.cpu.tokenizer import Tokenizer
 from tests.local_engine.test_cpu_model import random_model, tiny_config
+from tests.support import eventually_async
 
 TOKENIZER = Tokenizer(merges=[])  # bytes + 5 special tokens: 261 ids
 VOCAB = TOKENIZER.vocab_size
@@ -199,9 +199,7 @@ async def test_closing_a_stream_aborts_its_request(monkeypatch: pytest.MonkeyPat
         stream = runner.generate(Request("gone", [1, 2, 3], params))
         first = await anext(stream)
         await stream.aclose()  # what the server does when the client disconnects
-        deadline = time.monotonic() + 10
-        while engine.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: not engine.running, 10, "the request aborted")
     finally:
         runner.stop()
     assert first.finish_reason is None

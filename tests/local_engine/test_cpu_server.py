@@ -28,6 +28,10 @@ from policies.engines import EngineSpec
 from tests.local_engine.stand_in import free_port
 from tests.local_engine.test_cpu_engine import TOKENIZER, draft, target
 from tests.local_engine.test_supervisor import Running, reaches
+from tests.support import requires, serving
+
+SHIPPED = DEFAULT_MODEL / "model.safetensors"
+needs_shipped_model = requires(None if SHIPPED.exists() else f"{SHIPPED} is absent", "the model")
 
 MODEL = "tiny-test"
 VLLM_METRICS = (
@@ -202,7 +206,7 @@ def test_gateway_cli_registers_serve_cpu_without_importing_torch() -> None:
     assert done.stdout.split() == ["run_serve_cpu", "9", "False"]
 
 
-@pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(), reason="no shipped model")
+@needs_shipped_model
 def test_serve_cpu_command_answers_with_the_shipped_model(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -228,7 +232,7 @@ def test_serve_cpu_command_answers_with_the_shipped_model(tmp_path: Path) -> Non
             process.wait(timeout=20)
 
 
-@pytest.mark.skipif(not (DEFAULT_MODEL / "model.safetensors").exists(), reason="no shipped model")
+@needs_shipped_model
 def test_the_supervisor_starts_the_cpu_engine_on_the_allow_listed_environment(
     tmp_path: Path,
 ) -> None:
@@ -245,13 +249,4 @@ def test_the_supervisor_starts_the_cpu_engine_on_the_allow_listed_environment(
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, log.read_text()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not become healthy: {log.read_text()}")
+    serving(process, lambda: httpx.get(url + "/health", timeout=1).is_success, 60, log.read_text)

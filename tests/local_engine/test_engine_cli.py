@@ -17,7 +17,8 @@ import pytest
 
 from local_engine.cli import main
 from local_engine.state import EngineRecord, pid_alive, read_record
-from tests.local_engine.stand_in import ROOT, free_port, wait_for
+from tests.local_engine.stand_in import ROOT, free_port
+from tests.support import eventually
 
 
 @pytest.fixture
@@ -122,7 +123,7 @@ def record(run_dir: Path, state: str | None = None) -> EngineRecord:
             return None
         return found if state is None or found.state == state else None
 
-    found: EngineRecord = wait_for(check, 15, f"engine small to be {state}")
+    found: EngineRecord = eventually(check, 15, f"engine small to be {state}")
     return found
 
 
@@ -135,7 +136,7 @@ def test_up_in_the_foreground_until_sigint(
         stderr=subprocess.PIPE,
     )  # fmt: skip
     ready = record(run_dir, "ready")
-    wait_for(lambda: read_record(run_dir / "small.json").tokens_per_second, 5, "a rate")
+    eventually(lambda: read_record(run_dir / "small.json").tokens_per_second, 5, "a rate")
 
     assert cli("status", "--policy", str(policy), "--run-dir", str(run_dir)) == 0
     table = capsys.readouterr().out.splitlines()
@@ -170,7 +171,7 @@ def test_detach_then_down_from_another_invocation(
 
     assert capsys.readouterr().out == "small: stopped\n"
     assert not pid_alive(ready.pid)
-    wait_for(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to exit")
+    eventually(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to exit")
 
 
 def test_down_stops_the_engine_itself_when_the_supervisor_is_gone(
@@ -179,7 +180,7 @@ def test_down_stops_the_engine_itself_when_the_supervisor_is_gone(
     assert cli("up", "--policy", str(policy), "--run-dir", str(run_dir), "--detach") == 0
     ready = record(run_dir, "ready")
     os.kill(ready.supervisor_pid, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to die")
+    eventually(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to die")
     capsys.readouterr()
 
     assert cli("status", "--policy", str(policy), "--run-dir", str(run_dir), "--json") == 0
@@ -263,7 +264,7 @@ def test_status_and_down_from_a_shell_without_the_engine_key(
     down = shell("down", *common, without=("FAKE_ENGINE_KEY",))
     assert (down.returncode, down.stdout, down.stderr) == (0, "small: stopped\n", "")
     assert not pid_alive(ready.pid)
-    wait_for(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to exit")
+    eventually(lambda: not pid_alive(ready.supervisor_pid), 5, "the supervisor to exit")
 
 
 def test_up_refuses_an_unset_key_naming_the_field_and_variable(policy: Path, run_dir: Path) -> None:

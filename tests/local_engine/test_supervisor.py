@@ -17,7 +17,8 @@ from local_engine.config import EngineConfig
 from local_engine.errors import EngineStateError
 from local_engine.state import EngineRecord, pid_alive, read_record, write_record
 from local_engine.supervisor import Supervisor
-from tests.local_engine.stand_in import fake_config, wait_for
+from tests.local_engine.stand_in import fake_config
+from tests.support import eventually
 
 
 class Running:
@@ -71,7 +72,7 @@ def reaches(config: EngineConfig, state: str, timeout_s: float = 10.0) -> Engine
         record = state_of(config)
         return record if record is not None and record.state == state else None
 
-    record: EngineRecord = wait_for(check, timeout_s, f"{config.name} to be {state}")
+    record: EngineRecord = eventually(check, timeout_s, f"{config.name} to be {state}")
     return record
 
 
@@ -177,7 +178,7 @@ def test_stop_reaches_the_whole_process_group(run_dir: Path, supervise: list[Run
 
     running.stop()
 
-    wait_for(lambda: not pid_alive(child), 3, "the engine's child to die")
+    eventually(lambda: not pid_alive(child), 3, "the engine's child to die")
 
 
 def test_stop_file_stops_one_engine_and_the_other_keeps_running(
@@ -219,7 +220,7 @@ def test_measured_throughput_lands_in_the_state_file(
         record = state_of(config)
         return record if record and record.tokens_per_second else None
 
-    record: EngineRecord = wait_for(measured, 5, "a measured rate")
+    record: EngineRecord = eventually(measured, 5, "a measured rate")
 
     assert record.tokens_per_second is not None and 1000 < record.tokens_per_second < 3000
     assert record.acceptance_rate == pytest.approx(2 / 3)
@@ -246,5 +247,5 @@ def test_engine_left_by_a_dead_supervisor_is_stopped_first(
         record = state_of(config)
         return record is not None and record.pid not in (None, orphan.pid)
 
-    wait_for(restarted, 5, "a new engine")
+    eventually(restarted, 5, "a new engine")
     assert reaches(config, "ready").pid != orphan.pid

@@ -17,6 +17,7 @@ from router.classifier import Classifier
 from router.cli import add_router_commands
 from router.embedding_classifier import shipped
 from router.verifier import Verifier
+from tests.support import requires
 
 
 def run(argv: list[str]) -> int:
@@ -93,7 +94,7 @@ def test_score_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "absent.jsonl" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(sandbox.available() is not None, reason="no sandbox on this host")
+@requires(sandbox.available(), "the sandbox")
 def test_verify_run_code_tells_apart_answers_alike_to_the_eye(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

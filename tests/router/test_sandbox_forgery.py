@@ -13,10 +13,9 @@ import pytest
 
 from router import sandbox
 from router.code_examples import CodeJob, ExampleRun
+from tests.support import requires
 
-needs_sandbox = pytest.mark.skipif(
-    sandbox.available() is not None, reason=f"no sandbox here: {sandbox.available()}"
-)
+needs_sandbox = requires(sandbox.available(), "the sandbox")
 
 CLAIM = ("add(2, 3)", "5")
 FAILED = ExampleRun(passed=0, failed=1)
