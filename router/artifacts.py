@@ -16,3 +16,9 @@ def read_artifact(source: Path, what: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise RoutingError(f"cannot read {what} {source}: {exc}") from exc
     return document
+
+
+# The last line of the generated model cards: what is written by hand beside them.
+DEFAULTS_LINK = (
+    "\nShipped thresholds and fixed rules beside this model: [defaults.md](defaults.md).\n"
+)

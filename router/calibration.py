@@ -7,19 +7,52 @@ send a target share of requests to each tier, cheapest first;
 and for a cascade route, the verifier threshold that escalates a target share of answers:
 
     verify_threshold(verifier_scores, escalate=0.2)  # -> 0.63
+
+Shipped policies take theirs from the shipped data (`router/data/`), each task weighing
+the same (at most `SAMPLE_PER_TASK` rows of each, chosen by a hash of the id):
+
+    python -m router.calibration prompts | cascade-gateway router calibrate - --shares ...
+    python -m router.calibration answers | cascade-gateway router calibrate-verify - \
+        --escalate "$(python -m router.calibration unacceptable)"
+
+`answers` are the cheap model's (Mixtral-8x7B's) answers, as a cascade's first tier
+gives them; `unacceptable` is the share of them the data marks wrong (graded under 8 of
+10 on arena chat), what a perfect verifier would escalate.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from router.dataset import DEFAULT_DATA_DIR, data_file, open_data
 from router.errors import RoutingError
 from router.planner import Threshold
 
 TOP = 1.0  # the highest `below` a policy takes: every score under it
+# The shipped sample: each task's rows up to the smallest task's size (arena chat, 191).
+SAMPLE_PER_TASK = 191
+SAMPLE_STEMS = (
+    "mmlu",
+    "gsm8k",
+    "routerbench_arc_challenge",
+    "routerbench_winogrande",
+    "routerbench_mbpp",
+    "arena_chat",
+)
+# The cheap model whose answers a cascade verifies first, as each file names it.
+CHEAP_MODELS = {
+    "routerbench": "mistralai/mixtral-8x7b-chat",
+    "arena_chat": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+}
+ACCEPT_GRADE = 8.0  # an arena answer graded at least this is acceptable
 
 
 def calibrate(scores: Sequence[float], shares: Mapping[str, float]) -> list[Threshold]:
@@ -87,3 +120,79 @@ def tiers_yaml(tiers: Sequence[Threshold]) -> str:
         bound = f", below: {tier.below}" if tier.below is not None else ""
         lines.append(f"  - {{tier: {tier.tier}{bound}}}")
     return "\n".join(lines) + "\n"
+
+
+def shipped_rows(data_dir: Path | None = None) -> Iterator[dict[str, Any]]:
+    """Each task's sampled rows of the shipped data, in a fixed order."""
+    directory = data_dir or DEFAULT_DATA_DIR
+    for stem in SAMPLE_STEMS:
+        with open_data(data_file(directory, stem)) as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        rows.sort(key=lambda row: hashlib.sha256(f"{stem}:{row['id']}".encode()).digest())
+        yield from rows[:SAMPLE_PER_TASK]
+
+
+def cheap_answer(row: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """The cheap model's answer to a shipped row and whether it is acceptable; None for
+    rows without answers (MMLU's)."""
+    if "weak_response" in row:
+        return str(row["weak_response"]), bool(row["weak_correct"])
+    source = "arena_chat" if row.get("source") == "arena_chat" else "routerbench"
+    answer = row.get("models", {}).get(CHEAP_MODELS[source])
+    if answer is None:
+        return None
+    if source == "arena_chat":
+        return str(answer["response"]), float(answer["score"]) >= ACCEPT_GRADE
+    from router.verifier_train import unwrap_response  # training code: only here
+
+    return unwrap_response(answer["response"]), float(answer["correct"]) >= 0.5
+
+
+def shipped_answers(
+    data_dir: Path | None = None, opinion: str | None = None
+) -> list[dict[str, Any]]:
+    """`router verify` rows of the sample's cheap answers, with `acceptable`; with
+    `opinion` (a RouterBench model), its answer as the row's second opinion where the
+    gateway would ask one (questions whose answers compare) and the data has it."""
+    from router.answers import comparable
+
+    answers = []
+    for row in shipped_rows(data_dir):
+        found = cheap_answer(row)
+        if found is None:
+            continue
+        response, acceptable = found
+        answer = {"id": row["id"], "prompt": row["prompt"], "response": response}
+        other = row.get("models", {}).get(opinion) if opinion else None
+        if other is not None and comparable(row["prompt"]):
+            from router.verifier_train import unwrap_response
+
+            answer["samples"] = [unwrap_response(other["response"])]
+        answers.append({**answer, "acceptable": acceptable})
+    return answers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m router.calibration prompts|answers|unacceptable [--data DIR]`."""
+    parser = argparse.ArgumentParser(prog="python -m router.calibration")
+    parser.add_argument("sample", choices=("prompts", "answers", "unacceptable"))
+    parser.add_argument("--data", type=Path, default=None, help="routing data directory")
+    parser.add_argument("--opinion", help="answers: a second opinion's model, e.g. Yi-34B's")
+    args = parser.parse_args(argv)
+    if args.sample == "prompts":
+        lines = [
+            json.dumps({"id": r["id"], "prompt": r["prompt"]}) for r in shipped_rows(args.data)
+        ]
+    else:
+        answers = shipped_answers(args.data, args.opinion)
+        if args.sample == "unacceptable":
+            share = sum(not a["acceptable"] for a in answers) / len(answers)
+            lines = [f"{share:.3f}"]
+        else:
+            lines = [json.dumps(a) for a in answers]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,6 +18,7 @@ from typing import Literal
 
 import numpy as np
 
+from router.artifacts import DEFAULTS_LINK
 from router.classifier import Classifier
 from router.dataset import (
     MMLU_SELECTION_GROUPS,
@@ -334,17 +335,20 @@ def model_card(
 ) -> str:
     today = datetime.date.today().isoformat()
     t = classifier.training
-    return CARD.format(
-        date=today,
-        rows=t.get("rows"),
-        positives=t.get("positives"),
-        datasets=", ".join(f"{k} {v}" for k, v in dict(t.get("datasets", {})).items()),
-        model=t.get("model"),
-        recipe=t.get("recipe"),
-        sha=t.get("data_sha256_12"),
-        table=format_table(reports),
-        subject_table=format_table(subjects),
-        groups=MMLU_SELECTION_GROUPS,
+    return (
+        CARD.format(
+            date=today,
+            rows=t.get("rows"),
+            positives=t.get("positives"),
+            datasets=", ".join(f"{k} {v}" for k, v in dict(t.get("datasets", {})).items()),
+            model=t.get("model"),
+            recipe=t.get("recipe"),
+            sha=t.get("data_sha256_12"),
+            table=format_table(reports),
+            subject_table=format_table(subjects),
+            groups=MMLU_SELECTION_GROUPS,
+        )
+        + DEFAULTS_LINK
     )
 
 

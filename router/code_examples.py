@@ -38,6 +38,7 @@ class CodeJob:
 
     code: str
     examples: tuple[tuple[str, str], ...]
+    stated: int = 0  # the first `stated` examples are the prompt's tests, not the answer's
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,8 @@ class ExampleRun:
 
     passed: int
     failed: int
+    tests: int = 0  # of those checked, the prompt's stated tests (`CodeJob.stated`)
+    tests_failed: int = 0
 
     @property
     def checked(self) -> int:
@@ -58,20 +61,21 @@ class ExampleRun:
         return self.failed == 0
 
 
-def code_job(answer: str) -> CodeJob | None:
-    """The answer's code (doctest lines taken out) and the examples it claims; None
-    when it has no code or claims nothing checkable."""
+def code_job(answer: str, tests: tuple[tuple[str, str], ...] = ()) -> CodeJob | None:
+    """The answer's code (doctest lines taken out) and the examples it claims, after
+    ``tests`` (the prompt's own); None when it has no code or nothing checkable."""
     if len(answer) > MAX_CODE_CHARS:
         return None  # its code would be cut, and fail for that alone
     code = code_text(answer)
     if not code.strip():
         return None
     doctests, code = _doctests(code)
-    examples = doctests + _doctests(_prose(answer))[0] + _commented(code)
-    examples = [e for e in dict.fromkeys(examples) if max(map(len, e)) <= MAX_EXAMPLE_CHARS]
+    claimed = doctests + _doctests(_prose(answer))[0] + _commented(code)
+    claimed = [e for e in dict.fromkeys(claimed) if max(map(len, e)) <= MAX_EXAMPLE_CHARS]
+    examples = [*tests, *(e for e in claimed if e not in tests)][: len(tests) + MAX_EXAMPLES]
     if not examples:
         return None
-    return CodeJob(code, tuple(examples[:MAX_EXAMPLES]))
+    return CodeJob(code, tuple(examples), stated=len(tests))
 
 
 def _prose(answer: str) -> str:

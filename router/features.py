@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from router.answers import prompt_kind
 from router.text import head_and_tail
 
 FEATURE_VERSION = 2
@@ -41,6 +42,12 @@ HASH_FEATURES = 2**12
 # 5,000 characters), so no trained weight reads otherwise. Unbounded, a 2 MB body held
 # the event loop for 1.6 s; at this bound a decision costs at most a few ms.
 MAX_SCANNED_CHARS = 8_000
+# Small talk: a conversation this short whose question is of no task kind (options,
+# maths, code: `answers.prompt_kind`) and names no code, maths or reasoning work
+# (`WORD_MARKERS`). No training prompt is one (the shortest has 42 characters; arena
+# chat's short ones, "Write HEVC NAL parser in c++ ...", are hard), so it takes a prior.
+SMALL_TALK_CHARS = 40
+SMALL_TALK_MARKERS = ("code_keywords", "code_asks", "math_words", "reasoning_words")
 
 Message = Mapping[str, Any]
 FloatArray = npt.NDArray[np.float64]
@@ -235,6 +242,8 @@ DENSE_NAMES: tuple[str, ...] = (
     + QUESTION_NAMES
 )
 
+_MARKER_COLUMNS = {name: DENSE_NAMES.index(f"log_{name}") for name in WORD_MARKERS}
+
 TOKEN = re.compile(r"\w\w+")
 UPPERCASE = re.compile(r"[A-Z]")
 DIGIT = re.compile(r"\d")
@@ -250,6 +259,7 @@ class RequestFeatures:
     dense: FloatArray
     hash_index: IntArray
     hash_value: FloatArray
+    small_talk: bool = False  # `SMALL_TALK_CHARS`: "hi", "thanks", a one-line question
 
     def to_array(self) -> FloatArray:
         """Dense vector: `DENSE_NAMES` then the `HASH_FEATURES` hashed buckets."""
@@ -287,7 +297,16 @@ def extract(
     dense += [math.log1p(len(pattern.findall(scanned))) for pattern in PATTERN_MARKERS.values()]
     dense += _question(_last_user(messages, texts))
     index, value = _hashed(tokens)
-    return RequestFeatures(np.array(dense), index, value)
+    small_talk = _small_talk(text, dense, _last_user(messages, texts))
+    return RequestFeatures(np.array(dense), index, value, small_talk)
+
+
+def _small_talk(text: str, dense: list[float], question: str) -> bool:
+    if len(text.strip()) >= SMALL_TALK_CHARS:
+        return False
+    if any(dense[_MARKER_COLUMNS[name]] for name in SMALL_TALK_MARKERS):
+        return False
+    return prompt_kind(question) is None
 
 
 def extract_body(request: Mapping[str, Any]) -> RequestFeatures:

@@ -305,8 +305,8 @@ def _run(tools: dict[str, str], job: CodeJob, cpu_seconds: int, wall_seconds: fl
             deadline.cancel()
             _kill(child)
     if len(output) > limit:  # more than the harness writes: the code wrote too
-        return ExampleRun(0, len(sources))
-    return _verdicts(output, [want for _, want in job.examples])
+        return ExampleRun(0, len(sources), job.stated, job.stated)
+    return _verdicts(output, [want for _, want in job.examples], job.stated)
 
 
 def _kill(child: subprocess.Popen[bytes]) -> None:
@@ -315,11 +315,12 @@ def _kill(child: subprocess.Popen[bytes]) -> None:
             os.killpg(child.pid, signal.SIGKILL)
 
 
-def _verdicts(output: bytes, wants: Sequence[str]) -> ExampleRun:
+def _verdicts(output: bytes, wants: Sequence[str], stated: int = 0) -> ExampleRun:
     """Each example judged from its report; those the run never reached (killed, or the
     code did not define) failed, and a channel holding anything but ``defined`` and
-    one report per example (the code wrote to it) fails them all."""
-    failed = ExampleRun(0, len(wants))
+    one report per example (the code wrote to it) fails them all. The first ``stated``
+    are the prompt's tests, counted apart too."""
+    failed = ExampleRun(0, len(wants), stated, stated)
     lines = output.split(b"\n")[:-1]  # a last line without its end was cut short
     if lines[:1] != [b"defined"] or len(lines) - 1 > len(wants):
         return failed
@@ -327,8 +328,9 @@ def _verdicts(output: bytes, wants: Sequence[str]) -> ExampleRun:
         reports = [_report(line) for line in lines[1:]]
     except ValueError:
         return failed
-    passed = sum(_holds(report, want) for report, want in zip(reports, wants, strict=False))
-    return ExampleRun(passed, len(wants) - passed)
+    held = [_holds(report, want) for report, want in zip(reports, wants, strict=False)]
+    held += [False] * (len(wants) - len(held))  # not reached: failed
+    return ExampleRun(sum(held), len(wants) - sum(held), stated, stated - sum(held[:stated]))
 
 
 def _report(line: bytes) -> Report | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router import code_examples
+from router import code_examples, verifier_code
 from router.answers import (
     FENCE,
     MC_OPTION,
@@ -542,11 +542,13 @@ def asks_for_python(prompt: str, question: str | None = None) -> bool:
 
 
 def code_job(prompt: str, response: str, question: str | None = None) -> CodeJob | None:
-    """What to run to check ``response``'s code (``router.sandbox.run_examples``): its
-    claimed examples, on a question that asks for code in Python; None otherwise."""
+    """What to run to check ``response``'s code (``router.sandbox.run_examples``): the
+    tests the question states, then the examples the answer claims, on a question that
+    asks for code in Python; None otherwise."""
     if _other_fenced(response) or not asks_for_python(prompt, question):
         return None
-    return code_examples.code_job(response)
+    tests = verifier_code.stated_tests(head_and_tail(question or prompt, MAX_PROMPT_CHARS))
+    return code_examples.code_job(response, tests)
 
 
 def _other_fenced(answer: str) -> set[str]:
@@ -739,8 +741,12 @@ class Verifier:
         features = extract_features(prompt, response, signals)
         asked = head_and_tail(question or prompt, MAX_PROMPT_CHARS)  # as extract_features reads it
         if self.open_model is not None and judges(asked):
-            return self.open_model.score(asked, response, features)
-        return self.score_features(features)
+            score = self.open_model.score(asked, response, features)
+        else:
+            score = self.score_features(features)
+        if features["code_prompt"] and not features["code_other_language"]:
+            return verifier_code.gated(score, asked, response, code_run)
+        return score
 
     def score_features(self, features: Mapping[str, float]) -> float:
         logit = self.intercept

@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from router import open_evaluation, open_verifier_train, sandbox
-from router.artifacts import read_artifact
+from router.artifacts import DEFAULTS_LINK, read_artifact
 from router.code_examples import ExampleRun
 from router.dataset import DATASETS, DEFAULT_DATA_DIR, PromptScores, data_file, open_data
 from router.errors import RoutingError
@@ -551,16 +551,19 @@ def model_card(artifact: dict[str, Any], built: str | None = None) -> str:
         for name, coef in zip(artifact["feature_names"], artifact["coefficients"], strict=True)
     )
     opened = artifact.get("open_ended")
-    return CARD_TEMPLATE.format(
-        date=built or datetime.date.today().isoformat(),
-        open_ended=open_evaluation.card_section(opened) + "\n" if opened else "",
-        held_out_task=training["held_out_task"],
-        buckets=TEST_FRACTION_BUCKETS,
-        train_rows=json.dumps(training["train_rows"]),
-        test_rows=json.dumps(training["test_rows"]),
-        priors=", ".join(training["prior_coefficients"]),
-        table=header + table,
-        weights=weights,
+    return (
+        CARD_TEMPLATE.format(
+            date=built or datetime.date.today().isoformat(),
+            open_ended=open_evaluation.card_section(opened) + "\n" if opened else "",
+            held_out_task=training["held_out_task"],
+            buckets=TEST_FRACTION_BUCKETS,
+            train_rows=json.dumps(training["train_rows"]),
+            test_rows=json.dumps(training["test_rows"]),
+            priors=", ".join(training["prior_coefficients"]),
+            table=header + table,
+            weights=weights,
+        )
+        + DEFAULTS_LINK
     )
 
 
