@@ -12,7 +12,8 @@ none does: the selector then loses quality even at λ = 0).
     curve.saving_at(0.95)
 
 Beside it: the best single model (the cheapest whose quality on the training rows is at
-least 95% of the strong model's there, judged on the test rows), the random mix (a share
+least 95% of the strong model's there, judged on the test rows; and, for scale, the same
+chosen on the test rows themselves, "in hindsight"), the random mix (a share
 of the rows, drawn at random, to the strong model and the rest to one cheap model, both
 chosen on the training rows to keep 95% there: what knowing nothing of the prompt buys),
 the Mixtral / GPT-4 pair (the same selector offered those two only) and the oracle (the
@@ -80,7 +81,8 @@ def best_single(quality: FloatArray, cost: FloatArray, strong: int, target: floa
         answered = ~np.isnan(quality[:, model]) & ~np.isnan(cost[:, model])
         if answered.mean() < 0.9:  # a model missing on many rows is no single choice
             continue
-        ratio = quality[answered, model].mean() / quality[answered, strong].mean()
+        reference = quality[answered, strong].mean()  # 0: the strong model never right
+        ratio = quality[answered, model].mean() / reference if reference > 0 else np.inf
         price = float(cost[answered, model].mean())
         if ratio >= target and price < best_cost:
             best, best_cost = model, price
@@ -156,6 +158,9 @@ class DatasetResult:
     single: str
     single_quality: float
     single_saving: float
+    hindsight: str  # the best single model chosen on the test rows themselves ...
+    hindsight_quality: float  # ... (the "for scale" figure): its quality
+    hindsight_saving: float  # and saving there; no selector can count on it
     mix: str  # the random mix's cheap model, its share of rows to the strong model ...
     mix_share: float
     mix_quality: float  # ... and its expected quality and saving on the test rows
@@ -181,6 +186,8 @@ def judge(
     allowed[list(pair)] = True
     single = best_single(train_quality, train_cost, strong)
     single_q, single_s = single_point(quality, cost, single, strong)
+    hindsight = best_single(quality, cost, strong)
+    hindsight_q, hindsight_s = single_point(quality, cost, hindsight, strong)
     mix, share = best_mix(train_quality, train_cost, strong)
     mix_q, mix_s = mix_point(quality, cost, mix, share, strong)
     present = [m for m in range(len(models)) if not np.isnan(quality[:, m]).all()]
@@ -193,6 +200,9 @@ def judge(
         single=models[single],
         single_quality=single_q,
         single_saving=single_s,
+        hindsight=models[hindsight],
+        hindsight_quality=hindsight_q,
+        hindsight_saving=hindsight_s,
         mix=models[mix],
         mix_share=share,
         mix_quality=mix_q,

@@ -21,6 +21,7 @@ from router.quality_evaluation import DatasetResult, mean_sd, plot_result
 
 HEADER = (
     "| quality predictor | best single (chosen on training rows): saving / quality "
+    "| best single in hindsight: saving / quality "
     "| random mix (chosen on training rows): saving / quality | Mixtral-GPT-4 pair | oracle |"
 )
 
@@ -37,16 +38,19 @@ class FoldReport:
 def format_cv_table(folds: Sequence[FoldReport]) -> str:
     """Per dataset, mean ± sd over the outer folds of each selector's saving at >= 95%
     of GPT-4's quality (the references' quality on the test rows beside theirs)."""
-    lines = [f"| dataset | test rows / fold {HEADER}", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| dataset | test rows / fold {HEADER}", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in dict.fromkeys(r.dataset for f in folds for r in f.results):
         results = [r for f in folds for r in f.results if r.dataset == name]
         singles = ", ".join(sorted({_short(r.single) for r in results}))
         mixes = ", ".join(sorted({_short(r.mix) for r in results}))
+        hindsight = ", ".join(sorted({_short(r.hindsight) for r in results}))
         lines.append(
             f"| {name} | {np.mean([r.rows for r in results]):.0f} "
             f"| {mean_sd([r.predictor.saving_at() for r in results])} "
             f"| {mean_sd([r.single_saving for r in results])} / "
             f"{np.mean([r.single_quality for r in results]):.1%} ({singles}) "
+            f"| {mean_sd([r.hindsight_saving for r in results])} / "
+            f"{np.mean([r.hindsight_quality for r in results]):.1%} ({hindsight}) "
             f"| {mean_sd([r.mix_saving for r in results])} / "
             f"{np.mean([r.mix_quality for r in results]):.1%} ({mixes}) "
             f"| {mean_sd([r.pair.saving_at() if r.pair else np.nan for r in results])} "
@@ -57,12 +61,13 @@ def format_cv_table(folds: Sequence[FoldReport]) -> str:
 
 def format_split_table(report: FoldReport) -> str:
     """One split's saving at >= 95% of GPT-4's quality per dataset."""
-    lines = [f"| dataset | test rows {HEADER}", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| dataset | test rows {HEADER}", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report.results:
         pair = _saving(r.pair.saving_at()) if r.pair else "-"
         lines.append(
             f"| {r.dataset} | {r.rows} | {_saving(r.predictor.saving_at())} "
             f"| {_short(r.single)}: {r.single_saving:.1%} / {r.single_quality:.1%} "
+            f"| {_short(r.hindsight)}: {r.hindsight_saving:.1%} / {r.hindsight_quality:.1%} "
             f"| {_short(r.mix)} ({1 - r.mix_share:.0%} of rows): {r.mix_saving:.1%} / "
             f"{r.mix_quality:.1%} | {pair} | {_saving(r.oracle.saving_at())} |"
         )
@@ -187,7 +192,9 @@ on the same rows and the saving of their real per-row costs against GPT-4 on eve
 The figure is the largest saving at >= 95% of GPT-4's quality ("not reached": not even
 lambda = 0 keeps 95%; it counts as no saving in the means). Best single: the cheapest
 model whose quality on the training rows is >= 95% of GPT-4's there (GPT-4 itself when
-none is), judged on the test rows (its saving / its quality there). Random mix: a share
+none is), judged on the test rows (its saving / its quality there); in hindsight: the
+same chosen on the test rows themselves, as the issue's "for scale" column is (no
+selector can count on it). Random mix: a share
 of the rows, drawn at random, to GPT-4 and the rest to one cheap model, the model and
 share chosen on the training rows to keep 95% there (its expected saving / quality on
 the test rows): what a selector that reads nothing of the prompt gets. Pair: the same
@@ -205,20 +212,36 @@ rows, so they are the more honest figures of the two kinds.
 ## Reading
 Against the targets of issue 22 (ARC >= 92%, Winogrande >= 60%, MBPP >= 85%, arena chat
 >= 50%): the cross-validated means miss all four, and the random mix is level with the
-selector within the folds' spread on every dataset. What the predictor knows is which
-model is good at which kind of prompt (the task posterior finds ARC's, Winogrande's and
-MBPP's kind for 96-100% of the final split's prompts from the features alone, arena
-chat's for ~80%): that, and
-sending a share of the rows to GPT-4, is what saves. What it knows about one prompt
-within a kind adds little that the folds can tell from noise: the prompt says little
-about which answers will be right (the cross-validated rank correlation of any feature
-set, MiniLM embeddings included, with GPT-4's gain over the cheap models is about 0 on
-Winogrande and 0.1-0.2 elsewhere). The figures swing widely between folds (a fold holds
-~30 arena prompts and ~50 MBPP ones, and the 95% line is crossed at one point of a
-noisy curve picked on the test rows): read the means with their spread, not one split.
-The final split's MBPP figure is such a swing: on its 54 rows Mixtral and Code Llama,
-the cheap models it picked, happened to reach 96.6% of GPT-4 (79% and 76% over all
-MBPP rows).
+selector within the folds' spread on every dataset.
+
+Why not even the best single model's figure: the issue's "for scale" column was measured
+on its own held-out rows, where Yi-34B reaches 95.9% of GPT-4 on ARC and gpt-3.5-turbo-1106
+96% on MBPP. On the shipped data neither does: over all rows Yi-34B reaches 94.1% of
+GPT-4 on ARC (claude-v1 94.7% at 80% of its cost) and gpt-3.5-turbo-1106 93.2% on MBPP,
+so the best single model in hindsight (the column beside the honest one) qualifies only
+in the folds where it is lucky, and a selector that knows the task and each model's
+mean quality there gets exactly those single-model points. Checked while looking for a
+fault: the saving is the real per-row costs against GPT-4 on every row, and the quality
+the chosen answers' mean over GPT-4's on the same rows (unit tests pin both); the task
+posterior is not confused (the prior alone on the true dataset label does no better:
+ARC 36.8% ± 45.1% as with the posterior, Winogrande 0%, MBPP 38.6% ± 47.3% against
+50.5%, arena 0% against 13.1%);
+lambda is swept on the test rows, as the issue's metric does, with each model's mean cost
+from the training rows.
+
+Beyond the single-model points, a saving needs the prompt to say which rows the cheap
+answers get wrong, and it does not: out of fold, the rank correlation of any predictor's
+GPT-4 gain with the real one (GPT-4 minus Yi-34B on ARC and Winogrande, minus
+gpt-3.5-turbo-1106 on MBPP) is within 0 ± 0.11 (the shipped heads 0.01 / 0.00 / 0.00;
+the gain direction 0.02 / 0.06 / -0.08; kNN over hashed n-grams 0.02 / 0.05 / -0.02;
+kernel ridge on the dense features 0.06 / -0.07 / 0.11). What the per-prompt part of the
+shipped model adds is spread: the task prior plus noise of sd 0.01 in place of the
+deviation already reaches ARC 69.3% ± 20.1%, Winogrande 37.4% ± 19.1%, MBPP 44.0% ±
+44.2% and arena 10.5% ± 8.5%, the random mix's level, because the lambda sweep then
+moves rows to the cheap model one by one instead of all at once. The figures swing
+widely between folds (a fold holds ~30 arena prompts and ~50 MBPP ones, and the 95% line
+is crossed at one point of a noisy curve picked on the test rows): read the means with
+their spread, not one split. The final split's MBPP figure is such a swing.
 
 ## Tried, and not shipped
 With the same nested protocol on the pool (measured while building this model; saving
@@ -233,15 +256,38 @@ at >= 95% of GPT-4's quality, mean ± sd over the 5 outer folds):
 | kNN, MiniLM (a) | 73.6% ± 27.7% | 32.0% ± 10.0% | 52.5% ± 44.4% (b) | 14.6% ± 11.0% |
 | MF, features (c) | 64.0% ± 22.1% | 39.3% ± 19.2% | 51.0% ± 39.5% | 11.0% ± 11.5% (b) |
 
+A second round, each setting on the same 5 outer folds without an inner choice (so each
+row is the best case of its grid, flattering it), on the true dataset label:
+
+| recipe | ARC-Challenge | Winogrande | MBPP | arena chat |
+|---|---:|---:|---:|---:|
+| n-gram kNN (d), k 20, s 5 | 72.4% ± 14.4% | 32.8% ± 4.4% | 39.2% ± 48.1% | 10.6% ± 6.4% |
+| n-gram kNN (d), k 50, s 5 | 63.2% ± 24.5% | 52.5% ± 3.8% | 53.5% ± 38.5% | 13.5% ± 7.2% |
+| n-gram kNN (d), k 50, s 1 | 62.4% ± 24.6% | 47.9% ± 6.9% | 71.1% ± 28.9% | 14.7% ± 7.1% |
+| n-gram ridge (d), a 3 | 73.6% ± 16.3% | 44.3% ± 10.5% | 62.7% ± 39.6% | 5.6% ± 3.9% |
+| dense ridge (d), a 1 | 67.6% ± 15.9% | 37.6% ± 26.0% | 43.7% ± 44.7% | 12.3% ± 8.7% |
+| prior + noise (e) | 69.3% ± 20.1% | 37.4% ± 19.1% | 44.0% ± 44.2% | 10.5% ± 8.5% |
+
 (a) The prior plus the shrunk mean residual of each model over the k training prompts
 nearest in all-MiniLM-L6-v2 embedding (cosine); k in {{10, 40}} and the shrinkage in {{5,
 20}} chosen inside. (b) Not reached in 2 folds (MBPP) and 1 (arena), counted as no
 saving. (c) RouteLLM's matrix factorisation on the dense features, sigmoid(b_m + a_m .
 W x), fitted by Adam on the dataset-weighted log loss; rank in {{4, 16}} and L2 in {{1e-4,
-1e-2}} chosen inside.
+1e-2}} chosen inside. (d) Word 1-2-grams and character 3-5-grams of the question (the
+last paragraph: the few-shot examples before it are the same for every row; arena
+chat's whole prompt), 65,536
+buckets, log counts, cosine; k in {{5, 20, 50}}, shrink in {{1, 5}}, alpha in {{0.3, 1,
+3, 10}} (s the shrinkage, a the kernel ridge's alpha), the other settings lower; the
+kernel ridge on the dense features (standardised, clipped at 5 sd) likewise.
+Winogrande's twin sentences do find each other (408 rows have a neighbour at cosine >
+0.6), and a model wrong on the twin is a little more often right on the row (GPT-4 0.92
+against 0.84): a trait of the benchmark's pairs that live traffic does not have, left
+unused. (e) The task prior plus independent noise of sd 0.01 per row and model: reads
+nothing of the prompt.
 
-None is better beyond the spread, and the embedding would cost ~30 ms a request on a
-CPU and the `embeddings` extra: the shipped model uses the dense features only. The task
+None is better beyond the spread, none reads the prompt better than noise (the rank
+correlations above), and the embedding would cost ~30 ms a request on a CPU and the
+`embeddings` extra: the shipped model is unchanged, on the dense features only. The task
 prior alone cannot mix models inside a kind, so it reaches 95% only where one cheap
 model already does in that fold.
 
