@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     )
     redis_prefix: str = "cg:"
     ledger_stream_maxlen: int = 100_000
+    # How long a spend record's exactly-once marker lives in Redis: a replay of the
+    # spool within it is applied once; a spooled record older than it is refused (it
+    # may be written already). Redis holds markers for this long, not the records' life.
+    ledger_dedupe_window_s: int = Field(default=48 * 3600, gt=0)  # ledger.store's default
     # Spend records written while Redis is unreachable; replayed when it returns.
     spool_path: Path = Path("var/ledger.spool")
     # Upstream connection pool (shared by every OpenAI-compatible deployment).

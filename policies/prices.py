@@ -38,20 +38,32 @@ def litellm_price_map() -> Mapping[str, Mapping[str, Any]]:
     return data
 
 
-def litellm_rates(name: str, provider: str | None = None) -> tuple[str, float, float] | None:
-    """(the entry's name, USD per input token, per output token) of a model in the map,
-    trying `name` then `provider/name`; None if neither has a price above zero (a zero
-    price is no price: never free)."""
+def litellm_entry(name: str, provider: str | None = None) -> tuple[str, Mapping[str, Any]] | None:
+    """(the entry's name, the entry) of a model in the map with a price above zero,
+    trying `name` then `provider/name`; None if neither has one (a zero price is no
+    price: never free)."""
     table = litellm_price_map()
     candidates = [name]
     if provider and not name.startswith(f"{provider}/"):
         candidates.append(f"{provider}/{name}")
     for candidate in candidates:
         entry = table.get(candidate)
-        if not entry:
-            continue
-        input_usd = float(entry.get("input_cost_per_token") or 0.0)
-        output_usd = float(entry.get("output_cost_per_token") or 0.0)
-        if input_usd > 0 or output_usd > 0:
-            return candidate, input_usd, output_usd
+        if entry and (
+            _rate(entry, "input_cost_per_token") or _rate(entry, "output_cost_per_token")
+        ):
+            return candidate, entry
     return None
+
+
+def litellm_rates(name: str, provider: str | None = None) -> tuple[str, float, float] | None:
+    """(the entry's name, USD per input token, per output token) of a model in the map,
+    as `litellm_entry` finds it."""
+    found = litellm_entry(name, provider)
+    if found is None:
+        return None
+    candidate, entry = found
+    return candidate, _rate(entry, "input_cost_per_token"), _rate(entry, "output_cost_per_token")
+
+
+def _rate(entry: Mapping[str, Any], field: str) -> float:
+    return float(entry.get(field) or 0.0)

@@ -14,7 +14,7 @@
   ];
   const USD_COLUMNS = new Set([
     "cost_usd", "reference_cost_usd", "savings_usd", "cost_per_1k_requests_usd",
-    "unreferenced_cost_usd", "limit_usd", "soft_limit_usd", "spent_usd", "remaining_usd",
+    "unreferenced_cost_usd", "cache_savings_usd", "limit_usd", "soft_limit_usd", "spent_usd", "remaining_usd",
     "burn_rate_usd_per_day", "forecast_usd",
   ]);
   const PCT_COLUMNS = new Set(["savings_pct", "used_pct", "attainment_pct", "error_rate_pct"]);
@@ -32,6 +32,7 @@
     errors: "Errors", error_rate_pct: "Error rate",
     calls: "Upstream calls", cost_usd: "Cost", reference_cost_usd: "Reference cost", savings_usd: "Savings",
     savings_pct: "Savings %", cost_per_1k_requests_usd: "Per 1k requests", limit_usd: "Limit",
+    cache_savings_usd: "Cache savings", cache_read_tokens: "Cached tokens",
     soft_limit_usd: "Soft limit", spent_usd: "Spent", remaining_usd: "Remaining", used_pct: "Used %",
     burn_rate_usd_per_day: "Burn / day", forecast_usd: "Forecast", soft_crossed: "Soft crossed",
     hard_crossed: "Hard crossed", exhausted_on: "Limit reached", ttft_ms: "TTFT target (ms)",
@@ -332,6 +333,9 @@
     $("kpi-savings").textContent = usd(total.savings_usd);
     const part = total.reference_coverage === "partial" ? " where compared" : "";
     $("kpi-savings-pct").textContent = noReference ? "no reference model" : `${pct(total.savings_pct)} saved${part}`;
+    // What prompt caching saved on the tokens actually sent, beside what routing saved.
+    $("kpi-cache-savings").textContent = usd(total.cache_savings_usd);
+    $("kpi-cached-tokens").textContent = `${count(total.cache_read_tokens)} cached prompt tokens`;
     $("kpi-per-1k").textContent = usd(total.cost_per_1k_requests_usd);
     $("kpi-requests").textContent = count(total.requests);
     $("kpi-answered").textContent = `${count(total.requests - total.errors)} answered`;
@@ -341,7 +345,8 @@
     for (const [id, column] of [["kpi-cost", "cost_usd"], ["kpi-reference", "reference_cost_usd"],
       ["kpi-savings", "savings_usd"], ["kpi-per-1k", "cost_per_1k_requests_usd"],
       ["kpi-requests", "requests"], ["kpi-savings-pct", "savings_pct"],
-      ["kpi-error-rate", "error_rate_pct"], ["kpi-errors", "errors"]]) {
+      ["kpi-error-rate", "error_rate_pct"], ["kpi-errors", "errors"],
+      ["kpi-cache-savings", "cache_savings_usd"]]) {
       $(id).dataset.value = total[column] === null ? "" : String(total[column]);
     }
     // The savings figures say why they are empty, or what they leave out.

@@ -70,6 +70,11 @@ class CostLedger:
         return self._spool.pending
 
     @property
+    def expired_count(self) -> int:
+        """Spooled records too old to replay exactly once (`Spool.expired`)."""
+        return self._spool.expired
+
+    @property
     def dropped_count(self) -> int:
         """Records lost because the store was down and the spool could not be written."""
         return self._dropped

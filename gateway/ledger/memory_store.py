@@ -14,6 +14,7 @@ from datetime import date
 
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import GROUPABLE, METRICS, Rollup, check_group_by, metrics_of
+from gateway.ledger.store import DEDUPE_WINDOW_S
 
 # (day, team, key, route, tier, deployment, model): the finest grain kept.
 _Cell = tuple[str, ...]
@@ -30,7 +31,7 @@ class MemoryStore:
     >>> store = MemoryStore(); await store.record(rec)
     """
 
-    def __init__(self, stream_maxlen: int = 100_000, dedupe_ttl_s: float = 40 * 86400) -> None:
+    def __init__(self, stream_maxlen: int = 100_000, dedupe_ttl_s: float = DEDUPE_WINDOW_S) -> None:
         if stream_maxlen < 1:
             raise ValueError(f"stream_maxlen is {stream_maxlen}; it must be at least 1")
         self._dedupe_ttl_s = dedupe_ttl_s

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import orjson
+
 # Dimensions an aggregate can be grouped by (besides `day`).
 DIMENSIONS: tuple[str, ...] = ("team", "key", "route", "tier", "deployment", "model")
 DimensionType = Literal["day", "team", "key", "route", "tier", "deployment", "model"]
@@ -75,6 +77,23 @@ class SpendRecord:
     # judged: the last tier, a cancelled request, other strategies): the live sample
     # `router calibrate-verify --from-ledger` picks a verify_threshold from.
     verifier_score: float | None = None
+    # `select` routes: the quality predicted for this deployment, and the route's
+    # target (quality_target x the reference's predicted quality) it was chosen against.
+    predicted_quality: float | None = None
+    quality_target: float | None = None
+    # Token classes priced apart (`gateway.usage`): parts of prompt_tokens (cache reads
+    # and writes, audio, image) and of completion_tokens (reasoning, audio, image), never
+    # on top of them. Records written before these fields existed read back as 0.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    audio_prompt_tokens: int = 0
+    image_prompt_tokens: int = 0
+    reasoning_tokens: int = 0
+    audio_completion_tokens: int = 0
+    image_completion_tokens: int = 0
+    # What the prompt cache saved on this attempt: its cache reads and writes priced as
+    # plain input, less what they cost (negative when writes cost more than reads saved).
+    cache_savings_nanos: int = 0
 
     @property
     def day(self) -> str:
@@ -97,6 +116,15 @@ class SpendRecord:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def to_json(self) -> bytes:
+        """The record as stored (Redis, the spool): JSON without the zero token-class
+        fields, which most records have and `from_dict` reads back as 0."""
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        for name in SPARSE_FIELDS:
+            if not data[name]:
+                del data[name]
+        return orjson.dumps(data)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SpendRecord:
         """Inverse of `to_dict`; also accepts the all-strings form a Redis Stream returns."""
@@ -108,7 +136,28 @@ class SpendRecord:
         return cls(**kwargs)
 
 
-_INTS = {"prompt_tokens", "completion_tokens", "cost_nanos", "reference_cost_nanos", "escalations"}
+# Token classes and cache savings: summed by the aggregates, and left out of the stored
+# JSON when zero.
+CLASS_FIELDS: tuple[str, ...] = (
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "audio_prompt_tokens",
+    "image_prompt_tokens",
+    "reasoning_tokens",
+    "audio_completion_tokens",
+    "image_completion_tokens",
+    "cache_savings_nanos",
+)
+SPARSE_FIELDS = frozenset(CLASS_FIELDS)
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(SpendRecord))
+_INTS = {
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_nanos",
+    "reference_cost_nanos",
+    "escalations",
+    *SPARSE_FIELDS,
+}
 _FLOATS = {"ts", "latency_ms"}
 
 
@@ -119,7 +168,7 @@ def _coerce(name: str, value: Any) -> Any:
         return float(value)
     if name == "reference_model":
         return None if value in (None, "", "None") else value
-    if name in ("ttft_ms", "score", "verifier_score"):
+    if name in ("ttft_ms", "score", "verifier_score", "predicted_quality", "quality_target"):
         return None if value in (None, "", "None") else float(value)
     if name == "stream":
         return _truthy(value)
@@ -150,6 +199,16 @@ class AggregateRow:
     # written before these counters existed read 0 here, as if all had a reference.
     unreferenced: int = 0
     unreferenced_cost_nanos: int = 0
+    # Token classes and what the prompt cache saved (`SpendRecord`'s fields of the same
+    # names); days written before they existed read 0.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    audio_prompt_tokens: int = 0
+    image_prompt_tokens: int = 0
+    reasoning_tokens: int = 0
+    audio_completion_tokens: int = 0
+    image_completion_tokens: int = 0
+    cache_savings_nanos: int = 0
 
     @property
     def coverage(self) -> ReferenceCoverageType:

@@ -4,7 +4,8 @@ Keys (`P` is the prefix, default `cg:`; every key carries the `{ledger}` hash ta
 Redis Cluster keeps them in one slot and the script may touch them all):
 
     P{ledger}:rec:<record_id>        string  the record's JSON; SET NX makes it the
-                                             de-duplication marker too (dedupe_ttl_s)
+                                             de-duplication marker too (dedupe_ttl_s,
+                                             the dedupe window: 48 h by default)
     P{ledger}:day:<YYYY-MM-DD>       hash    `<metric>|<JSON [team,key,route,tier,
                                              deployment,model]>` -> int (aggregate_ttl_s)
     P{ledger}:day:<YYYY-MM-DD>:<dim> hash    `<metric>|<value>` -> int, one per dimension
@@ -36,7 +37,7 @@ from redis.backoff import NoBackoff
 
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
-from gateway.ledger.store import LedgerUnavailable
+from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
 
 # Errors that mean "no usable Redis there" (BusyLoadingError and auth failures are
 # ConnectionErrors; READONLY is what a demoted primary answers during failover;
@@ -93,7 +94,7 @@ class RedisStore:
         url: str,
         prefix: str = "cg:",
         stream_maxlen: int = 100_000,
-        dedupe_ttl_s: int = 40 * 86400,
+        dedupe_ttl_s: int = DEDUPE_WINDOW_S,
         aggregate_ttl_s: int = 400 * 86400,
         *,
         max_connections: int = 64,
@@ -158,7 +159,7 @@ class RedisStore:
             self._base + "events",
         ]
         args: list[Any] = [
-            orjson.dumps(rec),
+            rec.to_json(),
             self._dedupe_ttl_s,
             self._aggregate_ttl_s,
             self._stream_maxlen,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
+from gateway.ledger.record import CLASS_FIELDS, DIMENSIONS, AggregateRow, SpendRecord
 
 # The order of AggregateRow's counters; Redis field names use these words.
 METRICS: tuple[str, ...] = (
@@ -25,6 +25,7 @@ METRICS: tuple[str, ...] = (
     "calls",
     "unreferenced",
     "unreferenced_cost_nanos",
+    *CLASS_FIELDS,  # token classes (parts of prompt and completion tokens), cache savings
 )
 GROUPABLE: tuple[str, ...] = ("day", *DIMENSIONS)
 
@@ -59,6 +60,14 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
         int(rec.status != "error"),
         int(unreferenced),
         rec.cost_nanos if unreferenced else 0,
+        rec.cache_read_tokens,
+        rec.cache_write_tokens,
+        rec.audio_prompt_tokens,
+        rec.image_prompt_tokens,
+        rec.reasoning_tokens,
+        rec.audio_completion_tokens,
+        rec.image_completion_tokens,
+        rec.cache_savings_nanos,
     )
 
 

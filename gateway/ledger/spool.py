@@ -4,7 +4,11 @@ The file is JSON lines, one `SpendRecord` per line, each write flushed and fsync
 `replay` first renames it to `<path>.replaying` (so appends go on into a fresh file),
 sends every line to the store, and deletes the renamed file only once every line was
 accepted. A crash or outage mid-replay leaves the file to be sent again; the store
-de-duplicates on `record_id`, which makes the replay exactly-once.
+de-duplicates on `record_id`, which makes the replay exactly-once while the record's
+marker lives: for `window_s` (the store's dedupe window) after it was written. A line
+spooled longer ago than that may have been written and forgotten, so it is not
+replayed: it goes to `<path>.expired` (kept for a person to reconcile), logged and
+counted (`expired`).
 
 Writers take an exclusive `flock` on the spool file and replayers take it before the
 rename, so an append never lands in a file that is already being replayed, even from
@@ -17,15 +21,17 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import orjson
 
 from gateway.ledger.record import SpendRecord
-from gateway.ledger.store import LedgerStore
+from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerStore
 
 REPLAY_BATCH = 256  # records per pipelined write while replaying
+SPOOLED_AT = "spooled_at"  # the field each line adds to its record
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +44,14 @@ class Spool:
     >>> spool = Spool(Path("/var/lib/cascade/spool.jsonl")); spool.append(rec)
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, window_s: float = DEDUPE_WINDOW_S) -> None:
         self.path = path
+        self.window_s = window_s
         self.replaying_path = path.with_name(path.name + ".replaying")
+        self.expired_path = path.with_name(path.name + ".expired")
         self._lock_path = path.with_name(path.name + ".lock")
         self._pending = _count_lines(self.replaying_path) + _count_lines(path)
+        self.expired = _count_lines(self.expired_path)
 
     @property
     def pending(self) -> int:
@@ -58,7 +67,10 @@ class Spool:
         if not recs:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = b"".join(orjson.dumps(rec) + b"\n" for rec in recs)
+        # Each line notes when it was spooled: its marker, if the failed write made one,
+        # is about that old (the record's own `ts` may be much older: a backfill).
+        stamp = b'{"%s":%.3f,' % (SPOOLED_AT.encode(), time.time())
+        lines = b"".join(stamp + rec.to_json()[1:] + b"\n" for rec in recs)
         with self._locked_spool() as fd:
             size = os.fstat(fd).st_size
             # A crash mid-write leaves a line without its newline; end it so it alone is lost.
@@ -90,21 +102,41 @@ class Spool:
     async def _replay_file(self, store: LedgerStore) -> int:
         handled = 0
         batch: list[SpendRecord] = []
+        expired: list[bytes] = []
+        oldest = time.time() - self.window_s  # spooled before: its marker may be gone
         with self.replaying_path.open("rb") as file:
             for number, line in enumerate(file, start=1):
                 if not line.strip():
                     continue
-                rec = _parse(line, self.replaying_path, number)
-                if rec is not None:
-                    batch.append(rec)
+                parsed = _parse(line, self.replaying_path, number)
+                if parsed is not None and parsed[1] < oldest:
+                    expired.append(line.rstrip(b"\n") + b"\n")
+                elif parsed is not None:
+                    batch.append(parsed[0])
                 if len(batch) >= REPLAY_BATCH:
                     await store.record_many(batch)
                     batch = []
                 handled += 1
         if batch:
             await store.record_many(batch)
+        if expired:  # kept before the replayed file goes: a crash here replays nothing twice
+            self._keep_expired(expired)
         self.replaying_path.unlink()
         return handled
+
+    def _keep_expired(self, lines: list[bytes]) -> None:
+        with self.expired_path.open("ab") as file:
+            file.write(b"".join(lines))
+            file.flush()
+            os.fsync(file.fileno())
+        self.expired += len(lines)
+        log.error(
+            "%d spooled spend record(s) are older than the ledger's dedupe window (%ds): "
+            "not replayed, since they may be written already; kept in %s to reconcile",
+            len(lines),
+            self.window_s,
+            self.expired_path,
+        )
 
     def _rotate(self) -> bool:
         """Rename the live file to the replaying one; False if there is nothing to send."""
@@ -150,9 +182,13 @@ class Spool:
             os.close(fd)
 
 
-def _parse(line: bytes, path: Path, number: int) -> SpendRecord | None:
+def _parse(line: bytes, path: Path, number: int) -> tuple[SpendRecord, float] | None:
+    """The line's record and when it was spooled (a line from before the stamp: its
+    record's time), or None when it cannot be read."""
     try:
-        return SpendRecord.from_dict(orjson.loads(line))
+        data = orjson.loads(line)
+        rec = SpendRecord.from_dict(data)
+        return rec, float(data.get(SPOOLED_AT, rec.ts))
     except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
         log.warning("skipping unreadable spool line %s:%d (%s): %.200r", path, number, exc, line)
         return None

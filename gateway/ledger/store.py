@@ -18,6 +18,9 @@ from typing import Protocol
 
 from gateway.ledger.record import AggregateRow, SpendRecord
 
+# How long a record's exactly-once marker lives (`Settings.ledger_dedupe_window_s`).
+DEDUPE_WINDOW_S = 48 * 3600
+
 
 class LedgerUnavailable(Exception):
     """The store cannot be reached; the record was not written."""

@@ -69,14 +69,16 @@ def worst_case_nanos(
     output: Output,
     copies: int,
 ) -> int:
-    groups = (
-        tier_groups(list(candidates))[: route.max_escalations + 1]
-        if strategy == "cascade"
-        else [candidates]
-    )
-
     def answer(d: DeploymentRuntime) -> int:
-        return d.price.cost_nanos(prompt, output.tokens(d))
+        return d.price.worst_case_nanos(prompt, output.tokens(d))
+
+    steps = route.max_escalations + 1
+    if strategy == "cascade":
+        groups = tier_groups(list(candidates))[:steps]
+    elif strategy == "select" and route.verify:  # a climb of distinct candidates: the dearest
+        groups = [[d] for d in sorted(candidates, key=answer, reverse=True)[:steps]]
+    else:
+        groups = [list(candidates)]
 
     per_answer = (max(answer(d) for d in group) for group in groups)
     # Second opinions may be asked when a cascade verifies an answer, i.e. has a second
@@ -85,7 +87,7 @@ def worst_case_nanos(
     # The judge reads the prompt and one answer (one choice: its first) and writes a token.
     judge, verified = route.judge, len(groups) - 1
     grades = (
-        verified * judge.price.cost_nanos(prompt + output.per_choice + OVERHEAD_TOKENS, 1)
+        verified * judge.price.worst_case_nanos(prompt + output.per_choice + OVERHEAD_TOKENS, 1)
         if judge is not None
         else 0
     )

@@ -2,10 +2,11 @@
 
 Each row: the group's values, requests, errors and error rate, tokens, cost, the
 counterfactual cost on the routes' reference models, the savings (absolute and
-percent), the cost left out of them, the cost per 1,000 requests and the upstream calls
-priced. JSON rows also carry the money as integer nano-dollars; CSV writes dollars as
-exact decimals (nine places), never as floats, so both reconcile with the ledger to
-the nano-dollar.
+percent), the cost left out of them, the cost per 1,000 requests, the upstream calls
+priced, the token classes priced apart (cache reads and writes, reasoning, audio,
+image) and what the prompt cache saved. JSON rows also carry the money as integer
+nano-dollars; CSV writes dollars as exact decimals (nine places), never as floats, so
+both reconcile with the ledger to the nano-dollar.
 
 Savings compare a request's cost with what it would have cost on its route's
 `reference_model`. Requests on a route without one have nothing to be compared with:
@@ -41,7 +42,17 @@ COLUMNS = (
     "unreferenced_cost_usd",
     "cost_per_1k_requests_usd",
     "calls",
+    # Token classes: parts of prompt_tokens and completion_tokens, priced apart.
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "audio_prompt_tokens",
+    "audio_completion_tokens",
+    "image_prompt_tokens",
+    "image_completion_tokens",
+    "cache_savings_usd",
 )
+TOKEN_CLASS_COLUMNS = COLUMNS[COLUMNS.index("cache_read_tokens") : -1]
 # Dollar columns and the integer nano-dollar fields (JSON only) they are written from.
 USD_NANOS = {
     "cost_usd": "cost_nanos",
@@ -49,6 +60,7 @@ USD_NANOS = {
     "savings_usd": "savings_nanos",
     "unreferenced_cost_usd": "unreferenced_cost_nanos",
     "cost_per_1k_requests_usd": "cost_per_1k_requests_nanos",
+    "cache_savings_usd": "cache_savings_nanos",
 }
 
 
@@ -93,12 +105,15 @@ def report_row(row: AggregateRow) -> dict[str, Any]:
         "unreferenced_cost_usd": dollars(row.unreferenced_cost_nanos),
         "cost_per_1k_requests_usd": dollars(per_1k),
         "calls": row.calls,
+        **{column: getattr(row, column) for column in TOKEN_CLASS_COLUMNS},
+        "cache_savings_usd": dollars(row.cache_savings_nanos),
         "reference_coverage": row.coverage,
         "cost_nanos": row.cost_nanos,
         "reference_cost_nanos": reference,
         "savings_nanos": savings,
         "unreferenced_cost_nanos": row.unreferenced_cost_nanos,
         "cost_per_1k_requests_nanos": per_1k,
+        "cache_savings_nanos": row.cache_savings_nanos,
     }
 
 

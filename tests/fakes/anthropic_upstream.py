@@ -6,8 +6,11 @@
 
 `url` is the API root without `/v1`, as Anthropic's SDKs and litellm's `api_base`
 expect it. The knobs, `script()` and `requests` are `FakeServer`'s; `omit_usage` and
-`malformed_json` apply to non-streaming answers only. Requests need `x-api-key`
-equal to `api_key` and an `anthropic-version` header, as the real API does.
+`malformed_json` apply to non-streaming answers only; `cached_tokens` and
+`cache_write_tokens` are reported as `cache_read_input_tokens` and
+`cache_creation_input_tokens`, which Anthropic counts apart from `input_tokens`.
+Requests need `x-api-key` equal to `api_key` and an `anthropic-version` header, as the
+real API does.
 """
 
 from __future__ import annotations
@@ -88,7 +91,11 @@ class FakeAnthropic(FakeServer):
         tool = forced_tool(body)
         start = message_body(body, Behaviour())
         start.update(content=[], stop_reason=None)
-        start["usage"].update(output_tokens=1)
+        start["usage"].update(
+            output_tokens=1,
+            cache_creation_input_tokens=behaviour.cache_write_tokens,
+            cache_read_input_tokens=behaviour.cached_tokens,
+        )
         yield sse({"type": "message_start", "message": start}, "message_start")
         block: dict[str, Any] = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
@@ -166,8 +173,8 @@ def message_body(body: dict[str, Any], behaviour: Behaviour) -> dict[str, Any]:
         reply["usage"] = {
             "input_tokens": input_tokens,
             "output_tokens": len(pieces),
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": behaviour.cache_write_tokens,
+            "cache_read_input_tokens": behaviour.cached_tokens,
         }
     return reply
 

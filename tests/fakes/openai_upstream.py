@@ -78,6 +78,15 @@ class Behaviour:
     malformed_json: bool = False  # body (or first content chunk) is not valid JSON
     logprob: float = -0.25  # every token's logprob, when the request asks for logprobs
     ignore_max_tokens: bool = False  # answer in full whatever max_tokens says (bills past it)
+    # Usage details. OpenAI: `cached_tokens` of the prompt's tokens (at most all of them)
+    # were a cache read, `reasoning_tokens` more completion tokens were reasoning,
+    # `audio_prompt_tokens` more prompt tokens were audio. Anthropic: `cached_tokens`
+    # and `cache_write_tokens` were read from and written to the cache, on top of
+    # `input_tokens` as its API counts them.
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    audio_prompt_tokens: int = 0
 
 
 KNOBS = tuple(f.name for f in fields(Behaviour))
@@ -124,6 +133,10 @@ class FakeServer:
     reset_after_chunks: int | None
     malformed_json: bool
     logprob: float
+    cached_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
+    audio_prompt_tokens: int
 
     def __init__(self) -> None:
         for name, value in vars(Behaviour()).items():
@@ -465,7 +478,7 @@ class FakeOpenAI(FakeServer):
         reply = completion_envelope("chat.completion", body, "chatcmpl-")
         reply["choices"] = choices
         if not behaviour.omit_usage:
-            reply["usage"] = usage(chat_prompt_tokens(body), len(pieces) * n)
+            reply["usage"] = usage(chat_prompt_tokens(body), len(pieces) * n, behaviour)
         return reply
 
     async def _chat_stream(
@@ -500,7 +513,7 @@ class FakeOpenAI(FakeServer):
                 {
                     **envelope,
                     "choices": [],
-                    "usage": usage(chat_prompt_tokens(body), len(pieces) * n),
+                    "usage": usage(chat_prompt_tokens(body), len(pieces) * n, behaviour),
                 }
             )
         yield b"data: [DONE]\n\n"
@@ -535,7 +548,7 @@ class FakeOpenAI(FakeServer):
             for i in range(n)
         ]
         if not behaviour.omit_usage:
-            reply["usage"] = usage(count_words(body["prompt"]), len(pieces) * n)
+            reply["usage"] = usage(count_words(body["prompt"]), len(pieces) * n, behaviour)
         return reply
 
     async def _text_stream(
@@ -561,7 +574,7 @@ class FakeOpenAI(FakeServer):
                 {
                     **envelope,
                     "choices": [],
-                    "usage": usage(count_words(body["prompt"]), len(pieces) * n),
+                    "usage": usage(count_words(body["prompt"]), len(pieces) * n, behaviour),
                 }
             )
         yield b"data: [DONE]\n\n"
@@ -598,14 +611,21 @@ def completion_envelope(obj: str, body: dict[str, Any], prefix: str) -> dict[str
     }
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
+def usage(prompt: int, completion: int, behaviour: Behaviour | None = None) -> dict[str, Any]:
+    """OpenAI's usage object: reasoning and audio tokens are inside the totals."""
+    details = behaviour or Behaviour()
+    prompt += details.audio_prompt_tokens
+    completion += details.reasoning_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {
+            "cached_tokens": min(details.cached_tokens, prompt),
+            "audio_tokens": details.audio_prompt_tokens,
+        },
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": details.reasoning_tokens,
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,

@@ -264,3 +264,32 @@ async def test_anthropic_checks_headers(fake_anthropic: FakeAnthropic) -> None:
     assert bad_key.json()["error"]["type"] == "authentication_error"
     assert no_version.status_code == 400
     assert fake_anthropic.requests[0]["headers"]["x-api-key"] == "nope"
+
+
+async def test_usage_details_knobs(fake_openai: FakeOpenAI, fake_anthropic: FakeAnthropic) -> None:
+    """OpenAI counts cached and reasoning tokens inside its totals; Anthropic reports
+    cache reads and writes beside `input_tokens`, in the reply and in message_start."""
+    fake_openai.cached_tokens, fake_openai.reasoning_tokens, fake_openai.tokens = 2, 5, 4
+    fake_anthropic.cached_tokens, fake_anthropic.cache_write_tokens = 40, 8
+    async with httpx.AsyncClient() as client:
+        reply = await client.post(f"{fake_openai.url}/chat/completions", json=CHAT)
+        streamed = await client.post(
+            f"{fake_openai.url}/chat/completions",
+            json={**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+        )
+        messages = [
+            await client.post(
+                f"{fake_anthropic.url}/v1/messages",
+                json={**MESSAGES, "stream": stream},
+                headers=fake_anthropic.auth_headers(),
+            )
+            for stream in (False, True)
+        ]
+    for usage in (reply.json()["usage"], sse_payloads(streamed)[-2]["usage"]):
+        assert usage["prompt_tokens"] == 3 and usage["completion_tokens"] == 4 + 5
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 2
+        assert usage["completion_tokens_details"]["reasoning_tokens"] == 5
+    started = sse_payloads(messages[1])[0]["message"]["usage"]
+    for usage in (messages[0].json()["usage"], started):
+        assert usage["input_tokens"] == 5
+        assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (40, 8)

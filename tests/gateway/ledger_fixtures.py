@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, date, datetime
@@ -19,6 +18,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from gateway.ledger import AggregateRow, LedgerStore, MemoryStore, RedisStore, SpendRecord
+from gateway.ledger.store import DEDUPE_WINDOW_S
+from tests.support import eventually
 
 REDIS_URL = "redis://127.0.0.1:6379"
 CONTRACT_DB = 1  # the shared Redis: only DBs 1 and 2, only keys under our own prefix
@@ -93,13 +94,18 @@ async def store_factory(kind: str, db: int) -> AsyncIterator[StoreFactory]:
     """Yield a factory of stores of `kind`; close them and delete their keys after."""
     made: list[tuple[LedgerStore, str]] = []
 
-    async def make(stream_maxlen: int = 100_000) -> LedgerStore:
+    async def make(
+        stream_maxlen: int = 100_000, dedupe_ttl_s: int = DEDUPE_WINDOW_S
+    ) -> LedgerStore:
         prefix = f"cgtest-{uuid.uuid4().hex}:"
         store: LedgerStore
         if kind == "redis":
-            store = RedisStore(f"{REDIS_URL}/{db}", prefix=prefix, stream_maxlen=stream_maxlen)
+            url = f"{REDIS_URL}/{db}"
+            store = RedisStore(
+                url, prefix=prefix, stream_maxlen=stream_maxlen, dedupe_ttl_s=dedupe_ttl_s
+            )
         else:
-            store = MemoryStore(stream_maxlen=stream_maxlen)
+            store = MemoryStore(stream_maxlen=stream_maxlen, dedupe_ttl_s=dedupe_ttl_s)
         made.append((store, prefix))
         return store
 
@@ -158,12 +164,7 @@ class RedisServer:
         os.kill(self._proc.pid, signal.SIGCONT)
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if _answers_ping(self.port):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout_s}s")
+        eventually(lambda: _answers_ping(self.port), timeout_s, f"redis-server on {self.port}")
 
 
 def _answers_ping(port: int) -> bool:

@@ -151,6 +151,16 @@ def test_records_from_before_the_sla_field_read_back_as_unknown() -> None:
     assert SpendRecord.from_dict(as_strings).sla_met is False
 
 
+async def test_a_select_routes_prediction_and_target_round_trip(store: LedgerStore) -> None:
+    chosen = make_record(7, predicted_quality=0.7312, quality_target=0.6946)
+    await store.record(chosen)
+    assert await store.get(chosen.record_id) == chosen
+    as_strings = {name: str(value) for name, value in chosen.to_dict().items()}
+    assert SpendRecord.from_dict(as_strings) == chosen
+    plain = {name: str(value) for name, value in make_record(8).to_dict().items()}
+    assert SpendRecord.from_dict(plain).predicted_quality is None  # other strategies
+
+
 async def test_awkward_values_round_trip(store: LedgerStore) -> None:
     """Separators and JSON syntax inside values must not split or merge groups."""
     odd = ["a|b", "a", "b", '["x","y"]', 'ü "quoted" \\ /', "", "cost_nanos|a"]

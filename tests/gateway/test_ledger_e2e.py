@@ -12,14 +12,12 @@ import httpx
 from gateway.ledger import RedisStore, SpendRecord
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import (
-    CLIENT_KEY,
+    AUTH,
     StartGateway,
     openai_compatible_policy,
     wait_for_record,
 )
 from tests.gateway.ledger_fixtures import RedisServer
-
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 
 
 async def send(client: httpx.AsyncClient, base: str, i: int) -> httpx.Response:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway.ledger import (
@@ -253,6 +254,31 @@ async def test_ledger_replays_a_spool_left_by_a_previous_run(tmp_path: Path) -> 
     finally:
         await ledger.stop()
     await assert_exactly(store, records)
+
+
+@pytest.mark.parametrize("kind", ["redis", "memory"])
+async def test_a_spooled_record_older_than_the_dedupe_window_is_kept_not_replayed(
+    tmp_path: Path, kind: str
+) -> None:
+    """Its marker may be gone (here: written, then expired), so a replay could count it
+    twice: it goes to the spool's .expired file, counted, and the ledger holds it once.
+    A record spooled within the window is replayed, however old its own time."""
+    async for make in store_factory(kind, OUTAGE_DB):
+        store = await make(dedupe_ttl_s=1)
+        stale, fresh = make_record(1), make_record(2)
+        assert await store.record(stale)
+        spool = Spool(tmp_path / "spool.jsonl", window_s=1)
+        spool.append(stale)  # a write that failed after Redis took it
+        await asyncio.sleep(1.2)  # its marker expires: a second write would count again
+        spool.append(fresh)
+        assert await spool.replay(store) == 2
+        assert spool.expired == 1 and spool.pending == 0
+        kept = spool.expired_path.read_bytes().splitlines()
+        assert [SpendRecord.from_dict(orjson.loads(line)) for line in kept] == [stale]
+        assert Spool(tmp_path / "spool.jsonl", window_s=1).expired == 1  # a restart sees it
+        assert await store.get(fresh.record_id) == fresh
+        rows = await store.aggregate(*WIDE, [])
+        assert rows[0].requests == 2  # stale once (before the outage), fresh once
 
 
 async def test_batch_after_redis_restart_reloads_the_script(
