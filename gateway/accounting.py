@@ -26,6 +26,8 @@ from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
 from gateway.tokens import PromptCounts, count_text
 from gateway.upstreams.base import EndpointType
+from gateway.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_classes, token_count
+from router.target_selection import Choice
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +37,26 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     source: UsageSourceType
+    # Parts of the two totals priced apart (cache reads and writes, reasoning, audio,
+    # image): only an upstream's usage reports them; counted tokens are plain.
+    classes: TokenClasses = NO_CLASSES
 
 
 def reported_usage(body: Mapping[str, Any]) -> Usage | None:
+    """The usage a reply or stream chunk reports, its token classes included; None
+    when it reports none, or no whole, non-negative prompt and completion counts."""
     usage = body.get("usage")
     if not isinstance(usage, Mapping):
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens", 0)
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    if not _whole(prompt) or not _whole(completion):
         return None
-    return Usage(prompt, completion or 0, "upstream")
+    return Usage(token_count(prompt), token_count(completion), "upstream", token_classes(usage))
+
+
+def _whole(value: Any) -> bool:
+    return value == token_count(value) and not isinstance(value, bool)
 
 
 def choice_texts(body: Mapping[str, Any]) -> Iterable[str]:
@@ -117,12 +128,35 @@ def _sla_verdict(
     return sla_met(route, ttft_s, latency_s)
 
 
+def _selected(choice: Choice | None, deployment: str) -> dict[str, Any]:
+    """A `select` route's record: the deployment's predicted quality and the target."""
+    if choice is None:
+        return {}
+    estimate = choice.estimates.get(deployment)
+    return {
+        "predicted_quality": None if estimate is None else round(estimate.quality, 4),
+        "quality_target": round(choice.target, 4),
+    }
+
+
 def _reference_cost(route: RouteRuntime, usage: Usage) -> int:
     """What the usage would cost on the route's reference model; 0 on a route without
     one, whose records carry no reference (its first deployment is no counterfactual)."""
     if route.reference_price is None:
         return 0
-    return route.reference_price.cost_nanos(usage.prompt_tokens, usage.completion_tokens)
+    return route.reference_price.cost_nanos(
+        usage.prompt_tokens, usage.completion_tokens, usage.classes
+    )
+
+
+def _classes(usage: Usage, price: TokenPrice) -> dict[str, int]:
+    """A record's token classes and what the prompt cache saved (none: the defaults)."""
+    classes = usage.classes
+    if classes == NO_CLASSES:
+        return {}
+    counts = {f"{name}_tokens": getattr(classes, name) for name in CLASS_NAMES}
+    saved = price.cache_savings_nanos(usage.prompt_tokens, usage.completion_tokens, classes)
+    return {**counts, "cache_savings_nanos": saved}
 
 
 def _record_id(request_id: str, attempt: int, label: str | None) -> str:
@@ -145,6 +179,7 @@ class Call:
     stream: bool
     started: float  # time.perf_counter() at arrival
     score: float | None = None  # the router's complexity score, on scored routes
+    choice: Choice | None = None  # a `select` route's predicted qualities and target
     prompt: PromptCounts = field(default_factory=PromptCounts)  # counted once per encoding
     # Every attempt priced so far (escalations and hedges too): what budgets settle.
     records: list[SpendRecord] = field(default_factory=list)
@@ -153,6 +188,24 @@ class Call:
     def cost_nanos(self) -> int:
         """What the request has paid for so far: every attempt priced (`records`)."""
         return sum(r.cost_nanos for r in self.records)
+
+
+class OutputLengths:
+    """Each route's typical answer length in tokens, from the answers priced: a moving
+    mean in which each answer weighs `DECAY` (what `select` expects a request to cost)."""
+
+    DECAY = 0.1
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, float] = {}
+
+    def get(self, route: str) -> float | None:
+        return self._tokens.get(route)
+
+    def add(self, route: str, completion_tokens: int) -> None:
+        known = self._tokens.get(route)
+        step = completion_tokens if known is None else self.DECAY * (completion_tokens - known)
+        self._tokens[route] = (known or 0.0) + step
 
 
 class Accountant:
@@ -167,6 +220,7 @@ class Accountant:
         # Self-hosted deployments priced from measured throughput (kept by the load view);
         # a deployment missing here is priced from the policy.
         self._measured = measured_prices if measured_prices is not None else {}
+        self.output_lengths = OutputLengths()
 
     def settle(
         self,
@@ -199,6 +253,7 @@ class Accountant:
         ended = now if answered_at is None else answered_at
         latency_ms = round((ended - call.started) * 1000, 3)
         ttft_ms = None if ttft_s is None else round(ttft_s * 1000, 3)
+        price = self.price_of(deployment)
         record = SpendRecord(
             # Escalations of a cascade are priced too, each under its own id.
             record_id=_record_id(call.request_id, attempt, label),
@@ -212,8 +267,8 @@ class Accountant:
             model=deployment.target.model,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
-            cost_nanos=self.price_of(deployment).cost_nanos(
-                usage.prompt_tokens, usage.completion_tokens
+            cost_nanos=price.cost_nanos(
+                usage.prompt_tokens, usage.completion_tokens, usage.classes
             ),
             reference_model=route.reference_model,
             reference_cost_nanos=_reference_cost(route, usage) if first_answer else 0,
@@ -228,7 +283,11 @@ class Accountant:
                 route, status, label, ttft_s, latency_ms / 1000, missed_sla, delivered
             ),
             verifier_score=verifier_score,
+            **_selected(call.choice, deployment.name),
+            **_classes(usage, price),
         )
+        if call.choice is not None and record.status == "ok" and label is None:
+            self.output_lengths.add(route.name, record.completion_tokens)  # what `select` expects
         self._observe(record, deployment)
         self._ledger.submit(record)
         call.records.append(record)

@@ -100,10 +100,13 @@ class Cascade:
         body: dict[str, Any],
         deadline_s: float,
         second_opinions: Sequence[DeploymentRuntime] = (),
+        one_step_each: bool = False,
     ) -> CascadeResult:
-        """Climb the tiers of `candidates`; `second_opinions` are the deployments to
-        ask alongside the first tier (those of the route that may be called now)."""
-        groups = tier_groups(candidates)[: call.route.max_escalations + 1]
+        """Climb the tiers of `candidates` (`one_step_each`: each candidate is a step,
+        a `select` route's chain); `second_opinions` are the deployments to ask
+        alongside the first step (those of the route that may be called now)."""
+        steps = [[d] for d in candidates] if one_step_each else tier_groups(candidates)
+        groups = steps[: call.route.max_escalations + 1]
         ends_at = time.monotonic() + deadline_s
         opinions = None
         if second_opinions and len(groups) > 1 and worth_asking(endpoint, body):

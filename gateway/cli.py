@@ -14,13 +14,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from gateway.errors import GatewayError
 from local_engine.cli import add_engine_commands
-from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
+from policies import DEFAULT_POLICY_PATH, LoadedPolicy, PolicyError, load_policy
 from policies.keys import hash_key
 from policies.unserved import unserved_notes
 from router.cli import ScoreField, add_router_commands
@@ -28,8 +28,10 @@ from router.cli import ScoreField, add_router_commands
 if TYPE_CHECKING:
     from gateway.ledger import RedisStore
     from gateway.runtime import RouteRuntime, Runtime
+    from gateway.selector import QualitySelector
     from gateway.settings import Settings
     from router import Plan
+    from router.target_selection import Choice
 
 log = logging.getLogger("gateway")
 
@@ -44,7 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     given = {name: value for name, value in given.items() if value is not None}
     try:
         settings = Settings(**given)
-        policy = load_policy(settings.policy).policy  # fail fast, before binding
+        policy = _load_policy(settings.policy).policy  # fail fast, before binding
     except ValidationError as exc:  # a bad setting: named as the operator set it
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else "?"
@@ -117,9 +119,17 @@ def _run_uvicorn(settings: Settings) -> None:
     )
 
 
+def _load_policy(path: Path) -> LoadedPolicy:
+    """The policy as this install would serve it: a route whose classifier cannot run
+    here is one of its problems."""
+    from gateway.scoring import install_problems  # the router: not for every command
+
+    return load_policy(path, install_check=install_problems)
+
+
 def cmd_policy_check(args: argparse.Namespace) -> int:
     try:
-        loaded = load_policy(Path(args.path))
+        loaded = _load_policy(Path(args.path))
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -150,7 +160,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     from router import SCORED_STRATEGIES
 
     try:
-        runtime = build_runtime(load_policy(Path(args.path)))
+        runtime = build_runtime(_load_policy(Path(args.path)))
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -168,7 +178,10 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     classifier = route.classifier if routed_by_score else "features"
     score = RequestScorer()("chat", {"messages": messages}, classifier)
     needs = frozenset({"chat", *args.needs})
-    plan = runtime.plan(route, score if routed_by_score else None, needs=needs)
+    choice = None
+    if route.strategy == "select":
+        choice = select_choice(runtime, route, {"messages": messages})
+    plan = runtime.plan(route, score if routed_by_score else None, needs=needs, choice=choice)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
         "prompt_chars": len(args.prompt),
@@ -187,8 +200,48 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         + code_run_reasons(route, args.prompt)
         + judge_reasons(route),
     }
+    if choice is not None:
+        decision |= choice_summary(route, choice, plan)
     print(json.dumps(decision, indent=2))
     return 0
+
+
+def fresh_selector() -> QualitySelector:
+    """A selector as a fresh gateway has it: no traffic seen (the predictor alone, the
+    default answer length)."""
+    from gateway.accounting import OutputLengths
+    from gateway.selector import QualitySelector
+
+    return QualitySelector(OutputLengths())
+
+
+def select_choice(runtime: Runtime, route: RouteRuntime, body: dict[str, Any]) -> Choice:
+    """A `select` route's choice for `body`, as a fresh gateway would make it."""
+    named = {name: runtime.deployments[name] for name in route.deployments}
+    return fresh_selector().choose(route, named, "chat", body)
+
+
+def choice_summary(route: RouteRuntime, choice: Choice, plan: Plan) -> dict[str, Any]:
+    """Every candidate's predicted quality and expected cost (those skipped too, and
+    why), the target and, when the route verifies, the order it escalates in."""
+    skipped = dict(plan.skipped)
+    candidates: dict[str, dict[str, Any]] = {}
+    for name, e in choice.estimates.items():
+        candidates[name] = {
+            "predicted_quality": round(e.quality, 4),
+            "expected_cost_usd": round(e.cost_usd, 9),
+            "meets_target": choice.meets(name),
+        }
+        if name in skipped:
+            candidates[name]["skipped"] = skipped[name]
+    summary: dict[str, Any] = {
+        "quality_target": round(choice.target, 4),
+        "reference_profile": fresh_selector().reference_profile(route) or "the best candidate",
+        "candidates": candidates,
+    }
+    if route.verify and plan.choice is not None:
+        summary["escalation_chain"] = list(plan.choice.chain())
+    return summary
 
 
 def explained_route(runtime: Runtime) -> str:

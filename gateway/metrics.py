@@ -136,6 +136,20 @@ class Metrics:
             ["route", "outcome"],
             registry=r,
         )
+        self.select_choices = Counter(
+            "cascade_select_choices",
+            "Requests of select routes by the deployment chosen first and whether its "
+            "predicted quality met the route's target (met: true/false)",
+            ["route", "deployment", "met"],
+            registry=r,
+        )
+        self.select_offset = Gauge(
+            "cascade_select_quality_offset",
+            "What live verdicts moved a deployment's predicted quality by (bounded to "
+            "+-0.25), on select routes that verify",
+            ["deployment"],
+            registry=r,
+        )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
             "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge)",
@@ -151,6 +165,12 @@ class Metrics:
         self.ledger_spooled = Gauge(
             "cascade_ledger_spooled_records",
             "Spend records in the local spool, waiting for the ledger store to return",
+            registry=r,
+        )
+        self.ledger_expired = Gauge(
+            "cascade_ledger_expired_records",
+            "Spooled spend records older than the ledger's dedupe window: not replayed "
+            "(they may be written already), kept in the spool's .expired file to reconcile",
             registry=r,
         )
         self.ledger_degraded = Gauge(

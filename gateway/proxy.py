@@ -9,6 +9,7 @@ upstream reset) is priced from the events seen so far, counted with the tokenize
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -41,10 +42,12 @@ from gateway.metrics import Metrics
 from gateway.opinions import configured
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.scoring import AnswerVerifier, RequestScorer
+from gateway.selector import QualitySelector
 from gateway.sla import SlaGuard
 from gateway.tokens import PromptCounts
 from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
 from router import SCORED_STRATEGIES
+from router.target_selection import Choice
 
 log = logging.getLogger(__name__)
 DECISIONS_LOGGER = "gateway.decisions"
@@ -91,6 +94,7 @@ class Proxy:
         self._scorer = scorer or RequestScorer()
         verifier = verifier or AnswerVerifier(scorer=self._scorer)
         self._cascade = Cascade(executor, accountant, verifier, metrics)
+        self.selector = QualitySelector(accountant.output_lengths)
         self.request_ids = RequestIds()
 
     async def handle(
@@ -121,14 +125,15 @@ class Proxy:
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
         call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
         try:
-            candidates = self._select(
-                route,
-                self._candidates(runtime, route, score, strategy, request_id, needs),
-                strategy,
-            )
+            planned, choice = self._candidates(runtime, call, strategy, endpoint, body, needs)
+            candidates = self._select(route, planned, strategy)
         except GatewayError as error:  # nothing may serve it (unavailable, ejected, shed)
             self._fail(runtime, call, [], error)
             raise
+        if choice is not None:  # its records carry the predicted quality and the target
+            call = dataclasses.replace(call, choice=choice)
+            met = "true" if choice.meets(choice.chosen) else "false"
+            self._metrics.child(self._metrics.select_choices, route.name, choice.chosen, met).inc()
         deadline_s = runtime.request_timeout_s
         if route.sla is not None and route.sla.timeout_s is not None:
             deadline_s = min(deadline_s, route.sla.timeout_s)
@@ -154,6 +159,9 @@ class Proxy:
                 candidates = self._select(route, admission.candidates, strategy)
             if strategy == "cascade":
                 response = await self._run_cascade(call, candidates, endpoint, body, deadline_s)
+            elif call.choice is not None and route.verify and "tools" not in needs:
+                chain = climb(call.choice, candidates)
+                response = await self._run_cascade(call, chain, endpoint, body, deadline_s, True)
             elif call.stream:
                 response = await self._stream(
                     call, candidates, endpoint, body, deadline_s, admission
@@ -200,16 +208,21 @@ class Proxy:
     def _candidates(
         self,
         runtime: Runtime,
-        route: RouteRuntime,
-        score: float | None,
+        call: Call,
         strategy: str,
-        request_id: str,
+        endpoint: EndpointType,
+        body: dict[str, Any],
         needs: Mapping[str, str],
-    ) -> list[DeploymentRuntime]:
-        wanted = frozenset(needs)
-        plan = runtime.plan(route, score, strategy, wanted)
+    ) -> tuple[list[DeploymentRuntime], Choice | None]:
+        """The plan's deployments, and a `select` route's choice among them."""
+        wanted, route = frozenset(needs), call.route
+        choice = None
+        if strategy == "select":
+            named = {name: runtime.deployments[name] for name in route.deployments}
+            choice = self.selector.choose(route, named, endpoint, body)
+        plan = runtime.plan(route, call.score, strategy, wanted, choice)
         if decisions.isEnabledFor(logging.INFO):
-            decisions.info("%s %s", request_id, "; ".join(plan.reasons()))
+            decisions.info("%s %s", call.request_id, "; ".join(plan.reasons()))
         if not plan.steps:
             if any(not runtime.deployments[name].serves(wanted) for name, _ in plan.skipped):
                 raise unserved(runtime, route, needs)  # the gateway's answer: a 400
@@ -217,7 +230,7 @@ class Proxy:
             raise UpstreamUnavailable(
                 f"route '{route.name}' has no available deployment ({reasons})"
             )
-        return [runtime.deployments[step.deployment] for step in plan.steps]
+        return [runtime.deployments[step.deployment] for step in plan.steps], plan.choice
 
     async def _complete(
         self,
@@ -259,11 +272,18 @@ class Proxy:
         endpoint: EndpointType,
         body: dict[str, Any],
         deadline_s: float,
+        one_step_each: bool = False,
     ) -> Response:
-        """Verify before answering; a stream is verified whole, then sent as SSE."""
+        """Verify before answering; a stream is verified whole, then sent as SSE.
+        `one_step_each`: each candidate is a step of the climb (a `select` route's
+        chain), not each tier."""
         upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         opinions = self._second_opinions(call.route)
-        result = await self._cascade.run(call, candidates, endpoint, upstream, deadline_s, opinions)
+        result = await self._cascade.run(
+            call, candidates, endpoint, upstream, deadline_s, opinions, one_step_each
+        )
+        if call.choice is not None:
+            self._learn(call.route, call.choice, result)
         final = result.final
         m = self._metrics
         m.child(m.escalations, call.route.name).inc(result.escalations)
@@ -288,6 +308,16 @@ class Proxy:
             )
         content = final.reply.raw if final.reply.raw is not None else orjson.dumps(final.reply.body)
         return Response(content, media_type="application/json", headers=headers)
+
+    def _learn(self, route: RouteRuntime, choice: Choice, result: CascadeResult) -> None:
+        """Each verified answer of a `select` route is an observation of its deployment's
+        quality: did its record's score (the judge's grade where it gave one) pass?"""
+        for record in result.records:
+            if (score := record.verifier_score) is not None:
+                accepted = score >= route.verify_threshold
+                self.selector.learn(choice, record.deployment, accepted)
+                offset = self.selector.traffic.offset(record.deployment)
+                self._metrics.child(self._metrics.select_offset, record.deployment).set(offset)
 
     def _second_opinions(self, route: RouteRuntime) -> list[DeploymentRuntime]:
         """The route's second opinions that may be asked now: configured (their env
@@ -550,6 +580,12 @@ def missed_sla(error: GatewayError) -> bool:
     return error.status >= 500 or error.code in SLA_FAILURES
 
 
+def climb(choice: Choice, candidates: list[DeploymentRuntime]) -> list[DeploymentRuntime]:
+    """A verified `select`: the candidates (those left to try) along the choice's chain."""
+    by_name = {d.name: d for d in candidates}
+    return [by_name[name] for name in choice.chain() if name in by_name] or candidates[:1]
+
+
 def effective_strategy(
     route: RouteRuntime,
     stream: bool,
@@ -561,6 +597,8 @@ def effective_strategy(
     a vector has no text to verify, nor has a tool call (its content is empty, so the
     verifier would reject every one), and escalating would pay every tier for the last
     one's answer."""
+    if route.strategy == "select" and endpoint == "embeddings":
+        return "fallback"  # a vector's quality is not predicted: the route's order
     if route.strategy != "cascade":
         return route.strategy
     if endpoint == "embeddings" or (needs is not None and "tools" in needs):

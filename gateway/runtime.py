@@ -16,6 +16,7 @@ from gateway.errors import NotFound
 from gateway.pricing import (
     UNPRICED,
     TokenPrice,
+    litellm_class_rates,
     lookup_litellm,
     policy_price,
     self_hosted_price,
@@ -28,6 +29,7 @@ from policies.keys import hash_key
 from policies.prices import litellm_price_map
 from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
 from router import DeploymentView, Plan, RouteSpec, Threshold, embeddings, plan_route, sandbox
+from router.target_selection import FLOOR_PROFILE, Choice, prior_profile
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,9 @@ class DeploymentRuntime:
     # What it serves (policies.capabilities): requests needing more skip it.
     capabilities: frozenset[str] = frozenset(CAPABILITIES)
     unset_env: tuple[str, ...] = ()  # what to set for it to be available
+    # The known model it behaves like, for `select` routes: the policy's
+    # `quality_profile`, else the prior of its price (`prior_profile`).
+    quality_profile: str = FLOOR_PROFILE
 
     @property
     def view(self) -> DeploymentView:
@@ -117,6 +122,12 @@ class RouteRuntime:
     # learned verifier alone.
     judge: DeploymentRuntime | None = None
     judge_timeout_s: float = 3.0
+    # `select`: the share of the reference's predicted quality to meet, the profile
+    # the reference behaves like (None: the best candidate is the reference), and
+    # whether the chosen answer is verified (and escalated, as a cascade's).
+    quality_target: float = 0.95
+    reference_profile: str | None = None
+    verify: bool = False
 
 
 def sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:
@@ -165,12 +176,14 @@ class Runtime:
         score: float | None = None,
         strategy: str | None = None,
         needs: frozenset[str] = frozenset(),
+        choice: Choice | None = None,
     ) -> Plan:
         """The plan for `route`; `strategy` overrides the route's (a cascade route
         routes streams by classifier when its policy says so); deployments that do not
-        serve all of `needs` (capabilities) are skipped."""
+        serve all of `needs` (capabilities) are skipped; `choice`: a `select` route's
+        qualities and costs."""
         views = [self.deployments[name].view for name in route.deployments]
-        spec = RouteSpec(route.name, strategy or route.strategy, views, route.tiers, needs)
+        spec = RouteSpec(route.name, strategy or route.strategy, views, route.tiers, needs, choice)
         return plan_route(spec, score)
 
     def visible_models(self, principal: Principal) -> list[str]:
@@ -204,6 +217,9 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             run_code_examples=spec.run_code_examples and _sandbox_usable(name),
             judge=deployments[spec.judge] if spec.judge is not None else None,
             judge_timeout_s=spec.judge_timeout_ms / 1000,
+            quality_target=spec.quality_target,
+            reference_profile=_reference_profile(spec.reference_model, deployments),
+            verify=spec.verify,
         )
         for name, spec in policy.routes.items()
     }
@@ -251,12 +267,13 @@ def _deployment(
         headers=dict(spec.headers),
         load_report=wants_load_view(spec),
     )
+    price = _deployment_price(name, spec)
     return DeploymentRuntime(
         name=name,
         tier=spec.tier,
         provider=spec.provider,
         target=target,
-        price=_deployment_price(name, spec),
+        price=price,
         max_retries=spec.max_retries,
         retry_backoff_s=spec.retry_backoff_s,
         unavailable_reason=spec.unavailable_reason(),
@@ -265,6 +282,7 @@ def _deployment(
         max_output_tokens=spec.max_output_tokens,
         capabilities=capabilities(spec, engines, can_embed),
         unset_env=tuple(spec.unset_env()),
+        quality_profile=spec.quality_profile or _price_profile(price),
     )
 
 
@@ -303,7 +321,9 @@ def returns_logprobs(spec: Deployment, engines: Mapping[str, EngineSpec]) -> boo
 
 def _deployment_price(name: str, spec: Deployment) -> TokenPrice:
     if spec.price is not None:
-        return policy_price(spec.price.input_per_mtok, spec.price.output_per_mtok)
+        # A token class the policy leaves unpriced keeps the provider's rate for it.
+        classes = litellm_class_rates(spec.pricing_model or spec.model, spec.provider)
+        return policy_price(spec.price, classes)
     if spec.self_hosted is not None:
         return self_hosted_price(spec.self_hosted.gpu_hour_usd, spec.self_hosted.tokens_per_second)
     price = lookup_litellm(spec.pricing_model or spec.model, spec.provider)
@@ -332,6 +352,20 @@ def _reference_name(
     if reference is None:  # no counterfactual: a route is no reference for itself
         return None
     return deployments[reference].target.model if reference in deployments else reference
+
+
+def _reference_profile(
+    reference: str | None, deployments: Mapping[str, DeploymentRuntime]
+) -> str | None:
+    """The known model a route's reference behaves like: its deployment's profile, or
+    the model it names (`select` checks that the predictor knows it)."""
+    if reference is None:
+        return None
+    return deployments[reference].quality_profile if reference in deployments else reference
+
+
+def _price_profile(price: TokenPrice) -> str:
+    return prior_profile(price.input_usd * 1e6, price.output_usd * 1e6)
 
 
 def _reference_price(

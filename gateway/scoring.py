@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from gateway.errors import ClassifierUnavailable
 from gateway.runtime import RouteRuntime
+from gateway.selector import profile_problems
 from gateway.upstreams.base import EndpointType
+from policies.document import FieldPath
+from policies.sections import Sections
 from router import embedding_classifier, embeddings
 from router.classifier import Classifier, RequestClassifier
 from router.code_examples import ExampleRun
@@ -84,6 +87,22 @@ class RequestScorer:
             return await loop.run_in_executor(_EMBEDDING_THREAD, self, endpoint, body, classifier)
         except RoutingError as exc:  # the policy passed the check, then the model failed
             raise ClassifierUnavailable(f"the route's classifier '{classifier}': {exc}") from exc
+
+
+def classifier_problem(name: str) -> str | None:
+    """Why the route classifier `name` cannot run in this install, or None; loads
+    nothing heavy."""
+    return embedding_classifier.missing() if name == "minilm" else None
+
+
+def install_problems(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+    """What of a policy this install cannot serve: routes whose classifier cannot run
+    here, deployments whose quality profile the predictor does not know. The policy
+    loader's `install_check`."""
+    for name, route in (sections.routes or {}).items():
+        if route is not None and (problem := classifier_problem(route.classifier)):
+            yield ("routes", name, "classifier"), problem
+    yield from profile_problems(sections)
 
 
 def warm(routes: Iterable[RouteRuntime], threads: int | None = None) -> Future[None] | None:

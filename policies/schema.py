@@ -39,7 +39,7 @@ from policies.engines import EngineSpec
 from policies.errors import closest_spelling, did_you_mean
 from policies.providers import litellm_providers
 
-RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade"]
+RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade", "select"]
 StreamCascadeType = Literal["buffer", "classifier"]
 # Which complexity classifier scores a route's requests: `features` (the default, under
 # a millisecond) or `minilm` (plus a sentence embedding: tens of ms, the embeddings extra).
@@ -95,10 +95,22 @@ class _Section(BaseModel):
 
 
 class Price(_Section):
-    """A price override in USD per million tokens, for models litellm does not know."""
+    """A price override in USD per million tokens, for models litellm does not know.
+
+    The optional fields price token classes the provider bills apart (cached prompt
+    reads, cache writes, reasoning, audio, image). One left unset takes litellm's rate
+    for the model when its map has one (OpenAI's cached input, Anthropic's cache reads
+    and writes), else the input price (prompt classes) or output price (the others)."""
 
     input_per_mtok: NonNegativeFloat
     output_per_mtok: NonNegativeFloat
+    cached_input_per_mtok: NonNegativeFloat | None = None
+    cache_write_per_mtok: NonNegativeFloat | None = None
+    reasoning_per_mtok: NonNegativeFloat | None = None
+    audio_input_per_mtok: NonNegativeFloat | None = None
+    audio_output_per_mtok: NonNegativeFloat | None = None
+    image_input_per_mtok: NonNegativeFloat | None = None
+    image_output_per_mtok: NonNegativeFloat | None = None
 
 
 class SelfHosted(_Section):
@@ -154,6 +166,10 @@ class Deployment(_Section):
     # needing something else skip it. None: the default of its provider or engine kind
     # (see `policies.capabilities`).
     capabilities: list[CapabilityType] | None = Field(None, examples=[["chat", "tools"]])
+    # `select` routes: the model the quality predictor knows that this deployment
+    # behaves like (`cascade-gateway router predict --help` lists them). None: the known
+    # model at or below its price (`router.target_selection.prior_profile`).
+    quality_profile: str | None = Field(None, examples=["gpt-3.5-turbo-1106"])
 
     # field name -> env var names that were referenced but unset (set by `Policy`)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
@@ -161,8 +177,10 @@ class Deployment(_Section):
     @field_validator("provider")
     @classmethod
     def _check_provider(cls, provider: str) -> str:
+        if provider == OPENAI_COMPATIBLE:
+            return provider  # spoken natively: litellm's sources need not be read
         known = litellm_providers()
-        if provider == OPENAI_COMPATIBLE or known is None or provider in known:
+        if known is None or provider in known:
             return provider  # None: litellm's providers cannot be told here, none refused
         guess = closest_spelling(provider.lower(), [OPENAI_COMPATIBLE, *known])
         raise ValueError(
@@ -319,7 +337,11 @@ class Route(_Section):
     off by default, since it executes model-written code. `judge` (cascade only): a
     deployment that grades each verified answer with a fixed rubric (`gateway.judge`);
     when it answers within `judge_timeout_ms`, its grade replaces the verifier's score,
-    else the verifier decides. `classifier` picks the model
+    else the verifier decides. `select`: per request, the quality predictor rates each
+    deployment (by its `quality_profile`), and the cheapest whose predicted quality is
+    at least `quality_target` x the reference model's is asked first, then the others
+    in cost order; with `verify: true` its answer is verified as a cascade's is and an
+    escalation goes to the cheapest candidate predicted to do better. `classifier` picks the model
     that scores requests for `tiers`:
     `features` (the default) or `minilm` (adds a sentence embedding; slower, and on the
     shipped data no better: for a model retrained on your own traffic)."""
@@ -336,11 +358,19 @@ class Route(_Section):
     judge: str | None = None
     judge_timeout_ms: Annotated[int, Field(gt=0, le=60_000)] = 3000
     reference_model: str | None = None
+    # `select`: the fraction of the reference model's predicted quality to meet.
+    quality_target: Annotated[float, Field(gt=0, le=1)] = 0.95
+    verify: bool = False  # `select`: verify the chosen answer and escalate (a cascade)
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     # Output tokens assumed for a request without `max_tokens` when reserving budget.
     max_output_tokens: Annotated[int, Field(gt=0)] = 4096
     sla: Sla | None = None
     description: str = ""
+
+    @property
+    def verifies(self) -> bool:
+        """Are its answers verified (and escalated when rejected)?"""
+        return self.strategy == "cascade" or (self.strategy == "select" and self.verify)
 
     @model_validator(mode="after")
     def _check_strategy(self) -> Self:
@@ -363,15 +393,22 @@ class Route(_Section):
 
     @model_validator(mode="after")
     def _check_second_opinions(self) -> Self:
+        if self.verify and self.strategy != "select":
+            raise ValueError(
+                f"verify applies to strategy 'select' (a cascade always verifies), "
+                f"not '{self.strategy}'"
+            )
+        if "quality_target" in self.model_fields_set and self.strategy != "select":
+            raise ValueError(f"quality_target applies to strategy 'select', not '{self.strategy}'")
         for value, field in (
             (self.second_opinions, "second_opinions apply"),
             (self.run_code_examples, "run_code_examples applies"),
             (self.judge, "judge applies"),
         ):
-            if value and self.strategy != "cascade":
+            if value and not self.verifies:
                 raise ValueError(
-                    f"{field} to strategy 'cascade' (a cascade's answers are judged), "
-                    f"not '{self.strategy}'"
+                    f"{field} to strategy 'cascade' or 'select' with verify: true (routes "
+                    f"whose answers are judged), not '{self.strategy}'"
                 )
         counts = Counter(self.second_opinions)  # not list.count per name: quadratic
         repeated = sorted(f"'{name}'" for name, n in counts.items() if n > 1)

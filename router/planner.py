@@ -8,10 +8,12 @@ capabilities: tools, vision, embeddings, ...) is skipped, and the plan says so.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.errors import RoutingError
+from router.target_selection import Choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class RouteSpec:
     deployments: Sequence[DeploymentView]
     tiers: Sequence[Threshold] = ()
     needs: frozenset[str] = frozenset()  # capabilities the request needs
+    choice: Choice | None = None  # `select`: every candidate's quality and cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class Plan:
     score: float | None = None
     notes: tuple[str, ...] = field(default=())
     needs: frozenset[str] = frozenset()
+    choice: Choice | None = None  # `select`: the choice among the steps
 
     def reasons(self) -> list[str]:
         lines = [f"route '{self.route}' uses strategy '{self.strategy}'"]
@@ -146,11 +150,26 @@ def plan_cascade(spec: RouteSpec, score: float | None) -> Plan:
     return _available_in_order(spec, spec.deployments, score, (note,))
 
 
+def plan_select(spec: RouteSpec, score: float | None) -> Plan:
+    """The cheapest deployment predicted to meet the route's quality target, then the
+    others that meet it in cost order, then the rest (`router.target_selection`)."""
+    if spec.choice is None:
+        raise RoutingError(f"route '{spec.name}' selects by quality but nothing was predicted")
+    usable = [v for v in spec.deployments if v.skip_reason(spec.needs) is None]
+    choice = spec.choice.among({v.name for v in usable})
+    by_name = {v.name: v for v in spec.deployments}
+    views = [by_name[name] for name in choice.order]
+    views += [v for v in spec.deployments if v.name not in choice.estimates]
+    plan = _available_in_order(spec, views, score, tuple(choice.reasons()) if usable else ())
+    return dataclasses.replace(plan, choice=choice if usable else None)
+
+
 STRATEGIES: Mapping[str, StrategyType] = {
     "fixed": plan_fixed,
     "fallback": plan_fallback,
     "classifier": plan_classifier,
     "cascade": plan_cascade,
+    "select": plan_select,
 }
 
 # Strategies that need the request's complexity score before planning.

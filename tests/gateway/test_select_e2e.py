@@ -1,0 +1,195 @@
+"""The `select` strategy through the running gateway, over real sockets, with five fake
+upstreams at different prices standing in for five models: each request goes to the
+cheapest candidate whose predicted quality meets the route's target, priced, with the
+prediction and the target in its ledger record; a verified selection escalates a
+rejected answer to the next candidate predicted to do better, and what it learns from
+the rejections moves later requests off the deployment that failed them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.cli import select_choice
+from gateway.ledger import RedisStore
+from gateway.runtime import build_runtime
+from gateway.scoring import AnswerVerifier
+from gateway.selector import MAX_SHIFT
+from policies import load_policy
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
+
+# Cheapest first, whatever the answer's length: each is dearer in input and output.
+PRICES = {
+    "mistral": (0.2, 0.2),
+    "mixtral": (0.6, 0.6),
+    "yi": (0.8, 0.8),  # no quality_profile: the prior of its price
+    "gpt35": (1.0, 2.0),
+    "gpt4": (10.0, 30.0),
+}
+PROFILES = {
+    "mistral": "mistralai/mistral-7b-chat",
+    "mixtral": "mistralai/mixtral-8x7b-chat",
+    "gpt35": "gpt-3.5-turbo-1106",
+    "gpt4": "gpt-4-1106-preview",
+}
+PROMPTS = [
+    "hi",
+    "Which of these is a mammal? A) shark B) dolphin C) trout D) eel. Answer with the letter.",
+    "Write a python function to find the longest palindromic substring of a string.",
+    "Prove rigorously that there are infinitely many primes p such that p + 2 is prime.",
+    "Translate 'good morning' into French.",
+]
+GREETING = "Hello! How can I help you today?"
+REFUSAL = "I'm sorry, but I can't help with that."
+
+
+def policy(route: str) -> str:
+    lines = ["deployments:"]
+    for name, (inp, out) in PRICES.items():
+        lines.append(f"  {name}:")
+        lines.append(f"    api_base: ${{{name.upper()}_URL}}")
+        lines.append(f"    model: {name}-model")
+        lines.append("    max_retries: 0")
+        lines.append(f"    price: {{input_per_mtok: {inp}, output_per_mtok: {out}}}")
+        if name in PROFILES:
+            lines.append(f"    quality_profile: {PROFILES[name]}")
+    lines += ["routes:", route, "keys:", '  k: {secret: "${GATEWAY_TEST_KEY}"}', ""]
+    return "\n".join(lines)
+
+
+PICK = """  pick:
+    strategy: select
+    deployments: [gpt4, gpt35, yi, mixtral, mistral]
+    reference_model: gpt4
+    quality_target: 0.95"""
+
+
+@pytest.fixture
+def fakes() -> Iterator[dict[str, FakeOpenAI]]:
+    with contextlib.ExitStack() as stack:
+        started = {name: stack.enter_context(FakeOpenAI()) for name in PRICES}
+        for name, fake in started.items():
+            fake.reply_text = f"An answer from {name}."
+        yield started
+
+
+def start(start_gateway: StartGateway, fakes: dict[str, FakeOpenAI], route: str) -> str:
+    env = {f"{name.upper()}_URL": fake.url for name, fake in fakes.items()}
+    return start_gateway(policy(route), **env).url
+
+
+def ask(base: str, route: str, prompt: str) -> httpx.Response:
+    body = {"model": route, "messages": [{"role": "user", "content": prompt}]}
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def test_each_request_goes_to_the_cheapest_candidate_predicted_good_enough(
+    start_gateway: StartGateway,
+    fakes: dict[str, FakeOpenAI],
+    ledger_store: RedisStore,
+    tmp_path: Path,
+) -> None:
+    base = start(start_gateway, fakes, PICK)
+    (tmp_path / "explain.yaml").write_text(policy(PICK))
+    runtime = build_runtime(load_policy(tmp_path / "explain.yaml"))
+    route = runtime.routes["pick"]
+    chosen = []
+    for prompt in PROMPTS:
+        choice = select_choice(runtime, route, {"messages": [{"role": "user", "content": prompt}]})
+        assert choice.meets(choice.chosen)  # the reference itself always qualifies
+        cheaper = [n for n, e in choice.estimates.items() if PRICES[n] < PRICES[choice.chosen]]
+        assert not any(choice.meets(n) for n in cheaper)  # nothing cheaper is good enough
+        response = ask(base, "pick", prompt)
+        assert response.headers["x-cascade-deployment"] == choice.chosen
+        assert response.json()["choices"][0]["message"]["content"] == (
+            f"An answer from {choice.chosen}."
+        )
+        record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        estimate = choice.estimates[choice.chosen]
+        assert record.predicted_quality == pytest.approx(estimate.quality, abs=1e-4)
+        assert record.quality_target == pytest.approx(choice.target, abs=1e-4)
+        inp, out = PRICES[choice.chosen]
+        usage = response.json()["usage"]
+        expected = usage["prompt_tokens"] * inp + usage["completion_tokens"] * out
+        assert record.cost_nanos == round(expected * 1e3)  # per Mtok -> nanos per token
+        assert record.reference_cost_nanos > record.cost_nanos or choice.chosen == "gpt4"
+        chosen.append(choice.chosen)
+    # The fleet is used, not one model: different prompts, different choices.
+    assert len(set(chosen)) >= 2, chosen
+    assert sum(len(f.requests) for f in fakes.values()) == len(PROMPTS)
+    metrics = httpx.get(f"{base}/metrics").text
+    for name in set(chosen):
+        line = f'cascade_select_choices_total{{deployment="{name}",met="true",route="pick"}}'
+        assert f"{line} {float(chosen.count(name))}" in metrics
+
+
+def verified_route(threshold: float) -> str:
+    return f"""  careful:
+    strategy: select
+    deployments: [gpt4, gpt35, yi, mixtral, mistral]
+    reference_model: gpt4
+    quality_target: 0.5
+    verify: true
+    verify_threshold: {threshold}
+    max_escalations: 1"""
+
+
+def verifier_score(answer: str) -> float:
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    reply = {"choices": [{"message": {"content": answer}, "finish_reason": "stop"}]}
+    return AnswerVerifier()("chat", body, reply)
+
+
+async def test_a_verified_selection_escalates_and_learns_from_rejections(
+    start_gateway: StartGateway, fakes: dict[str, FakeOpenAI], ledger_store: RedisStore
+) -> None:
+    """The cheapest candidate refuses: each refusal is rejected and escalated to the
+    next candidate predicted to do better (both priced), and the rejections lower its
+    predicted quality until requests no longer start there."""
+    good, poor = verifier_score(GREETING), verifier_score(REFUSAL)
+    assert good > poor, (good, poor)
+    for fake in fakes.values():
+        fake.reply_text = GREETING
+    fakes["mistral"].reply_text = REFUSAL
+    server = start_gateway(
+        policy(verified_route(round((good + poor) / 2, 4))),
+        **{f"{name.upper()}_URL": fake.url for name, fake in fakes.items()},
+    )
+    traffic = server.services.proxy.selector.traffic
+    first = ask(server.url, "careful", "hi")
+    request_id = first.headers["x-request-id"]
+    assert first.headers["x-cascade-escalations"] == "1"
+    climbed_to = first.headers["x-cascade-deployment"]
+    assert climbed_to != "mistral" and first.json()["choices"][0]["message"]["content"] == GREETING
+    rejected = await wait_for_record(ledger_store, request_id)
+    answered = await wait_for_record(ledger_store, f"{request_id}:1")
+    assert (rejected.deployment, answered.deployment) == ("mistral", climbed_to)
+    assert rejected.cost_nanos > 0 and answered.cost_nanos > 0
+    assert rejected.verifier_score == pytest.approx(poor, abs=1e-4)
+    assert answered.predicted_quality is not None and rejected.predicted_quality is not None
+    assert answered.predicted_quality > rejected.predicted_quality  # a higher bar
+    assert float(first.headers["x-cascade-cost-usd"]) == pytest.approx(
+        (rejected.cost_nanos + answered.cost_nanos) / 1e9
+    )
+    assert traffic.offset("mistral") < 0
+    # Each refusal lowers mistral's prediction; within the bound it stops being chosen.
+    asked_mistral = len(fakes["mistral"].requests)
+    for _ in range(12):
+        if ask(server.url, "careful", "hi").headers["x-cascade-escalations"] == "0":
+            break
+        asked_mistral = len(fakes["mistral"].requests)
+    else:
+        pytest.fail(f"still starting at mistral after 12 refusals ({traffic.offset('mistral')})")
+    assert -MAX_SHIFT <= traffic.offset("mistral") < 0
+    gauge = f'cascade_select_quality_offset{{deployment="mistral"}} {traffic.offset("mistral")}'
+    assert gauge in httpx.get(f"{server.url}/metrics").text
+    assert traffic.observations("mistral") == asked_mistral
+    ask(server.url, "careful", "hi")
+    assert len(fakes["mistral"].requests) == asked_mistral  # no longer asked
