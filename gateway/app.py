@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway import admin, endpoints, openapi, tokens
+from gateway import admin, bridges, endpoints, openapi, tokens
 from gateway.accounting import Accountant
 from gateway.dashboard import dashboard_routes
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
@@ -28,8 +28,8 @@ from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spo
 from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
-from gateway.scoring import warm
-from gateway.services import RuntimeWarnings, Services, log_unserved
+from gateway.scoring import install_problems, warm
+from gateway.services import RuntimeWarnings, Services, counted_models, log_unserved
 from gateway.settings import Settings
 from gateway.sla import build_guard
 from gateway.spend import api as spend_api
@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.router.routes.extend(endpoints.ROUTES)
+    app.router.routes.extend(bridges.ROUTES)
     app.router.routes.extend(spend_api.ROUTES)
     app.router.routes.extend(dashboard_routes())
     app.include_router(admin.router)
@@ -91,19 +92,21 @@ def make_store(settings: Settings) -> LedgerStore:
             settings.redis_url,
             prefix=settings.redis_prefix,
             stream_maxlen=settings.ledger_stream_maxlen,
+            dedupe_ttl_s=settings.ledger_dedupe_window_s,
         )
     log.warning("REDIS_URL is not set: the ledger is in memory and lost on restart")
-    return MemoryStore(stream_maxlen=settings.ledger_stream_maxlen)
+    return MemoryStore(
+        stream_maxlen=settings.ledger_stream_maxlen, dedupe_ttl_s=settings.ledger_dedupe_window_s
+    )
 
 
 async def start_services(settings: Settings) -> Services:
-    loaded = load_policy(settings.policy)
-    await asyncio.to_thread(tokens.preload)
+    loaded = load_policy(settings.policy, install_check=install_problems)
     if any(route.run_code_examples for route in loaded.policy.routes.values()):
         await asyncio.to_thread(sandbox.available)  # its probe child, off the event loop
     metrics = Metrics()
     store = make_store(settings)
-    ledger = CostLedger(store, Spool(settings.spool_path))
+    ledger = CostLedger(store, Spool(settings.spool_path, settings.ledger_dedupe_window_s))
     ledger.start()
     # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
     engines_dir = settings.spool_path.parent / "engines"
@@ -138,12 +141,14 @@ async def start_services(settings: Settings) -> Services:
         runtime_warnings=runtime_warnings,
     )
     warm(services.runtime.routes.values(), settings.embedding_threads)
+    await asyncio.wrap_future(tokens.warm(counted_models(services.runtime)))
     services.reloader = PolicyReloader(
         settings.policy,
         services.apply,
         interval_s=loaded.policy.gateway.reload_interval_s,
         initial=loaded,
         on_reject=services.reject,
+        install_check=install_problems,
     )
     services.reloader.start()
     guard.start(lambda: services.runtime)
@@ -187,7 +192,8 @@ def error_response(request: Request, error: GatewayError) -> Response:
             # latency panels and p99 alerts must see it, under no deployment.
             m.child(m.latency, route, "-").observe(time.perf_counter() - started)
     headers = {"x-request-id": request_id, **error.headers}
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    body = bridges.error_body(request.url.path, error)  # each API in its own shape
+    return JSONResponse(body, status_code=error.status, headers=headers)
 
 
 async def gateway_error_handler(request: Request, exc: GatewayError) -> Response:

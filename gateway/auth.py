@@ -59,7 +59,9 @@ class KeyTable:
             return self.anonymous
         if secret is None:
             raise AuthenticationFailed(
-                "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
+                "missing API key: send 'Authorization: Bearer <key>' (or, to /v1/messages, "
+                "'x-api-key: <key>')",
+                code="missing_api_key",
             )
         principal = self.principals.get(hash_key(secret))
         if principal is None:  # a mistyped key is refused, not served as anonymous

@@ -86,14 +86,16 @@ async def _proxy(request: Request, endpoint: EndpointType) -> Response:
     )
 
 
-def authenticate(request: Request, runtime: Runtime) -> Principal:
+def authenticate(request: Request, runtime: Runtime, authorization: str | None = None) -> Principal:
     """The caller's principal, and its address in `request.state.client_address`. The
     socket peer is the server's `client`: `serve` runs uvicorn with its proxy headers
-    off, so no header rewrites it; a forwarded request is never the anonymous team's."""
+    off, so no header rewrites it; a forwarded request is never the anonymous team's.
+    `authorization`: the credential when the API sends it elsewhere (`x-api-key`)."""
     peer = request.client.host if request.client else None
     origin = Origin.of(peer, request.headers, runtime.policy.gateway.trusted_proxies)
     request.state.client_address = origin.address
-    return runtime.keys.authenticate(request.headers.get("authorization"), origin.direct_peer)
+    credential = authorization or request.headers.get("authorization")
+    return runtime.keys.authenticate(credential, origin.direct_peer)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

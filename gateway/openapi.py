@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from gateway.bridges import schema as bridged
 from gateway.ledger.rollup import GROUPABLE
 from gateway.spend.query import FORMATS, MAX_LIMIT
 from gateway.validation import MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
@@ -452,6 +453,18 @@ def proxied(summary: str, request: str, reply_schema: str, *media: str) -> Schem
     return operation(summary, ok, CLIENT_ERRORS, CLIENT, body=request)
 
 
+def anthropic(summary: str, request: str, reply_schema: str) -> Schema:
+    """An Anthropic Messages operation: its errors in Anthropic's shape, its key also
+    in `x-api-key`."""
+    op = proxied(summary, request, reply_schema, SSE)
+    for status in CLIENT_ERRORS:
+        response = error_response(status)
+        response["content"] = {JSON: {"schema": ref("AnthropicError")}}
+        op["responses"][str(status)] = response
+    op["security"] = [*CLIENT, {"anthropicKey": []}]
+    return op
+
+
 def plain(summary: str, ok: Schema, errors: Iterable[int], security: Security) -> Schema:
     return operation(summary, reply("OK.", {JSON: ok}), errors, security)
 
@@ -464,6 +477,12 @@ PATHS: Mapping[str, Mapping[str, Schema]] = {
         "post": proxied("Create a completion", "CompletionRequest", "Completion", SSE)
     },
     "/v1/embeddings": {"post": proxied("Create embeddings", "EmbeddingRequest", "EmbeddingList")},
+    "/v1/responses": {
+        "post": proxied("Create a response (bridged to chat)", "ResponsesRequest", "Response", SSE)
+    },
+    "/v1/messages": {
+        "post": anthropic("Create a message (bridged to chat)", "MessagesRequest", "Message")
+    },
     "/v1/models": {
         "get": plain("List the models this key may use", ref("ModelList"), (401, 405), CLIENT)
     },
@@ -556,6 +575,8 @@ COMPONENTS: Mapping[str, Schema] = {
     **CONTENT_PARTS,
     **REQUESTS,
     **REPLIES,
+    **bridged.REQUESTS,
+    **bridged.REPLIES,
 }
 
 
@@ -572,7 +593,7 @@ def merge(generated: Schema, paths: Mapping[str, Mapping[str, Schema]]) -> Schem
     components = dict(generated.get("components", {}))
     components["schemas"] = {**components.get("schemas", {}), **COMPONENTS}
     components["responses"] = {name: error_response(s) for s, (name, _) in ERRORS.items()}
-    components["securitySchemes"] = dict(SECURITY_SCHEMES)
+    components["securitySchemes"] = {**SECURITY_SCHEMES, "anthropicKey": bridged.API_KEY}
     return {**generated, "paths": merged_paths, "components": components}
 
 

@@ -72,13 +72,7 @@ def parse_body(
 ) -> dict[str, Any]:
     """Parse and check a request body; raises InvalidRequest naming the field.
     `on_model` sees the model name as soon as it is known (to label errors)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    _check_depth(raw, body)
+    body = parse_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
@@ -93,6 +87,19 @@ def parse_body(
     if body.get("stream") and endpoint == "embeddings":
         raise InvalidRequest("embeddings cannot be streamed", param="stream")
     _check_output_total(body, endpoint)
+    return body
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be a JSON object nested at most `MAX_JSON_DEPTH` levels deep
+    (any API's: the format bridges parse theirs with it too)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    _check_depth(raw, body)
     return body
 
 

@@ -150,6 +150,10 @@ async def _litellm() -> Any:
     return await asyncio.to_thread(_import_litellm)
 
 
+# Public for the format bridges (gateway.bridges), which use litellm's translations.
+load_litellm = _litellm
+
+
 class LiteLLMClient:
     """`UpstreamClient` for every litellm provider; one per application.
 

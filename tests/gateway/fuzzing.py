@@ -24,6 +24,8 @@ FINANCE_KEY = "fake-finance-key"
 METRICS_KEY = "fake-metrics-key"
 TIGHT_KEY = "fake-tight-key"  # one request a minute, one route, a tiny budget
 
+ANTHROPIC_PATH = "/v1/messages"  # errors in Anthropic's shape
+
 # Statuses that mean an upstream (or the ledger) failed, documented as such; any other
 # 5xx is the gateway's own fault.
 UPSTREAM_STATUSES = frozenset({502, 503, 504})
@@ -248,6 +250,15 @@ BODY_FIELDS = (
     "logprobs",
     "user",
     "seed",
+    # The bridged APIs' own (Responses, Anthropic Messages)
+    "instructions",
+    "max_output_tokens",
+    "text",
+    "store",
+    "previous_response_id",
+    "system",
+    "stop_sequences",
+    "top_k",
 )
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "bogus"]) | EDGE_VALUES},
@@ -292,10 +303,11 @@ def no_server_error(ctx: CheckContext, response: Response, case: Case[Any]) -> b
 
 
 def openai_error_shape(ctx: CheckContext, response: Response, case: Case[Any]) -> bool | None:
-    """Every 4xx and 5xx is `{"error": {"message": str, "type": str, "param", "code"}}`."""
+    """Every 4xx and 5xx is `{"error": {"message": str, "type": str, "param", "code"}}`
+    (Anthropic's shape on its Messages API)."""
     if response.status_code < 400 or is_readiness(case, response):
         return None
-    problem = error_shape_problem(response.content)
+    problem = error_shape_problem(response.content, case.operation.path)
     if problem is not None:
         raise AssertionError(
             f"{case.operation.label} answered {response.status_code} {problem}: "
@@ -304,13 +316,18 @@ def openai_error_shape(ctx: CheckContext, response: Response, case: Case[Any]) -
     return None
 
 
-def error_shape_problem(content: bytes) -> str | None:
-    """What is wrong with an error body, or None if it has OpenAI's shape."""
+def error_shape_problem(content: bytes, path: str = "") -> str | None:
+    """What is wrong with an error body, or None if it has its API's shape: OpenAI's,
+    or on `/v1/messages` Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
     try:
         body: Any = json.loads(content)
     except ValueError:
         return "with a body that is not JSON"
     error = body.get("error") if isinstance(body, dict) else None
+    if path == ANTHROPIC_PATH:
+        shaped = body.get("type") == "error" and isinstance(error, dict)
+        typed = shaped and all(isinstance(error.get(k), str) for k in ("type", "message"))
+        return None if typed else "not in Anthropic's error shape"
     if not isinstance(error, dict):
         return "without an `error` object"
     if not isinstance(error.get("message"), str) or not isinstance(error.get("type"), str):

@@ -212,7 +212,10 @@ def client(gateway: GatewayServer) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"],
+)
 @given(body=fuzzing.RAW_BODIES, data=st.data())
 @fuzzing.PROFILE
 def test_any_body_is_answered_within_the_contract(
@@ -228,4 +231,5 @@ def test_any_body_is_answered_within_the_contract(
         response.text[:300],
     )
     if response.status_code >= 400:
-        assert fuzzing.error_shape_problem(response.content) is None, response.content[:300]
+        problem = fuzzing.error_shape_problem(response.content, path)
+        assert problem is None, (problem, response.content[:300])

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import ADMIN_KEY, AUTH, StartGateway, wait_for_record
 
 RESTRICTED_POLICY = """
 deployments:
@@ -30,8 +30,6 @@ admin_keys: ["${GATEWAY_ADMIN_KEY}"]
 gateway:
   max_body_bytes: 2048
 """
-
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 
 
 @pytest.fixture
