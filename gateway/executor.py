@@ -147,6 +147,11 @@ class Executor:
         self._max_wait = max_retry_wait_s
         self._guard = guard
 
+    def ejected(self, deployment: str) -> bool:
+        """Is `deployment` ejected by its circuit breaker now? (A pure read: a caller
+        with a fallback of its own, such as the judge, skips it rather than probe.)"""
+        return self._guard is not None and self._guard.breakers.is_ejected(deployment)
+
     def client_for(self, deployment: DeploymentRuntime) -> UpstreamClient:
         return self._clients.get(deployment.provider) or self._clients["litellm"]
 

@@ -1,7 +1,8 @@
 """An LLM judge for cascades: a route's `judge` deployment grades each verified answer
 with a fixed rubric, and when it answers, its grade replaces the learned verifier's
 score for the threshold decision. On a timeout, an error or a reply with no grade, the
-verifier's score stands (the learned verifier is the default and the fallback).
+verifier's score stands (the learned verifier is the default and the fallback); a judge
+its circuit breaker ejected is not called at all until its cooldown ends.
 
 The rubric (`RUBRIC`, versioned as `RUBRIC_VERSION`) asks for one digit, 1 to 9: a
 digit is one token in every tokenizer (Llama's split "10" into "1" and "0"), so the
@@ -150,6 +151,9 @@ class Judge:
         assert deployment is not None  # only routes with a judge ask
         if deployment.unavailable_reason is not None:
             return self._fallback(call, "fallback_error", deployment.unavailable_reason)
+        if self._executor.ejected(deployment.name):  # down: no call, the verifier decides
+            why = f"'{deployment.name}' is ejected by its circuit breaker"
+            return self._fallback(call, "fallback_error", why)
         request = judge_request(deployment, endpoint, body, reply)
         label = f"j{n}"
         wait_s = min(call.route.judge_timeout_s, max(0.001, (ends_at - time.monotonic()) / 2))

@@ -22,9 +22,8 @@ from gateway.scoring import AnswerVerifier
 from policies import LoadedPolicy, Policy
 from policies.errors import PolicyError
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
-from tests.gateway.conftest import CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 
-AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 QUESTION = "Write two sentences on why the sky is blue."
 ANSWER = (
     "Sunlight scatters off air molecules, and blue light scatters far more than red "
@@ -266,6 +265,30 @@ async def test_a_failing_or_gradeless_judge_falls_back_to_the_verifier(
     assert records[request_id].verifier_score == pytest.approx(verifier_score(), abs=1e-6)
     assert_priced(response, records)
     assert judged(base, outcome) == 1
+
+
+async def test_a_judge_ejected_by_its_breaker_is_not_called(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    grader: GradingOpenAI,
+) -> None:
+    """Two failures eject the judge; the third request's answer is left to the
+    verifier without a call to it (the cooldown outlasts the test)."""
+    fake_openai.reply_text = ANSWER
+    grader.fail(500, times=None)
+    policy = POLICY.replace("__THRESHOLD__", str(threshold(False))).replace("__LOGPROBS__", "false")
+    policy += "gateway:\n  circuit_breaker: {failure_threshold: 2, cooldown_s: 600}\n"
+    env = {"CHEAP_URL": fake_openai.url, "PREMIUM_URL": premium.url, "JUDGE_URL": grader.url}
+    base = start_gateway(policy, **env).url
+    for _ in range(2):
+        assert ask(base).headers["x-cascade-deployment"] == "premium"
+    assert len(grader.requests) == 2
+    response = ask(base)
+    assert response.status_code == 200
+    assert response.headers["x-cascade-deployment"] == "premium"  # as the verifier decides
+    assert len(grader.requests) == 2  # ejected: not asked
+    assert judged(base, "fallback_error") == 3
 
 
 def test_grades_from_logprobs_and_text() -> None:
