@@ -143,7 +143,7 @@ def cheap_answer(row: Mapping[str, Any]) -> tuple[str, bool] | None:
         return None
     if source == "arena_chat":
         return str(answer["response"]), float(answer["score"]) >= ACCEPT_GRADE
-    from router.verifier_train import unwrap_response  # training code: only here
+    from router.verifier_examples import unwrap_response  # training code: only here
 
     return unwrap_response(answer["response"]), float(answer["correct"]) >= 0.5
 
@@ -165,7 +165,7 @@ def shipped_answers(
         answer = {"id": row["id"], "prompt": row["prompt"], "response": response}
         other = row.get("models", {}).get(opinion) if opinion else None
         if other is not None and comparable(row["prompt"]):
-            from router.verifier_train import unwrap_response
+            from router.verifier_examples import unwrap_response
 
             answer["samples"] = [unwrap_response(other["response"])]
         answers.append({**answer, "acceptable": acceptable})

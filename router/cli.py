@@ -1,14 +1,14 @@
 """`cascade-gateway router ...`: score, verify, train and eval from the command line.
 
 `gateway/cli.py` calls `add_router_commands(subparsers)`; each leaf parser sets
-`func(args) -> int`. For a quick run without the gateway: `python -m router.cli score X`.
+`func(args) -> int`; the training and eval commands' bodies are in
+`router.training_commands`. Without the gateway: `python -m router.cli score X`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import RoutingError
 from router.rows import Row, each, finite, print_lines, read_rows, score_rows
+from router.training_commands import (
+    run_eval,
+    run_eval_quality,
+    run_train,
+    run_train_quality,
+    run_train_verifier,
+)
 
 if TYPE_CHECKING:
-    from router.cascade_evaluation import CascadeReport
     from router.classifier import RequestClassifier
-    from router.classifier_train import FoldReport
     from router.code_examples import ExampleRun
-    from router.dataset import Example
-    from router.evaluation import Curve
 
 # Optional request fields a score row may carry, with their JSON type.
 REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
@@ -166,15 +169,6 @@ def _load_classifier(name: str | None) -> RequestClassifier:
     from router.classifier import Classifier
 
     return Classifier.load()
-
-
-def run_train_verifier(args: argparse.Namespace) -> int:
-    from router import verifier_train
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return verifier_train.main(
-        args.data, args.out, run_code=args.run_code, open_only=args.open_only
-    )
 
 
 def run_score(args: argparse.Namespace) -> int:
@@ -333,106 +327,6 @@ def _user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
 
-def run_train(args: argparse.Namespace) -> int:
-    from router.classifier_train import format_table
-    from router.dataset import load_examples
-
-    routers: Sequence[str]
-    train: Callable[[Path | None, Path, Sequence[Example]], list[FoldReport]]
-    if args.embeddings:
-        from router import embedding_classifier, embedding_classifier_train
-
-        out = args.out or embedding_classifier.DEFAULT_PATH
-        routers, train = (
-            embedding_classifier_train.EMBEDDING_ROUTERS,
-            embedding_classifier_train.train,
-        )
-    else:
-        from router import classifier, classifier_train
-
-        out = args.out or classifier.DEFAULT_PATH
-        routers, train = classifier_train.ROUTERS, classifier_train.train
-    try:
-        reports = train(args.data, out, load_examples(args.data))
-    except RoutingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {out} and {out.with_suffix('.card.md')}")
-    print(format_table(reports, routers))
-    return 0
-
-
-def run_eval(args: argparse.Namespace) -> int:
-    from router.cascade_evaluation import format_cascade_table, run_cascade_evaluation
-    from router.classifier_train import (
-        FeatureCache,
-        fit_folds,
-        format_table,
-        held_out_scores,
-        run_evaluation,
-        run_subject_evaluation,
-    )
-    from router.dataset import load_examples
-    from router.evaluation import plot_curves
-
-    try:
-        examples = load_examples(args.data)
-        cache = FeatureCache(examples)
-        fitted = fit_folds(examples, cache)
-        prompt_scores = held_out_scores(fitted)
-        cascades = run_cascade_evaluation(args.data, prompt_scores, run_code=args.run_code)
-    except RoutingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    reports = run_evaluation(examples, cache, fitted)
-    print(format_table(reports))
-    print()
-    print("Unseen MMLU subjects, more draws (training subjects in groups, each left out):")
-    print(format_table(run_subject_evaluation(examples, cache)))
-    print()
-    print(format_cascade_table(cascades))
-    arena = _arena_table(args.data)
-    if arena:
-        print()
-        print(arena)
-    if args.plot is not None:
-        args.plot.mkdir(parents=True, exist_ok=True)
-        for report in reports:
-            path = args.plot / f"{report.name}.png"
-            title = f"held-out {report.name} ({report.rows} prompts)"
-            plot_curves(report.curves, title, path, cascades=_cascade_lines(cascades, report.name))
-            print(f"wrote {path}")
-    return 0
-
-
-def _arena_table(data_dir: Path | None) -> str:
-    """The open-ended verifier's cascade on arena chat (nested CV and the final split),
-    or "" when the data has no arena chat."""
-    from router.dataset import DEFAULT_DATA_DIR, data_file
-    from router.open_evaluation import format_arena_table, run_arena_evaluation
-    from router.open_verifier_train import ARENA_STEM
-
-    directory = data_dir or DEFAULT_DATA_DIR
-    if not data_file(directory, ARENA_STEM).is_file():
-        return ""
-    return format_arena_table(run_arena_evaluation(directory))
-
-
-def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Curve]:
-    """The curves to draw next to a dataset's routers: the verifier's cascade (and with
-    code runs, where there are) and, where second opinions were tried, the one chosen on
-    the other datasets."""
-    lines = {}
-    for c in cascades:
-        if c.name == name and not c.second_opinion:
-            ran = " + examples run" if c.code_run else ""
-            lines[f"cascade (verifier{ran}, {c.rows} rows)"] = c.curve
-        elif c.name == name and c.chosen_elsewhere and not c.code_run:
-            opinion = c.second_opinion.split("/")[-1]
-            lines[f"cascade + {opinion} (chosen on other tasks)"] = c.curve
-    return lines
-
-
 def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(row.get("prompt"), str):
         messages: Any = [_user(row["prompt"])]
@@ -567,35 +461,6 @@ def _model_names(text: str) -> list[str]:
 
         raise UnknownModelError(f"--models '{text}' names no model; expected M1,M2,...")
     return names
-
-
-def run_train_quality(args: argparse.Namespace) -> int:
-    from router import quality, quality_report, quality_train
-
-    out = args.out or quality.DEFAULT_PATH
-    try:
-        predictor, folds, final = quality_train.run(args.data)
-    except RoutingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    quality_train.write(predictor, folds, final, out)
-    print(f"wrote {out} and {out.with_suffix('.card.md')}")
-    return print_lines(quality_report.report_lines(folds, final))
-
-
-def run_eval_quality(args: argparse.Namespace) -> int:
-    from router import quality_report, quality_train
-
-    try:
-        _, folds, final = quality_train.run(args.data)
-    except RoutingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    status = print_lines(quality_report.report_lines(folds, final))
-    if args.plot is not None:
-        for path in quality_report.plot(final, args.plot):
-            print(f"wrote {path}")
-    return status
 
 
 def main(argv: list[str] | None = None) -> int:

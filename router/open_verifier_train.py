@@ -43,7 +43,8 @@ from router.open_verifier import (
     OpenVerifier,
     judges,
 )
-from router.verifier import Signals, Verifier, extract_features
+from router.verifier import Verifier
+from router.verifier_features import Signals, extract_features
 
 ARENA_STEM = "arena_chat"  # ``dataset.data_file``: arena_chat.jsonl, or .jsonl.gz
 ARENA_FILE = f"{ARENA_STEM}.jsonl"

@@ -1,10 +1,11 @@
 """Training for the cascade verifier (``router.verifier``).
 
-Rows come from the routing data (``router/data``): each GSM8K prompt gives two answers (the weak
-and the strong model's, labelled by correctness) and each RouterBench prompt gives
-eleven (every model's response, acceptable when ``correct >= 0.5``). The model is a
-logistic regression on ``FEATURE_NAMES``; features the data cannot teach (logprobs,
-``finish_reason``, requested JSON) get fixed prior weights instead.
+Rows come from the routing data (``router/data``, read by ``router.verifier_examples``):
+each GSM8K prompt gives two answers (the weak and the strong model's, labelled by
+correctness) and each RouterBench prompt gives eleven (every model's response,
+acceptable when ``correct >= 0.5``). The model is a logistic regression on
+``FEATURE_NAMES``; features the data cannot teach (logprobs, ``finish_reason``,
+requested JSON) get fixed prior weights instead.
 
 Held out, never trained on: one whole RouterBench task (``HELD_OUT_TASK``) and a fixed
 fifth of every other source's prompts, chosen by a hash of the prompt id. All answers
@@ -19,16 +20,11 @@ Rebuild with ``cascade-gateway router train-verifier`` (which calls ``main``).
 
 from __future__ import annotations
 
-import ast
-import datetime
-import hashlib
 import itertools
 import json
 import logging
-import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,48 +32,37 @@ import numpy as np
 from numpy.typing import NDArray
 
 from router import open_evaluation, open_verifier_train, sandbox
-from router.artifacts import DEFAULTS_LINK, read_artifact
-from router.code_examples import ExampleRun
-from router.dataset import DATASETS, DEFAULT_DATA_DIR, PromptScores, data_file, open_data
+from router.artifacts import read_artifact
+from router.dataset import DEFAULT_DATA_DIR, PromptScores, data_file
 from router.errors import RoutingError
-from router.verifier import (
-    ARTIFACT_FORMAT,
-    CODE_RUN_FEATURES,
-    DEFAULT_PATH,
-    FEATURE_NAMES,
-    Signals,
-    Verifier,
-    code_job,
-    extract_features,
+from router.verifier import ARTIFACT_FORMAT, DEFAULT_PATH, Verifier
+from router.verifier_examples import (
+    HELD_OUT_TASK,
+    OPTIONAL_SIGNALS,
+    TEST_FRACTION_BUCKETS,
+    bucket,
+    has_signal,
+    held_out_prompt_scores,
+    is_held_out,
+    with_signals,
 )
+from router.verifier_examples import Example as Example  # re-exported: cascade_evaluation
+from router.verifier_examples import build_examples as build_examples  # re-exported
+from router.verifier_examples import feature_matrix as feature_matrix  # re-exported
+from router.verifier_examples import run_code_examples as run_code_examples  # re-exported
+from router.verifier_examples import second_opinion as second_opinion  # re-exported
+from router.verifier_examples import unwrap_response as unwrap_response  # re-exported
+from router.verifier_features import FEATURE_NAMES
+from router.verifier_report import built_date, card_path, evaluate, model_card, rounded
 
 log = logging.getLogger(__name__)
 
-_BUILT = re.compile(r"Built (\d{4}-\d\d-\d\d) by")  # the card's date of the closed-form part
-GSM8K_STEM = "gsm8k"  # data file stems (``dataset.data_file``)
-ROUTERBENCH_STEMS = (
-    "routerbench_arc_challenge",
-    "routerbench_mbpp",
-    "routerbench_winogrande",
-)
-HELD_OUT_TASK = "routerbench_winogrande"
-TEST_FRACTION_BUCKETS = 5  # one bucket in five of each other source is held out
 ACCEPT_THRESHOLD = 0.5
-REPORT_THRESHOLDS = (0.5, 0.7)
 REGULARISATION_C = 1.0
-SIGNIFICANT_DIGITS = 6
 
 # Features the training data never shows (no logprobs, no finish_reason, no JSON
 # requests), so their weights are set by hand, in logits per unit of the raw feature.
 PROMPT_PRIOR = "prompt_difficulty"
-# Signals a route may or may not ask for, unknown (NaN) without: second opinions, and
-# the answer's code run against its own examples (`router.sandbox`).
-OPTIONAL_SIGNALS: dict[str, tuple[str, ...]] = {
-    "opinion": ("sample_agreement", "code_agreement"),
-    "code_run": CODE_RUN_FEATURES,
-}
-# How ``evaluate`` names the rows that carry each optional signal, without and with it.
-EVALUATED_SIGNALS = {"opinion": ("comparable", "+opinion"), "code_run": ("ran", "+examples")}
 PRIOR_COEFFICIENTS: dict[str, float] = {
     "finish_length": -2.0,
     "json_requested": 0.0,
@@ -97,128 +82,10 @@ PRIOR_COEFFICIENTS: dict[str, float] = {
 }
 
 
-@dataclass(frozen=True)
-class Example:
-    """One labelled answer; ``prompt_id`` keeps a prompt's answers on one side of the split."""
-
-    source: str
-    prompt_id: str
-    prompt: str
-    response: str
-    label: bool
-    model: str = ""  # who answered: "weak" / "strong" (GSM8K) or the RouterBench model
-    prompt_score: float | None = None  # the classifier's, from a model that never saw it
-    # A second opinion: another RouterBench model's answer to the same prompt.
-    samples: tuple[str, ...] = ()
-    code_run: ExampleRun | None = None  # its code run against its own examples
-
-
-def run_code_examples(examples: Sequence[Example]) -> list[Example]:
-    """``examples`` with their code run against its own claims (``verifier.code_job``)
-    in the sandbox, one per CPU: about 50 s for the shipped data's 3,000 on 12 cores."""
-    runs = sandbox.run_all([code_job(e.prompt, e.response) for e in examples])
-    return [replace(e, code_run=run) for e, run in zip(examples, runs, strict=True)]
-
-
-def build_examples(
-    data_dir: Path, *, limit: int | None = None, prompt_scores: PromptScores | None = None
-) -> list[Example]:
-    """Labelled answers from the data, in a fixed order (``limit`` prompts per file),
-    each with its prompt's held-out classifier score when ``prompt_scores`` has it."""
-    examples = list(_gsm8k_examples(data_file(data_dir, GSM8K_STEM), limit))
-    for stem in ROUTERBENCH_STEMS:
-        examples += _routerbench_examples(data_file(data_dir, stem), stem, limit)
-    scores = prompt_scores or {}
-    return [
-        replace(e, prompt_score=scores.get((DATASETS[e.source], e.prompt_id))) for e in examples
-    ]
-
-
-def held_out_prompt_scores(data_dir: Path) -> dict[tuple[str, str], float]:
-    """The classifier's score of every prompt by a classifier trained without its dataset
-    (as ``router eval`` judges it), so the verifier learns how much to trust a score it
-    will meet on unseen tasks, not one that memorised these."""
-    from router.classifier_train import FeatureCache, fit_folds, held_out_scores
-    from router.dataset import load_examples
-
-    examples = load_examples(data_dir)
-    return held_out_scores(fit_folds(examples, FeatureCache(examples)))
-
-
-def _read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
-    try:
-        with open_data(path) as text:
-            lines = text.read().splitlines()
-    except OSError as exc:
-        raise RoutingError(f"cannot read training data {path}: {exc}") from exc
-    rows = sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["id"])
-    return rows[:limit] if limit is not None else rows
-
-
-def _gsm8k_examples(path: Path, limit: int | None) -> Iterator[Example]:
-    for row in _read_rows(path, limit):
-        for side in ("weak", "strong"):
-            response = row[f"{side}_response"]
-            label = bool(row[f"{side}_correct"])
-            yield Example("gsm8k", row["id"], row["prompt"], response, label, side)
-
-
-def _routerbench_examples(path: Path, source: str, limit: int | None) -> Iterator[Example]:
-    """Every model's answer, each with one other model's answer as its second opinion
-    (picked by a hash of the prompt and the model: fixed from run to run, and spread
-    over the other models about evenly)."""
-    for row in _read_rows(path, limit):
-        names = sorted(row["models"])
-        responses = {name: unwrap_response(row["models"][name]["response"]) for name in names}
-        for name in names:
-            others = [other for other in names if other != name]
-            second = others[_hash(f"{source}:{row['id']}:{name}") % len(others)] if others else None
-            yield Example(
-                source,
-                row["id"],
-                row["prompt"],
-                responses[name],
-                row["models"][name]["correct"] >= 0.5,
-                name,
-                samples=(responses[second],) if second else (),
-            )
-
-
-def second_opinion(example: Example, response: str | None) -> Example:
-    """``example`` with ``response`` (another model's answer, or None: no opinion) as
-    its only second opinion."""
-    return replace(example, samples=(response,) if response is not None else ())
-
-
-def unwrap_response(raw: str) -> str:
-    """RouterBench stores each response as the repr of a one-string list."""
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-    if isinstance(value, list):
-        return "".join(str(part) for part in value)
-    return str(value)
-
-
-def is_held_out(example: Example) -> bool:
-    """Held out of the shipped verifier: the held-out task, and bucket 0 of the rest."""
-    return example.source == HELD_OUT_TASK or _bucket(example) == 0
-
-
-def _bucket(example: Example) -> int:
-    return _hash(f"{example.source}:{example.prompt_id}") % TEST_FRACTION_BUCKETS
-
-
-def _hash(text: str) -> int:
-    """A stable small hash (the first byte of SHA-256): splits and pairings by name."""
-    return hashlib.sha256(text.encode()).digest()[0]
-
-
 def fold_verifiers(examples: Sequence[Example], features: NDArray[np.float64]) -> list[Verifier]:
     """Verifiers of the shipped recipe, the k-th trained on every bucket but k (never on
     the held-out task): ``cross_fitted_scores`` judges each prompt by one that never saw it."""
-    buckets = np.array([_bucket(e) for e in examples])
+    buckets = np.array([bucket(e) for e in examples])
     task = np.array([e.source == HELD_OUT_TASK for e in examples])
     verifiers = []
     for k in range(TEST_FRACTION_BUCKETS):
@@ -253,7 +120,7 @@ def cross_fitted_scores(
     by the first (bucket 0's, which like the shipped one never saw that task). Every
     answer gets an honest score, so the cascade is judged on all rows, not a fifth."""
     return _scored_by(
-        lambda e: verifiers[0 if e.source == HELD_OUT_TASK else _bucket(e)], examples, features
+        lambda e: verifiers[0 if e.source == HELD_OUT_TASK else bucket(e)], examples, features
     )
 
 
@@ -275,35 +142,6 @@ def _scored_by(
         (e.source, e.prompt_id): judge(e).score_features(dict(zip(FEATURE_NAMES, row, strict=True)))
         for e, row in zip(examples, features, strict=True)
     }
-
-
-def feature_matrix(examples: Sequence[Example]) -> NDArray[np.float64]:
-    rows = [list(extract_features(e.prompt, e.response, _signals(e)).values()) for e in examples]
-    # NaN where a prompt has no classifier score, or an answer no second opinion to
-    # compare with: neutral, as in serving (score_features).
-    return np.asarray(rows, dtype=np.float64).reshape(len(examples), len(FEATURE_NAMES))
-
-
-def _signals(example: Example) -> Signals:
-    return Signals(
-        prompt_score=example.prompt_score, samples=example.samples, code_run=example.code_run
-    )
-
-
-def has_signal(features: NDArray[np.float64], signal: str) -> NDArray[np.bool_]:
-    """Which rows carry the optional ``signal`` (``OPTIONAL_SIGNALS``)."""
-    columns = [FEATURE_NAMES.index(name) for name in OPTIONAL_SIGNALS[signal]]
-    return np.asarray(~np.isnan(features[:, columns]).all(axis=1), dtype=np.bool_)
-
-
-def with_signals(features: NDArray[np.float64], kept: Iterable[str] = ()) -> NDArray[np.float64]:
-    """``features`` as a route asking only for the optional signals ``kept``: the other
-    optional columns unknown (NaN)."""
-    rows = features.copy()
-    for signal, names in OPTIONAL_SIGNALS.items():
-        if signal not in kept:
-            rows[:, [FEATURE_NAMES.index(name) for name in names]] = np.nan
-    return rows
 
 
 def signal_variants(
@@ -364,10 +202,10 @@ def fit(examples: Sequence[Example], features: NDArray[np.float64]) -> Verifier:
         stats[FEATURE_NAMES[i]] = (float(means[j]), float(scales[j]))
     return Verifier(
         feature_names=FEATURE_NAMES,
-        coefficients=tuple(_round(coefficients[n]) for n in FEATURE_NAMES),
-        intercept=_round(float(model.intercept_[0])),
-        means=tuple(_round(stats[n][0]) for n in FEATURE_NAMES),
-        scales=tuple(_round(stats[n][1]) for n in FEATURE_NAMES),
+        coefficients=tuple(rounded(coefficients[n]) for n in FEATURE_NAMES),
+        intercept=rounded(float(model.intercept_[0])),
+        means=tuple(rounded(stats[n][0]) for n in FEATURE_NAMES),
+        scales=tuple(rounded(stats[n][1]) for n in FEATURE_NAMES),
         threshold=ACCEPT_THRESHOLD,
     )
 
@@ -393,58 +231,6 @@ def _source_weights(examples: Sequence[Example]) -> NDArray[np.float64]:
         counts[example.source] = counts.get(example.source, 0) + 1
     total = len(examples) / len(counts)
     return np.array([total / counts[e.source] for e in examples], dtype=np.float64)
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-
-
-def evaluate(
-    verifier: Verifier, examples: Sequence[Example], features: NDArray[np.float64]
-) -> dict[str, dict[str, float]]:
-    """Held-out ROC-AUC and accept precision, per source and pooled: without second
-    opinions (as a cascade that asks for none), then, on the answers whose second
-    opinion can be compared (final answers or code on both sides), without and with it
-    (groups suffixed ``comparable`` and ``comparable +opinion``: the same rows)."""
-    alone = with_signals(features)
-    report = _metrics(verifier, examples, alone)
-    for signal, (suffix, added) in EVALUATED_SIGNALS.items():
-        carried = has_signal(features, signal)
-        if not carried.any():
-            continue
-        subset = [e for e, c in zip(examples, carried, strict=True) if c]
-        for label, rows in (
-            (suffix, alone),
-            (f"{suffix} {added}", with_signals(features, [signal])),
-        ):
-            for group, metrics in _metrics(verifier, subset, rows[carried]).items():
-                report[f"{group} {label}"] = metrics
-    return report
-
-
-def _metrics(
-    verifier: Verifier, examples: Sequence[Example], features: NDArray[np.float64]
-) -> dict[str, dict[str, float]]:
-    from sklearn.metrics import roc_auc_score
-
-    scores = np.array(
-        [verifier.score_features(dict(zip(FEATURE_NAMES, row, strict=True))) for row in features]
-    )
-    labels = np.array([e.label for e in examples], dtype=np.int64)
-    sources = np.array([e.source for e in examples])
-    report: dict[str, dict[str, float]] = {}
-    for group in [*sorted(set(sources.tolist())), "all"]:
-        mask = np.ones(len(labels), dtype=bool) if group == "all" else sources == group
-        y, s = labels[mask], scores[mask]
-        metrics = {"n": float(mask.sum()), "positive_rate": _round(float(y.mean()))}
-        metrics["roc_auc"] = _round(float(roc_auc_score(y, s))) if 0 < y.sum() < len(y) else 0.5
-        for threshold in REPORT_THRESHOLDS:
-            accepted = s >= threshold
-            metrics[f"accept_share@{threshold}"] = _round(float(accepted.mean()))
-            precision = float(y[accepted].mean()) if accepted.any() else 0.0
-            metrics[f"accept_precision@{threshold}"] = _round(precision)
-        report[group] = metrics
-    return report
 
 
 def train(
@@ -503,12 +289,7 @@ def train_open(data_dir: Path, out: Path) -> dict[str, Any]:
     closed = Verifier.from_dict(artifact)  # checks the closed-form part is this code's
     artifact["format"] = ARTIFACT_FORMAT
     artifact["open_ended"] = open_verifier_train.train_section(data_dir, closed)
-    built = (
-        _BUILT.search(card_path(out).read_text(encoding="utf-8"))
-        if card_path(out).is_file()
-        else None
-    )
-    _write(artifact, out, built.group(1) if built else None)
+    _write(artifact, out, built_date(out))
     return artifact
 
 
@@ -527,145 +308,6 @@ def _counts(examples: Sequence[Example]) -> dict[str, int]:
     for example in examples:
         counts[example.source] = counts.get(example.source, 0) + 1
     return dict(sorted(counts.items()))
-
-
-def card_path(out: Path) -> Path:
-    return out.with_name(f"{out.stem}.card.md")
-
-
-def model_card(artifact: dict[str, Any], built: str | None = None) -> str:
-    """The Markdown model card for an artifact returned by ``train``; ``built``: the date
-    its closed-form part was built (default today)."""
-    training = artifact["training"]
-    metrics = artifact["held_out_metrics"]
-    header = "| held out | rows | positive rate | ROC-AUC | accept share @0.5 | precision @0.5 | "
-    header += "accept share @0.7 | precision @0.7 |\n|---|---|---|---|---|---|---|---|\n"
-    table = "".join(
-        f"| {group} | {m['n']:.0f} | {m['positive_rate']:.3f} | {m['roc_auc']:.3f} | "
-        f"{m['accept_share@0.5']:.3f} | {m['accept_precision@0.5']:.3f} | "
-        f"{m['accept_share@0.7']:.3f} | {m['accept_precision@0.7']:.3f} |\n"
-        for group, m in sorted(metrics.items(), key=lambda item: _card_order(item[0]))
-    )
-    weights = "".join(
-        f"| {name} | {coef:+.3f} |\n"
-        for name, coef in zip(artifact["feature_names"], artifact["coefficients"], strict=True)
-    )
-    opened = artifact.get("open_ended")
-    return (
-        CARD_TEMPLATE.format(
-            date=built or datetime.date.today().isoformat(),
-            open_ended=open_evaluation.card_section(opened) + "\n" if opened else "",
-            held_out_task=training["held_out_task"],
-            buckets=TEST_FRACTION_BUCKETS,
-            train_rows=json.dumps(training["train_rows"]),
-            test_rows=json.dumps(training["test_rows"]),
-            priors=", ".join(training["prior_coefficients"]),
-            table=header + table,
-            weights=weights,
-        )
-        + DEFAULTS_LINK
-    )
-
-
-def _card_order(group: str) -> tuple[int, bool, str]:
-    """``evaluate``'s order of its groups (sources, then "all"; rows without the optional
-    signals first), which a round trip through the sorted JSON loses."""
-    suffixes = [""] + [
-        f"{s}{extra}" for s, a in EVALUATED_SIGNALS.values() for extra in ("", f" {a}")
-    ]
-    source, _, suffix = group.partition(" ")
-    rank = suffixes.index(suffix) if suffix in suffixes else len(suffixes)
-    return rank, source == "all", source
-
-
-CARD_TEMPLATE = """# Cascade verifier
-
-Scores how likely a cheap model's answer is acceptable (0..1); the cascade escalates
-below the route's threshold. Built {date} by `router/verifier_train.py`.
-
-## Model
-For closed-form prompts (open-ended ones: see "Open-ended answers" below), a
-logistic regression over cheap text signals (`router.verifier.FEATURE_NAMES`), standardised
-with the training means/scales stored in `verifier.json`, then hard caps
-(`router.verifier.SCORE_CAPS`: empty answer, invalid requested JSON, schema mismatch,
-refusal, `finish_reason == "length"`, maths answer without a number, degenerate loops,
-Python whose every function is a placeholder).
-Worked maths is checked step by step (`router/arithmetic.py`: every `a op b = c` link and
-GSM8K `<<a*b=c>>` annotation is evaluated without `eval`; a wrong step is a strong sign
-of a wrong answer); a maths answer that never uses a number of the question, whose
-final number no worked step computed, or that answers "how many" with a fraction is
-suspect. The training data has no logprobs, `finish_reason` or JSON requests, so these
-features carry fixed prior weights, not learned ones: {priors}.
-
-`prompt_difficulty` is the complexity classifier's score of the prompt (logit), the
-router's prior: fixed at -0.25 per within-task standard deviation, so the answer's own
-signals lead and the prior orders answers whose text says nothing (a bare option letter).
-In training each prompt's score comes from a classifier that never saw its dataset;
-`router verify` and the gateway's cascade pass the shipped classifier's score.
-
-`sample_agreement` is the share of second opinions (other answers to the same prompt:
-another model's, where the route asks for them) whose final answer (`router/answers.py`:
-the option letter, the final number) equals this answer's; unknown (neutral) when there
-are none or nothing to compare (free text, code). `code_agreement` is, on questions that
-ask for code, how alike this answer's code is to the opinions' (mean Jaccard similarity
-of token trigrams: right solutions to one task converge, wrong ones wander). Both are
-learned: each RouterBench answer is paired with one other model's answer to its prompt
-(fixed by a hash), and fitted with and without it, so the same weights serve cascades
-with and without second opinions. Below, `comparable` rows are
-the answers whose second opinion can be compared (a final answer on multiple choice and
-maths, code on code), scored without it, and `comparable +opinion` the same rows scored
-with it.
-
-`code_examples_held` and `code_examples_failed_share` come from running a code answer
-against the examples it claims (doctests, `print(f(2))  # Output: 4`) in the sandbox
-(`router/sandbox.py`: user, network, mount and PID namespaces, read-only mounts,
-rlimits, an audit hook; only pass/fail counts come back); unknown (neutral) when not
-run: a route switches it on with `run_code_examples: true`, `router verify` with
-`--run-code`. Training runs every code answer's examples; an answer fitted with and
-without each optional signal it carries (a second opinion, a code run), its weight
-shared between the mixes. `ran` rows are the answers with examples that ran, scored
-without the run, and `ran +examples` the same rows scored with it.
-
-## Data
-`router/data`: GSM8K (weak and strong model answers, labelled by correctness)
-and RouterBench ARC-Challenge, MBPP and Winogrande (all 11 models' responses,
-acceptable when `correct >= 0.5`). Sources are weighted equally in training.
-
-- train rows: {train_rows}
-- held-out rows: {test_rows}
-
-## Split
-`{held_out_task}` is held out entirely (a task the model never saw); of every other
-source, the prompts whose `sha256(source:id)` first byte is 0 mod {buckets} are held out,
-with all answers to a prompt on the same side.
-
-## Held-out metrics
-{table}
-Precision @t is the share of acceptable answers among those scoring >= t (the answers
-the cascade would keep); compare it with the positive rate (keeping everything). The
-cascade itself (APGR / CPT over escalation share, with cost, on every row of each
-dataset, each scored by a verifier of this recipe trained without its prompt) is in
-`cascade-gateway router eval`, and there a second time with each dataset scored by a
-verifier trained on the other tasks only ("task unseen": on the only maths and the only
-code task, their kind's checks then carry no weight).
-
-## Weights (per standardised feature)
-| feature | coefficient |
-|---|---|
-{weights}
-## Limits
-The signals judge form, not content: a well-formed wrong answer (a confident wrong
-option letter) scores like a right one. Logprob weights are guesses until traffic with
-logprobs and outcomes is available. Some checks were designed by reading these answers
-(`code_no_function`, `code_lines`: the MBPP answers), so their held-out figures here
-are rosier than they will be on other code.
-
-{open_ended}## Rebuild
-`cascade-gateway router train-verifier` (or `python -m router.verifier_train`);
-training is deterministic and the JSON is byte-identical across runs.
-`cascade-gateway router train-verifier --open-only` retrains the open-ended section
-alone (a minute or two, no sandbox), keeping the closed-form part and its build date.
-"""
 
 
 def main(

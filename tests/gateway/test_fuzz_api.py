@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
 from starlette.routing import BaseRoute, Route
 
 from gateway.app import create_app
-from gateway.openapi import MESSAGES
+from gateway.openapi_schemas import MESSAGES
 from gateway.settings import Settings
 from gateway.validation import CHAT_ROLES
 from tests.fakes.openai_upstream import FakeOpenAI

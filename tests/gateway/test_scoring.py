@@ -22,7 +22,7 @@ from gateway.scoring import (
 )
 from gateway.settings import Settings
 from router.answers import prompt_kind
-from router.verifier import Signals, extract_features
+from router.verifier_features import Signals, extract_features
 
 QUESTION = (
     "Which gas do plants absorb?\nA) oxygen\nB) carbon dioxide\nC) nitrogen\nD) helium\nAnswer:"

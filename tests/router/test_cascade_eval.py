@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router import cli, verifier_train
+from router import cli, training_commands, verifier_train
 from router.cascade_evaluation import (
     CascadeReport,
     _cascade_metrics,
@@ -26,7 +26,7 @@ from router.dataset import (
     open_data,
 )
 from router.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
-from router.verifier import FEATURE_NAMES
+from router.verifier_features import FEATURE_NAMES
 
 # Four rows; the verifier trusts the cheap answer in ascending order of score.
 SCORES = [0.1, 0.2, 0.3, 0.4]
@@ -192,10 +192,11 @@ def test_router_eval_prints_the_tables_and_draws_every_dataset(
         assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     reports = run_cascade_evaluation(data)
-    [plain, chosen] = cli._cascade_lines(reports, "arc_challenge")
+    [plain, chosen] = training_commands._cascade_lines(reports, "arc_challenge")
     assert plain.startswith("cascade (verifier, ")
     assert chosen.startswith("cascade + ") and chosen.endswith("(chosen on other tasks)")
-    assert cli._cascade_lines(reports, "mmlu") == {}  # no answers in the data: no cascade
+    # No answers in the data: no cascade.
+    assert training_commands._cascade_lines(reports, "mmlu") == {}
 
 
 def _opinion(name: str, model: str, value: float) -> CascadeReport:

@@ -11,19 +11,20 @@ import numpy as np
 import pytest
 
 from router import verifier as verifier_module
+from router import verifier_code_features
 from router.code_examples import ExampleRun
+from router.dataset import DEFAULT_DATA_DIR
 from router.errors import RoutingError
-from router.verifier import (
+from router.verifier import SCORE_CAPS, Verifier, code_job
+from router.verifier_examples import build_examples
+from router.verifier_features import (
     FEATURE_NAMES,
     MAX_PROMPT_CHARS,
-    SCORE_CAPS,
     Signals,
-    Verifier,
-    code_job,
     extract_features,
     schema_matches,
 )
-from router.verifier_train import DEFAULT_DATA_DIR, build_examples, signal_variants, train
+from router.verifier_train import signal_variants, train
 
 MATHS = "Tom has 3 boxes with 12 apples each. He eats 5 apples. How many apples are left?"
 MATHS_ANSWER = "3 boxes * 12 apples = 36 apples. 36 - 5 = 31.\n#### 31"
@@ -377,8 +378,8 @@ def test_the_code_and_language_checks_are_linear_on_hostile_input() -> None:
     ]
     started = time.perf_counter()
     for text in hostile:
-        assert not verifier_module._PYTHON_FUNCTION.search(text)
-        verifier_module._named_languages(text)
+        assert not verifier_code_features._PYTHON_FUNCTION.search(text)
+        verifier_code_features.named_languages(text)
     assert time.perf_counter() - started < 2.0
 
 
@@ -561,7 +562,7 @@ def test_the_stub_check_stays_cheap_on_long_code() -> None:
     nested = "def f():\n    pass\n    return " + "(" * 5000 + ")" * 5000
     banner = "def f(s):\n    return s[::-1]\n" + "#" * 8000 + "\n" + "# x " * 2000  # no TODO
     started = time.perf_counter()
-    assert not verifier_module._only_stubs(long_code)
-    assert not verifier_module._only_stubs(nested)
-    assert not verifier_module._only_stubs(banner)
+    assert not verifier_code_features._only_stubs(long_code)
+    assert not verifier_code_features._only_stubs(nested)
+    assert not verifier_code_features._only_stubs(banner)
     assert time.perf_counter() - started < 2.0
