@@ -35,6 +35,7 @@ from gateway.errors import RateLimited, UpstreamUnavailable
 from gateway.latency import LatencyModel
 from gateway.load import LoadView, ScrapeTarget, scrape_targets
 from gateway.metrics import Metrics
+from gateway.redis_client import redis_client
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, sla_met
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamFailure
 from gateway.warmup import Warmup
@@ -274,9 +275,10 @@ def build_guard(
 ) -> SlaGuard:
     """The guard for a gateway process; breakers share ejections through Redis if set,
     and the engines whose state files are in `engines_dir` warm up rather than fail."""
-    # Short timeouts: a Redis that stops answering must not stall the breaker sync loop.
+    # Short timeouts: a Redis that stops answering must not stall the breaker sync loop
+    # (gateway.redis_client has each caller's options side by side).
     client = (
-        aioredis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        redis_client(redis_url, socket_timeout=1.0, connect_timeout=1.0, max_connections=100)
         if redis_url
         else None
     )

@@ -31,13 +31,11 @@ from typing import Any, TypeVar, cast
 
 import orjson
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
 from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
+from gateway.redis_client import address, redis_client
 
 # Errors that mean "no usable Redis there" (BusyLoadingError and auth failures are
 # ConnectionErrors; READONLY is what a demoted primary answers during failover;
@@ -101,18 +99,16 @@ class RedisStore:
         socket_connect_timeout: float = 0.5,
         socket_timeout: float = 1.0,
     ) -> None:
-        pool = BlockingConnectionPool.from_url(
+        self._client = redis_client(
             url,
-            max_connections=max_connections,
-            timeout=socket_timeout,  # waiting for a free connection
-            socket_connect_timeout=socket_connect_timeout,
             socket_timeout=socket_timeout,
-            retry=Retry(NoBackoff(), 1),
+            connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
+            pool_timeout=socket_timeout,
+            retry_on=(redis_errors.ConnectionError, redis_errors.TimeoutError),
             decode_responses=True,
         )
-        kw = pool.connection_kwargs
-        self._where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"
-        self._client: Redis = Redis.from_pool(pool)
+        self._where = address(self._client)
         self._script = self._client.register_script(_RECORD_LUA)
         self._base = f"{prefix}{{ledger}}:"
         self._stream_maxlen = stream_maxlen

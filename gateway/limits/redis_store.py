@@ -31,9 +31,6 @@ from collections.abc import Awaitable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from gateway.limits.rules import BudgetRule, Period
 from gateway.limits.scripts import ADMIT_LUA, SETTLE_LUA
@@ -47,6 +44,7 @@ from gateway.limits.store import (
     RateRefusal,
     Verdict,
 )
+from gateway.redis_client import redis_client
 
 # Any Redis failure (unreachable, failing over, out of memory, a script error) makes
 # limits unavailable: the outage policy answers, never a 500.
@@ -93,21 +91,20 @@ class RedisLimitStore:
         socket_timeout: float = 0.5,
         busy_timeout: float = 5.0,
     ) -> None:
-        pool = BlockingConnectionPool.from_url(
+        # Redis-py's own timeouts are the outer bound; `_patiently` the usual one.
+        self._client = redis_client(
             url,
-            max_connections=max_connections,
-            timeout=busy_timeout,
-            # Redis-py's own timeouts are the outer bound; `_patiently` the usual one.
-            socket_connect_timeout=busy_timeout,
             socket_timeout=busy_timeout,
+            connect_timeout=busy_timeout,
+            max_connections=max_connections,
+            pool_timeout=busy_timeout,
             # A dropped connection (Redis restarted, an idle one closed) is retried once.
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
+            retry_on=(redis_errors.ConnectionError,),
             decode_responses=True,
         )
         self._timeout_s = socket_timeout
         self._busy_s = busy_timeout
         self._answered_at = -math.inf  # time.monotonic() of Redis's last reply
-        self._client: Redis = Redis.from_pool(pool)
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
         self._base = f"{prefix}{{limits}}:"
