@@ -28,8 +28,9 @@ from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spo
 from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
+from gateway.runtime import build_runtime, log_new_warnings
 from gateway.scoring import install_problems, warm
-from gateway.services import RuntimeWarnings, Services, counted_models, log_unserved
+from gateway.services import Services, counted_models, log_unserved
 from gateway.settings import Settings
 from gateway.sla import build_guard
 from gateway.spend import api as spend_api
@@ -126,10 +127,11 @@ async def start_services(settings: Settings) -> Services:
     redis_url, prefix = settings.redis_url, settings.redis_prefix
     limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)
     log_unserved(loaded)
-    runtime_warnings = RuntimeWarnings()  # what the first build warned is not said again
+    runtime = build_runtime(loaded)
+    log_new_warnings(runtime, None)
     services = Services(
         settings=settings,
-        runtime=runtime_warnings.build(loaded),
+        runtime=runtime,
         metrics=metrics,
         store=store,
         ledger=ledger,
@@ -138,7 +140,6 @@ async def start_services(settings: Settings) -> Services:
         guard=guard,
         limits=limits,
         clients=clients,
-        runtime_warnings=runtime_warnings,
     )
     warm(services.runtime.routes.values(), settings.embedding_threads)
     await asyncio.wrap_future(tokens.warm(counted_models(services.runtime)))

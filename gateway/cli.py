@@ -155,12 +155,13 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    from gateway.runtime import build_runtime
+    from gateway.runtime import build_runtime, log_new_warnings
     from gateway.scoring import RequestScorer
     from router import SCORED_STRATEGIES
 
     try:
         runtime = build_runtime(_load_policy(Path(args.path)))
+        log_new_warnings(runtime, None)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1

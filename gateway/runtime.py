@@ -148,6 +148,9 @@ class Runtime:
     max_body_bytes: int
     request_timeout_s: float
     loaded_at: float = field(default_factory=time.time)
+    # What the build found wrong but servable (a missing price, code runs off), as
+    # (logging level, message): the caller logs those the serving runtime did not have.
+    warnings: tuple[tuple[int, str], ...] = ()
 
     def resolve(self, model: str) -> RouteRuntime:
         """The route for a request's `model`: a route name or a deployment name."""
@@ -193,9 +196,10 @@ class Runtime:
 
 def build_runtime(loaded: LoadedPolicy) -> Runtime:
     policy = loaded.policy
+    warnings: list[tuple[int, str]] = []
     can_embed = embeddings.missing() is None  # the embedded engine's MiniLM
     deployments = {
-        name: _deployment(name, spec, policy.engines, can_embed)
+        name: _deployment(name, spec, policy.engines, can_embed, warnings)
         for name, spec in policy.deployments.items()
     }
     routes = {
@@ -204,7 +208,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             strategy=spec.strategy,
             deployments=tuple(spec.deployments),
             reference_model=_reference_name(spec.reference_model, deployments),
-            reference_price=_reference_price(spec.reference_model, deployments),
+            reference_price=_reference_price(spec.reference_model, deployments, warnings),
             max_body_bytes=spec.max_body_bytes,
             tiers=tuple(Threshold(t.tier, t.below) for t in spec.tiers),
             classifier=spec.classifier,
@@ -214,7 +218,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             sla=_route_sla(spec.sla),
             max_output_tokens=spec.max_output_tokens,
             second_opinions=tuple(deployments[d] for d in spec.second_opinions),
-            run_code_examples=spec.run_code_examples and _sandbox_usable(name),
+            run_code_examples=spec.run_code_examples and _sandbox_usable(name, warnings),
             judge=deployments[spec.judge] if spec.judge is not None else None,
             judge_timeout_s=spec.judge_timeout_ms / 1000,
             quality_target=spec.quality_target,
@@ -231,7 +235,17 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
         routes=routes,
         max_body_bytes=policy.gateway.max_body_bytes,
         request_timeout_s=policy.gateway.request_timeout_s,
+        warnings=tuple(warnings),
     )
+
+
+def log_new_warnings(runtime: Runtime, serving: Runtime | None) -> None:
+    """Log what `runtime`'s build warned of, except what `serving` (the runtime it
+    replaces) had already: a reload re-logs no standing warning."""
+    known = set(serving.warnings) if serving is not None else set()
+    for level, message in runtime.warnings:
+        if (level, message) not in known:
+            log.log(level, "%s", message)
 
 
 def _route_sla(sla: Sla | None) -> RouteSla | None:
@@ -254,7 +268,11 @@ def _route_sla(sla: Sla | None) -> RouteSla | None:
 
 
 def _deployment(
-    name: str, spec: Deployment, engines: Mapping[str, EngineSpec], can_embed: bool
+    name: str,
+    spec: Deployment,
+    engines: Mapping[str, EngineSpec],
+    can_embed: bool,
+    warnings: list[tuple[int, str]],
 ) -> DeploymentRuntime:
     target = UpstreamTarget(
         deployment=name,
@@ -267,7 +285,7 @@ def _deployment(
         headers=dict(spec.headers),
         load_report=wants_load_view(spec),
     )
-    price = _deployment_price(name, spec)
+    price = _deployment_price(name, spec, warnings)
     return DeploymentRuntime(
         name=name,
         tier=spec.tier,
@@ -319,7 +337,7 @@ def returns_logprobs(spec: Deployment, engines: Mapping[str, EngineSpec]) -> boo
     return not entry.get("supports_reasoning")
 
 
-def _deployment_price(name: str, spec: Deployment) -> TokenPrice:
+def _deployment_price(name: str, spec: Deployment, warnings: list[tuple[int, str]]) -> TokenPrice:
     if spec.price is not None:
         # A token class the policy leaves unpriced keeps the provider's rate for it.
         classes = litellm_class_rates(spec.pricing_model or spec.model, spec.provider)
@@ -328,21 +346,24 @@ def _deployment_price(name: str, spec: Deployment) -> TokenPrice:
         return self_hosted_price(spec.self_hosted.gpu_hour_usd, spec.self_hosted.tokens_per_second)
     price = lookup_litellm(spec.pricing_model or spec.model, spec.provider)
     if not price.priced:
-        log.warning(
-            "deployment '%s' (model '%s') has no price in litellm's map and none in the "
-            "policy: its requests are recorded as unpriced",
-            name,
-            spec.pricing_model or spec.model,
+        model = spec.pricing_model or spec.model
+        warnings.append(
+            (
+                logging.WARNING,
+                f"deployment '{name}' (model '{model}') has no price in litellm's map and "
+                "none in the policy: its requests are recorded as unpriced",
+            )
         )
     return price
 
 
-def _sandbox_usable(route: str) -> bool:
+def _sandbox_usable(route: str, warnings: list[tuple[int, str]]) -> bool:
     """Whether code can be run isolated here; if not, the route's code runs stay off
     (its cascade verifies without them) and the load says why."""
     reason = sandbox.available()
     if reason is not None:
-        log.error("route %s: run_code_examples is off: cannot isolate code here: %s", route, reason)
+        message = f"route {route}: run_code_examples is off: cannot isolate code here: {reason}"
+        warnings.append((logging.ERROR, message))
     return reason is None
 
 
@@ -369,7 +390,9 @@ def _price_profile(price: TokenPrice) -> str:
 
 
 def _reference_price(
-    reference: str | None, deployments: Mapping[str, DeploymentRuntime]
+    reference: str | None,
+    deployments: Mapping[str, DeploymentRuntime],
+    warnings: list[tuple[int, str]],
 ) -> TokenPrice | None:
     if reference is None:
         return None
@@ -377,7 +400,9 @@ def _reference_price(
         return deployments[reference].price
     price = lookup_litellm(reference)
     if not price.priced:
-        log.warning("reference model '%s' has no price in litellm's map", reference)
+        warnings.append(
+            (logging.WARNING, f"reference model '{reference}' has no price in litellm's map")
+        )
     return price if price.priced else UNPRICED
 
 

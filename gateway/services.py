@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -13,7 +13,7 @@ from gateway.ledger import CostLedger, LedgerStore
 from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy
-from gateway.runtime import Runtime, build_runtime
+from gateway.runtime import Runtime, build_runtime, log_new_warnings
 from gateway.scoring import warm
 from gateway.settings import Settings
 from gateway.sla import SlaGuard
@@ -23,32 +23,6 @@ from policies.changes import policy_changes
 from policies.unserved import unserved_notes
 
 log = logging.getLogger(__name__)
-
-
-class RuntimeWarnings(logging.Filter):
-    """Builds runtimes, letting through only the build warnings the last build did not
-    log (a price missing from litellm's map, say): a reload re-logs no standing one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.standing: frozenset[str] = frozenset()
-        self._logged: set[str] = set()
-
-    def build(self, loaded: LoadedPolicy) -> Runtime:
-        logger = logging.getLogger(build_runtime.__module__)
-        self._logged = set()
-        logger.addFilter(self)
-        try:
-            runtime = build_runtime(loaded)
-        finally:
-            logger.removeFilter(self)
-        self.standing = frozenset(self._logged)
-        return runtime
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        self._logged.add(message)
-        return message not in self.standing
 
 
 @dataclass
@@ -64,13 +38,13 @@ class Services:
     guard: SlaGuard
     limits: Limiter
     reloader: PolicyReloader | None = None
-    runtime_warnings: RuntimeWarnings = field(default_factory=RuntimeWarnings)
 
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
-        serving = self.runtime.policy
-        self.runtime = self.runtime_warnings.build(loaded)
-        log_changes(serving, loaded)
+        serving = self.runtime
+        self.runtime = build_runtime(loaded)
+        log_new_warnings(self.runtime, serving)
+        log_changes(serving.policy, loaded)
         warm(self.runtime.routes.values(), self.settings.embedding_threads)
         tokens.warm(counted_models(self.runtime))
         self.guard.configure(loaded.policy)

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.code_runs import run_code
 from gateway.ledger import RedisStore
-from gateway.runtime import build_runtime
+from gateway.runtime import build_runtime, log_new_warnings
 from gateway.scoring import AnswerVerifier
 from policies import load_policy
 from router import sandbox
@@ -126,11 +126,14 @@ def test_a_host_that_cannot_isolate_code_keeps_the_runs_off(
         monkeypatch.setenv(name, value)
     assert build_runtime(load_policy(path)).routes["careful"].run_code_examples
     monkeypatch.setattr(sandbox, "available", lambda: "no user namespaces (test)")
-    with caplog.at_level(logging.ERROR, logger="gateway.runtime"):
-        runtime = build_runtime(load_policy(path))
+    runtime = build_runtime(load_policy(path))
     assert not runtime.routes["careful"].run_code_examples
-    assert "route careful: run_code_examples is off" in caplog.text
-    assert "no user namespaces (test)" in caplog.text
+    [(level, message)] = runtime.warnings
+    assert level == logging.ERROR and "route careful: run_code_examples is off" in message
+    assert "no user namespaces (test)" in message
+    with caplog.at_level(logging.ERROR, logger="gateway.runtime"):
+        log_new_warnings(runtime, None)  # what serve and a reload log
+    assert message in caplog.text
 
 
 async def test_a_run_that_cannot_start_or_has_no_time_is_skipped(
