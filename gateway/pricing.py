@@ -15,15 +15,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.ledger.record import NANOS_PER_USD
-from gateway.usage import CLASS_NAMES, NO_CLASSES, TokenClasses
+from gateway.usage import (
+    CLASS_NAMES,
+    COMPLETION_SOURCES,
+    NO_CLASSES,
+    PROMPT_SOURCES,
+    TokenClasses,
+)
 from policies.prices import litellm_entry
 from policies.schema import Price
 
-PROMPT_CLASSES = frozenset({"cache_read", "cache_write", "audio_prompt", "image_prompt"})
+PROMPT_CLASSES = frozenset(PROMPT_SOURCES)
+COMPLETION_CLASSES = frozenset(COMPLETION_SOURCES)
 # Where litellm's map keeps each class's USD per token (the first present, above zero).
 MAP_FIELDS: dict[str, tuple[str, ...]] = {
     "cache_read": ("cache_read_input_token_cost", "input_cost_per_token_cache_hit"),
@@ -71,6 +78,14 @@ class TokenPrice:
     output_usd: float
     source: str  # "policy", "self_hosted", "litellm:<name>" or "unpriced"
     rates: ClassRates = NO_RATES
+    # The dearest prompt-side and completion-side rates, fixed with the price: what a
+    # budget holds per token (`worst_case_nanos`, on every admission with limits).
+    _worst: tuple[float, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        prompt = max([self.input_usd, *(self.rate(n) for n in PROMPT_CLASSES)])
+        completion = max([self.output_usd, *(self.rate(n) for n in COMPLETION_CLASSES)])
+        object.__setattr__(self, "_worst", (prompt, completion))
 
     @property
     def priced(self) -> bool:
@@ -86,10 +101,7 @@ class TokenPrice:
     def worst_case_nanos(self, prompt_tokens: int, completion_tokens: int) -> int:
         """The most these tokens can cost, whatever classes the upstream reports them in
         (a cache write can cost more than plain input): what a budget holds."""
-        prompt_rate = max([self.input_usd, *(self.rate(n) for n in PROMPT_CLASSES)])
-        completion_rate = max(
-            [self.output_usd, *(self.rate(n) for n in CLASS_NAMES if n not in PROMPT_CLASSES)]
-        )
+        prompt_rate, completion_rate = self._worst
         usd = prompt_tokens * prompt_rate + completion_tokens * completion_rate
         return math.ceil(usd * NANOS_PER_USD - 1e-6)  # up, but not for float noise
 

@@ -153,7 +153,9 @@ class Proxy:
                 response = await self._run_cascade(call, candidates, endpoint, body, deadline_s)
             elif call.choice is not None and route.verify and "tools" not in needs:
                 chain = climb(call.choice, candidates)
-                response = await self._run_cascade(call, chain, endpoint, body, deadline_s, True)
+                response = await self._run_cascade(
+                    call, chain, endpoint, body, deadline_s, one_step_each=True
+                )
             elif call.stream:
                 response = await self._stream(
                     call, candidates, endpoint, body, deadline_s, admission

@@ -35,14 +35,12 @@ def redis_client(
     pool_timeout: float | None = None,
     retry_on: tuple[type[RedisError], ...] = (),
     decode_responses: bool = False,
-    health_check_interval: float = 0,
 ) -> Redis:
     """A client for `url` with at most `max_connections` open connections.
 
     With `pool_timeout` a call waits that long for a free connection; without it a full
     pool raises `redis.ConnectionError` at once. An error in `retry_on` is retried once,
-    without a pause. `health_check_interval` (0: never) PINGs a connection idle that
-    long before reusing it. Closing the client (`aclose`) closes its pool.
+    without a pause. Closing the client (`aclose`) closes its pool.
 
     >>> client = redis_client(url, socket_timeout=1.0, connect_timeout=0.5, max_connections=8)
     """
@@ -53,7 +51,6 @@ def redis_client(
         "socket_connect_timeout": connect_timeout,
         "retry": retry,  # None: redis-py retries nothing
         "decode_responses": decode_responses,
-        "health_check_interval": health_check_interval,
     }
     pool = (
         ConnectionPool.from_url(url, **options)

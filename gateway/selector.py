@@ -27,9 +27,10 @@ from gateway.accounting import OutputLengths
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.tokens import estimate_prompt_tokens, prompt_list
 from gateway.upstreams.base import EndpointType
+from gateway.validation import asked_tokens
 from policies.document import FieldPath
 from policies.sections import Sections
-from router.quality import STRONG_MODEL, QualityPredictor, UnknownModelError
+from router.quality import STRONG_MODEL, QualityPredictor, UnknownModelError, shipped
 from router.target_selection import Choice, Estimate, choose
 
 DEFAULT_OUTPUT_TOKENS = 256
@@ -76,7 +77,7 @@ class QualitySelector:
     @property
     def predictor(self) -> QualityPredictor:
         if self._predictor is None:  # a JSON file, read once, when a select route asks
-            self._predictor = QualityPredictor.load()
+            self._predictor = shipped()
         return self._predictor
 
     def choose(
@@ -97,6 +98,7 @@ class QualitySelector:
             name: Estimate(
                 _clipped(predicted[d.quality_profile] + self.traffic.offset(name)),
                 d.price.cost_nanos(prompt_tokens, output_tokens) / 1e9,
+                predicted[d.quality_profile],
             )
             for name, d in candidates.items()
         }
@@ -120,16 +122,16 @@ class QualitySelector:
         """The answer length a request of `route` is expected to have."""
         known = self._lengths.get(route)
         typical = DEFAULT_OUTPUT_TOKENS if known is None else max(1, round(known))
-        asked = body.get("max_completion_tokens") or body.get("max_tokens")
-        return min(typical, asked) if isinstance(asked, int) and asked > 0 else typical
+        asked = asked_tokens(body)
+        return typical if asked is None else min(typical, asked)
 
     def learn(self, choice: Choice, deployment: str, accepted: bool) -> None:
         """A verified answer of `deployment` on a route that chose by `choice`, which
         its verifier `accepted` or not: an observation of its quality."""
         estimate = choice.estimates.get(deployment)
-        if estimate is not None:
-            predicted = estimate.quality - self.traffic.offset(deployment)
-            self.traffic.observe(deployment, predicted, 1.0 if accepted else 0.0)
+        if estimate is not None:  # against the predictor's own figure, as it was then
+            prior = estimate.quality if estimate.prior is None else estimate.prior
+            self.traffic.observe(deployment, prior, 1.0 if accepted else 0.0)
 
 
 def _chat_body(endpoint: EndpointType, body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -155,7 +157,7 @@ def profile_problems(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
     }
     if not named:
         return
-    predictor = QualityPredictor.load()
+    predictor = shipped()
     for name, profile in named.items():
         try:
             predictor.resolve([profile])

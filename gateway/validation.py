@@ -33,16 +33,16 @@ MAX_TOKENS_FORM = f"an integer in [1, {MAX_OUTPUT_TOKENS:_}]"
 Check = Callable[[Any], bool]
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _is_token_limit(value: Any) -> bool:
-    return _is_int(value) and 1 <= value <= MAX_OUTPUT_TOKENS
+def is_token_limit(value: Any) -> bool:
+    return is_int(value) and 1 <= value <= MAX_OUTPUT_TOKENS
 
 
 # field -> (check, expected form for the message). Only checked when present.
@@ -50,12 +50,12 @@ OPTIONAL_FIELDS: Mapping[str, tuple[Check, str]] = {
     # null is OpenAI's "not streaming", as for the other nullable fields (read as falsy)
     "stream": (lambda v: v is None or isinstance(v, bool), "a boolean"),
     "stream_options": (lambda v: v is None or isinstance(v, dict), "an object"),
-    "max_tokens": (lambda v: v is None or _is_token_limit(v), MAX_TOKENS_FORM),
-    "max_completion_tokens": (lambda v: v is None or _is_token_limit(v), MAX_TOKENS_FORM),
-    "n": (lambda v: v is None or (_is_int(v) and 1 <= v <= 128), "an integer in [1, 128]"),
-    "best_of": (lambda v: v is None or (_is_int(v) and 1 <= v <= 128), "an integer in [1, 128]"),
-    "temperature": (lambda v: v is None or (_is_number(v) and 0 <= v <= 2), "a number in [0, 2]"),
-    "top_p": (lambda v: v is None or (_is_number(v) and 0 <= v <= 1), "a number in [0, 1]"),
+    "max_tokens": (lambda v: v is None or is_token_limit(v), MAX_TOKENS_FORM),
+    "max_completion_tokens": (lambda v: v is None or is_token_limit(v), MAX_TOKENS_FORM),
+    "n": (lambda v: v is None or (is_int(v) and 1 <= v <= 128), "an integer in [1, 128]"),
+    "best_of": (lambda v: v is None or (is_int(v) and 1 <= v <= 128), "an integer in [1, 128]"),
+    "temperature": (lambda v: v is None or (is_number(v) and 0 <= v <= 2), "a number in [0, 2]"),
+    "top_p": (lambda v: v is None or (is_number(v) and 0 <= v <= 1), "a number in [0, 1]"),
     "tools": (lambda v: v is None or isinstance(v, list), "an array"),
     "user": (lambda v: v is None or isinstance(v, str), "a string"),
 }
@@ -79,11 +79,7 @@ def parse_body(
     if on_model is not None:
         on_model(model)
     _check_input(body, endpoint)
-    for name, (check, expected) in OPTIONAL_FIELDS.items():
-        if name in body and not check(body[name]):
-            raise InvalidRequest(
-                f"'{name}' must be {expected}, got {_show(body[name])}", param=name
-            )
+    check_fields(body, OPTIONAL_FIELDS)
     if body.get("stream") and endpoint == "embeddings":
         raise InvalidRequest("embeddings cannot be streamed", param="stream")
     _check_output_total(body, endpoint)
@@ -179,13 +175,13 @@ def _check_input(body: dict[str, Any], endpoint: EndpointType) -> None:
     elif not _is_prompt(value):
         raise InvalidRequest(
             f"'{field}' must be a string, an array of strings, an array of token ids "
-            f"(integers) or an array of such arrays, none of them empty; got {_show(value)}",
+            f"(integers) or an array of such arrays, none of them empty; got {show(value)}",
             param=field,
         )
 
 
 def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(_is_int(t) and t >= 0 for t in value)
+    return isinstance(value, list) and bool(value) and all(is_int(t) and t >= 0 for t in value)
 
 
 def _is_prompt(value: Any) -> bool:
@@ -205,18 +201,18 @@ def _is_prompt(value: Any) -> bool:
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(
-            f"'messages' must be a non-empty array, got {_show(messages)}", param="messages"
+            f"'messages' must be a non-empty array, got {show(messages)}", param="messages"
         )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequest(
-                f"'messages[{i}]' must be an object, got {_show(message)}", param=f"messages[{i}]"
+                f"'messages[{i}]' must be an object, got {show(message)}", param=f"messages[{i}]"
             )
         role = message.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise InvalidRequest(
                 f"'messages[{i}].role' must be one of {', '.join(sorted(CHAT_ROLES))}, "
-                f"got {_show(role)}",
+                f"got {show(role)}",
                 param=f"messages[{i}].role",
             )
         content = message.get("content")
@@ -226,11 +222,23 @@ def _check_messages(messages: Any) -> None:
         ):
             raise InvalidRequest(
                 f"'messages[{i}].content' must be a string, an array of parts (objects) or "
-                f"null, got {_show(content)}",
+                f"null, got {show(content)}",
                 param=f"messages[{i}].content",
             )
 
 
-def _show(value: Any) -> str:
+def check_fields(
+    body: Mapping[str, Any], table: Mapping[str, tuple[Check, str]], prefix: str = ""
+) -> None:
+    """Each field of `table` that `body` has passes its check, else a 400 naming it."""
+    for name, (check, expected) in table.items():
+        if name in body and not check(body[name]):
+            field = prefix + name
+            raise InvalidRequest(
+                f"'{field}' must be {expected}, got {show(body[name])}", param=field
+            )
+
+
+def show(value: Any) -> str:
     text = orjson.dumps(value).decode() if value is not None else "null"
     return text if len(text) <= 40 else text[:37] + "..."

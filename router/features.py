@@ -295,9 +295,10 @@ def extract(
     dense = _structure(messages, texts, text, scanned, tools, response_format, max_tokens)
     dense += _word_markers(tokens)
     dense += [math.log1p(len(pattern.findall(scanned))) for pattern in PATTERN_MARKERS.values()]
-    dense += _question(_last_user(messages, texts))
+    question = _last_user(messages, texts)
+    dense += _question(question)
     index, value = _hashed(tokens)
-    small_talk = _small_talk(text, dense, _last_user(messages, texts))
+    small_talk = _small_talk(text, dense, question)
     return RequestFeatures(np.array(dense), index, value, small_talk)
 
 

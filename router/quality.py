@@ -29,6 +29,7 @@ known ones.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,13 @@ _CANONICAL = {alias.casefold(): name for alias, name in ALIASES.items()}
 
 class UnknownModelError(RoutingError):
     """A model name the quality predictor has no profile for (a `RoutingError`)."""
+
+
+@functools.cache
+def shipped() -> QualityPredictor:
+    """The shipped model, read once per process (a select route, the policy's install
+    check and `policy explain` share it)."""
+    return QualityPredictor.load()
 
 
 def canonical(name: str) -> str:

@@ -72,10 +72,13 @@ def prior_profile(input_per_mtok: float, output_per_mtok: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """A candidate's predicted quality in [0, 1] and expected cost of this request."""
+    """A candidate's predicted quality in [0, 1] and expected cost of this request;
+    `prior`: what the predictor alone said, before live traffic moved it (None: the
+    same as `quality`)."""
 
     quality: float
     cost_usd: float
+    prior: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

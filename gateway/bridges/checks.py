@@ -5,29 +5,35 @@ litellm's translation would fail on less clearly, is checked."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
-
 from gateway.errors import InvalidRequest
-from gateway.validation import MAX_OUTPUT_TOKENS
+from gateway.validation import (  # the chat surface's rules, shared
+    MAX_TOKENS_FORM,
+    Check,
+    check_fields,
+    is_int,
+    is_number,
+    is_token_limit,
+    show,
+)
 
-Check = Callable[[Any], bool]
-TOKENS_FORM = f"an integer in [1, {MAX_OUTPUT_TOKENS:_}]"
+__all__ = [
+    "MAX_TOKENS_FORM",
+    "Check",
+    "between",
+    "check_fields",
+    "expect",
+    "is_function_name",
+    "is_int",
+    "is_number",
+    "is_objects",
+    "is_token_limit",
+    "optional",
+    "refuse",
+]
+
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what OpenAI's chat API takes
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def is_tokens(value: Any) -> bool:
-    return is_int(value) and 1 <= value <= MAX_OUTPUT_TOKENS
 
 
 def between(low: float, high: float) -> Check:
@@ -47,23 +53,9 @@ def is_function_name(value: Any) -> bool:
     return isinstance(value, str) and FUNCTION_NAME.match(value) is not None
 
 
-def show(value: Any) -> str:
-    text = orjson.dumps(value).decode() if value is not None else "null"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def expect(ok: bool, field: str, expected: str, value: Any) -> None:
     if not ok:
         raise InvalidRequest(f"'{field}' must be {expected}, got {show(value)}", param=field)
-
-
-def check_fields(
-    body: Mapping[str, Any], table: Mapping[str, tuple[Check, str]], prefix: str = ""
-) -> None:
-    """Each field of `table` that `body` has passes its check."""
-    for name, (check, expected) in table.items():
-        if name in body:
-            expect(check(body[name]), prefix + name, expected, body[name])
 
 
 def refuse(field: str, why: str) -> InvalidRequest:

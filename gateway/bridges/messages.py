@@ -26,7 +26,7 @@ from gateway.bridges.base import (
     sse,
 )
 from gateway.bridges.checks import (
-    TOKENS_FORM,
+    MAX_TOKENS_FORM,
     Check,
     between,
     check_fields,
@@ -34,7 +34,7 @@ from gateway.bridges.checks import (
     is_function_name,
     is_int,
     is_objects,
-    is_tokens,
+    is_token_limit,
     optional,
     refuse,
 )
@@ -84,7 +84,7 @@ class MessagesTranslation(Translation):
     @staticmethod
     def check(body: dict[str, Any]) -> None:
         tokens = body.get("max_tokens")
-        expect(is_tokens(tokens), "max_tokens", TOKENS_FORM, tokens)
+        expect(is_token_limit(tokens), "max_tokens", MAX_TOKENS_FORM, tokens)
         check_fields(body, FIELDS)
         _check_messages(body.get("messages"))
         _check_tools(body)

@@ -25,14 +25,14 @@ from gateway.bridges.base import (
     sse,
 )
 from gateway.bridges.checks import (
-    TOKENS_FORM,
+    MAX_TOKENS_FORM,
     Check,
     between,
     check_fields,
     expect,
     is_function_name,
     is_objects,
-    is_tokens,
+    is_token_limit,
     optional,
     refuse,
 )
@@ -51,7 +51,7 @@ STATEFUL: Mapping[str, Check] = {
 }
 FIELDS: Mapping[str, tuple[Check, str]] = {
     "instructions": (optional(lambda v: isinstance(v, str)), "a string"),
-    "max_output_tokens": (optional(is_tokens), TOKENS_FORM),
+    "max_output_tokens": (optional(is_token_limit), MAX_TOKENS_FORM),
     "temperature": (between(0, 2), "a number in [0, 2]"),
     "top_p": (between(0, 1), "a number in [0, 1]"),
     "stream": (optional(lambda v: isinstance(v, bool)), "a boolean"),
