@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
@@ -218,6 +219,15 @@ class RedisStore:
             found = await self._client.xrevrange(self._base + "events", count=count)
         entries = cast(list[tuple[str, dict[str, str]]], found)
         return [SpendRecord.from_dict(orjson.loads(fields["json"])) for _, fields in entries[::-1]]
+
+    def event_stream_keys(self) -> list[str]:
+        """The streams that hold the records' events, the archive's sources."""
+        return [self._base + "events"]
+
+    @property
+    def client(self) -> Redis:
+        """The store's Redis client, shared with the archive exporter."""
+        return self._client
 
     async def ping(self) -> bool:
         """True if Redis answers; never raises for a connection failure."""
