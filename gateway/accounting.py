@@ -56,6 +56,8 @@ def reported_usage(body: Mapping[str, Any]) -> Usage | None:
 
 
 def _whole(value: Any) -> bool:
+    if type(value) is int:  # the usual count, read without token_count's checks
+        return value >= 0
     return value == token_count(value) and not isinstance(value, bool)
 
 

@@ -49,6 +49,14 @@ COMPLETION_SOURCES: dict[str, tuple[tuple[str, ...], ...]] = {
     "image_completion": (("completion_tokens_details", "image_tokens"),),
 }
 CACHED_AUDIO = ("prompt_tokens_details", "cached_tokens_details", "audio_tokens")
+# The keys under which any class is reported: a usage with none of them (most replies)
+# has no classes, and is read without walking the sources.
+CLASS_KEYS = frozenset(
+    path[0]
+    for sources in (PROMPT_SOURCES, COMPLETION_SOURCES)
+    for paths in sources.values()
+    for path in paths
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +102,8 @@ def token_count(value: Any) -> int:
 
 def token_classes(usage: Mapping[str, Any]) -> TokenClasses:
     """The classes in an OpenAI-shaped `usage`, each clamped to what its total leaves."""
+    if CLASS_KEYS.isdisjoint(usage):
+        return NO_CLASSES
     prompt = _found(usage, PROMPT_SOURCES)
     # Cached audio (OpenAI's `cached_tokens_details.audio_tokens`) is in both the cached
     # and the audio count: it is priced once, as a cache read.
