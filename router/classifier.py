@@ -2,7 +2,7 @@
 
 A linear model over `router.features` with a logistic link, stored as plain JSON
 (never a pickle, so a model file can be inspected and loading one cannot run code).
-Scoring needs numpy only; training lives in `router.classifier_train`.
+Scoring needs numpy only; training lives in `router.training.classifier_train`.
 
     classifier = Classifier.load()          # the model shipped in router/models/
     classifier.score([{"role": "user", "content": "Prove that ..."}])   # -> 0.83

@@ -2,7 +2,7 @@
 
 `gateway/cli.py` calls `add_router_commands(subparsers)`; each leaf parser sets
 `func(args) -> int`; the training and eval commands' bodies are in
-`router.training_commands`. Without the gateway: `python -m router.cli score X`.
+`router.training.training_commands`. Without the gateway: `python -m router.cli score X`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import RoutingError
 from router.rows import Row, each, finite, print_lines, read_rows, score_rows
-from router.training_commands import (
+from router.training.training_commands import (
     run_eval,
     run_eval_quality,
     run_train,
@@ -186,7 +186,7 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from router.calibration import calibrate, tiers_yaml
+    from router.training.calibration import calibrate, tiers_yaml
 
     try:
         shares = _parse_shares(args.shares)
@@ -262,7 +262,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_calibrate_verify(args: argparse.Namespace) -> int:
-    from router.calibration import verify_threshold
+    from router.training.calibration import verify_threshold
 
     try:
         if not 0.0 <= args.escalate <= 1.0:

@@ -3,7 +3,7 @@
 A linear model over the closed-form verifier's text signals that apply to any answer
 (``router.verifier.extract_features``: truncation, refusals, repetition, the prompt's
 prior) and the open-ended ones (``router.open_features``), learned from GPT-4-graded
-Chatbot Arena answers (``router.open_verifier_train``). Its output is the logit of
+Chatbot Arena answers (``router.training.open_verifier_train``). Its output is the logit of
 "GPT-4 would grade this answer at least ``accept_grade`` of 10" (training calibrates
 it so); the fixed logprob priors are added and the hard caps applied, so it is a
 probability like the closed-form model's and one route threshold serves both.

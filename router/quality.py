@@ -17,7 +17,7 @@ into the range training saw):
     q      = task @ task_quality + x @ deviation       # per model, clipped to [0, 1]
 
 `task_quality` is each model's mean quality on each kind of prompt; `deviation` moves a
-prompt's qualities from that prior (what `router.quality_train` fits there, and why, is
+prompt's qualities from that prior (what `router.training.quality_train` fits there, and why, is
 in the model card). Scoring needs numpy only; the file is plain JSON, never a pickle.
 
 Names: a model the data lists under two names is one model (`ALIASES`); lookups ignore

@@ -5,7 +5,7 @@ followed by hard caps for answers that are unusable whatever the model says (emp
 invalid requested JSON). That judges closed-form answers (an option letter, a word
 problem's number, a function); an open-ended prompt (``router.open_verifier.judges``:
 chat, writing, code help) is judged by the model of ``router.open_verifier`` instead.
-The weights live in ``router/models/verifier.json`` (built by ``router.verifier_train``);
+The weights live in ``router/models/verifier.json`` (built by ``router.training.verifier_train``);
 scoring needs only the standard library.
 
 Usage::

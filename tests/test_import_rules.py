@@ -71,3 +71,26 @@ def later():
         "gateway",
         "router.cli",
     ]
+
+
+def test_what_serves_a_request_never_imports_training() -> None:
+    """Only `router.cli` (its training commands, lazily) reaches into `router.training`:
+    a gateway process never loads training or evaluation code."""
+    found = []
+    for path in sorted([*(REPO / "router").glob("*.py"), *(REPO / "gateway").rglob("*.py")]):
+        if path == REPO / "router" / "cli.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "router":
+                modules = [f"router.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                modules = [name for _, name in imported_modules(node)]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno} imports {module}"
+                for module in modules
+                if module.startswith("router.training")
+            ]
+    assert found == []

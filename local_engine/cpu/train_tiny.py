@@ -36,7 +36,7 @@ from local_engine.cpu.tokenizer import TOKENIZER_FILE, Tokenizer
 
 log = logging.getLogger("local_engine")
 
-# The routing data the router ships (`router.dataset`'s files, read here as files: the
+# The routing data the router ships (`router.training.dataset`'s files, read here as files: the
 # engine imports no router code). STEM.jsonl.gz as shipped, or plain STEM.jsonl.
 DATA_DIR = Path(__file__).resolve().parents[2] / "router" / "data"
 VOCAB_SIZE = 1024

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from router.calibration import calibrate, tiers_yaml, verify_threshold
 from router.errors import RoutingError
 from router.planner import Threshold, choose_tier
+from router.training.calibration import calibrate, tiers_yaml, verify_threshold
 
 
 def test_shares_of_a_uniform_sample() -> None:

@@ -1,6 +1,6 @@
 """The shipped policies' thresholds are what `router calibrate` gives on the shipped
-data (`python -m router.calibration`, recorded in router/models/defaults.md), and the default
-policy's complexity score puts hard prompts visibly above small talk."""
+data (`python -m router.training.calibration`, recorded in router/models/defaults.md),
+and the default policy's complexity score puts hard prompts visibly above small talk."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from router.calibration import (
+from router.classifier import Classifier
+from router.training.calibration import (
     SAMPLE_PER_TASK,
     SAMPLE_STEMS,
     calibrate,
@@ -22,7 +23,6 @@ from router.calibration import (
     shipped_rows,
     verify_threshold,
 )
-from router.classifier import Classifier
 from router.verifier import Verifier
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,16 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router import cli, training_commands, verifier_train
-from router.cascade_evaluation import (
+from router import cli
+from router.training import training_commands, verifier_train
+from router.training.cascade_evaluation import (
     CascadeReport,
     _cascade_metrics,
     choose_opinions,
     format_cascade_table,
     run_cascade_evaluation,
 )
-from router.classifier_train import FeatureCache, fit_folds, held_out_scores
-from router.dataset import (
+from router.training.classifier_train import FeatureCache, fit_folds, held_out_scores
+from router.training.dataset import (
     DATASETS,
     DEFAULT_DATA_DIR,
     STRONG_MODEL,
@@ -25,7 +26,7 @@ from router.dataset import (
     load_examples,
     open_data,
 )
-from router.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
+from router.training.evaluation import Intervals, Metrics, apgr, cascade_curve, cpt
 from router.verifier_features import FEATURE_NAMES
 
 # Four rows; the verifier trusts the cheap answer in ascending order of score.

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from router import dataset, open_verifier_train, quality_data
-from router.dataset import (
+from router.errors import RoutingError
+from router.training import dataset, open_verifier_train, quality_data
+from router.training.dataset import (
     DEFAULT_DATA_DIR,
     Example,
     cheap_pool,
@@ -25,7 +26,6 @@ from router.dataset import (
     subject_folds,
     training_pool,
 )
-from router.errors import RoutingError
 
 ROOT = Path(__file__).resolve().parents[2]
 STEMS = sorted({*dataset.DATASETS, *quality_data.DATASETS, open_verifier_train.ARENA_STEM})

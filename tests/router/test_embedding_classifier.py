@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from router import embeddings
-from router.classifier_train import FeatureCache
-from router.dataset import Example
 from router.embedding_classifier import EmbeddingClassifier, conversation_text, shipped
-from router.embedding_classifier_train import fit
 from router.errors import RoutingError
 from router.features import extract
+from router.training.classifier_train import FeatureCache
+from router.training.dataset import Example
+from router.training.embedding_classifier_train import fit
 
 EASY = [{"role": "user", "content": "hi, what is the capital of France?"}]
 HARD = [

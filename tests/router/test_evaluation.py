@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router.evaluation import (
+from router.training.evaluation import (
     BOOTSTRAP_DRAWS,
     Metrics,
     apgr,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from router.gain_regression import centred, fit_gain, sign_consistent
+from router.training.gain_regression import centred, fit_gain, sign_consistent
 
 
 def two_tasks() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -15,9 +15,9 @@ import pytest
 from router import cli
 from router.answers import open_ended
 from router.errors import RoutingError
-from router.open_evaluation import figures, saving_at
 from router.open_verifier import LOOP_CAP, SCORE_CAPS, OpenVerifier, judges
-from router.open_verifier_train import (
+from router.training.open_evaluation import figures, saving_at
+from router.training.open_verifier_train import (
     ARENA_FILE,
     STRONG_MODEL,
     WEAK_MODEL,
@@ -30,8 +30,8 @@ from router.open_verifier_train import (
     prompt_folds,
     scores,
 )
+from router.training.verifier_train import train_open
 from router.verifier import DEFAULT_PATH, Verifier
-from router.verifier_train import train_open
 
 MATHS = "Tom has 3 boxes with 12 apples each. He eats 5 apples. How many apples are left?"
 CHOICE = (

@@ -14,7 +14,7 @@ import pytest
 from router.cli import add_router_commands
 from router.errors import RoutingError
 from router.quality import STRONG_MODEL, QualityPredictor
-from router.quality_data import (
+from router.training.quality_data import (
     INNER_FOLDS,
     OUTER_FOLDS,
     QualityTable,
@@ -24,8 +24,15 @@ from router.quality_data import (
     outer_folds,
     prompt_group,
 )
-from router.quality_evaluation import best_single, judge, single_point, sweep
-from router.quality_train import Recipe, dense_features, evaluate_split, fit, fit_basis, train
+from router.training.quality_evaluation import best_single, judge, single_point, sweep
+from router.training.quality_train import (
+    Recipe,
+    dense_features,
+    evaluate_split,
+    fit,
+    fit_basis,
+    train,
+)
 
 MIXTRAL = "mistralai/mixtral-8x7b-chat"
 YI = "zero-one-ai/Yi-34B-Chat"

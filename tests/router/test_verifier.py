@@ -13,10 +13,11 @@ import pytest
 from router import verifier as verifier_module
 from router import verifier_code_features
 from router.code_examples import ExampleRun
-from router.dataset import DEFAULT_DATA_DIR
 from router.errors import RoutingError
+from router.training.dataset import DEFAULT_DATA_DIR
+from router.training.verifier_examples import build_examples
+from router.training.verifier_train import signal_variants, train
 from router.verifier import SCORE_CAPS, Verifier, code_job
-from router.verifier_examples import build_examples
 from router.verifier_features import (
     FEATURE_NAMES,
     MAX_PROMPT_CHARS,
@@ -24,7 +25,6 @@ from router.verifier_features import (
     extract_features,
     schema_matches,
 )
-from router.verifier_train import signal_variants, train
 
 MATHS = "Tom has 3 boxes with 12 apples each. He eats 5 apples. How many apples are left?"
 MATHS_ANSWER = "3 boxes * 12 apples = 36 apples. 36 - 5 = 31.\n#### 31"

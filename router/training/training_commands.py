@@ -16,14 +16,14 @@ from router.errors import RoutingError
 from router.rows import print_lines
 
 if TYPE_CHECKING:
-    from router.cascade_evaluation import CascadeReport
-    from router.classifier_train import FoldReport
-    from router.dataset import Example
-    from router.evaluation import Curve
+    from router.training.cascade_evaluation import CascadeReport
+    from router.training.classifier_train import FoldReport
+    from router.training.dataset import Example
+    from router.training.evaluation import Curve
 
 
 def run_train_verifier(args: argparse.Namespace) -> int:
-    from router import verifier_train
+    from router.training import verifier_train
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     return verifier_train.main(
@@ -32,13 +32,14 @@ def run_train_verifier(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from router.classifier_train import format_table
-    from router.dataset import load_examples
+    from router.training.classifier_train import format_table
+    from router.training.dataset import load_examples
 
     routers: Sequence[str]
     train: Callable[[Path | None, Path, Sequence[Example]], list[FoldReport]]
     if args.embeddings:
-        from router import embedding_classifier, embedding_classifier_train
+        from router import embedding_classifier
+        from router.training import embedding_classifier_train
 
         out = args.out or embedding_classifier.DEFAULT_PATH
         routers, train = (
@@ -46,7 +47,8 @@ def run_train(args: argparse.Namespace) -> int:
             embedding_classifier_train.train,
         )
     else:
-        from router import classifier, classifier_train
+        from router import classifier
+        from router.training import classifier_train
 
         out = args.out or classifier.DEFAULT_PATH
         routers, train = classifier_train.ROUTERS, classifier_train.train
@@ -61,8 +63,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from router.cascade_evaluation import format_cascade_table, run_cascade_evaluation
-    from router.classifier_train import (
+    from router.training.cascade_evaluation import format_cascade_table, run_cascade_evaluation
+    from router.training.classifier_train import (
         FeatureCache,
         fit_folds,
         format_table,
@@ -70,8 +72,8 @@ def run_eval(args: argparse.Namespace) -> int:
         run_evaluation,
         run_subject_evaluation,
     )
-    from router.dataset import load_examples
-    from router.evaluation import plot_curves
+    from router.training.dataset import load_examples
+    from router.training.evaluation import plot_curves
 
     try:
         examples = load_examples(args.data)
@@ -106,9 +108,9 @@ def run_eval(args: argparse.Namespace) -> int:
 def _arena_table(data_dir: Path | None) -> str:
     """The open-ended verifier's cascade on arena chat (nested CV and the final split),
     or "" when the data has no arena chat."""
-    from router.dataset import DEFAULT_DATA_DIR, data_file
-    from router.open_evaluation import format_arena_table, run_arena_evaluation
-    from router.open_verifier_train import ARENA_STEM
+    from router.training.dataset import DEFAULT_DATA_DIR, data_file
+    from router.training.open_evaluation import format_arena_table, run_arena_evaluation
+    from router.training.open_verifier_train import ARENA_STEM
 
     directory = data_dir or DEFAULT_DATA_DIR
     if not data_file(directory, ARENA_STEM).is_file():
@@ -132,7 +134,8 @@ def _cascade_lines(cascades: Sequence[CascadeReport], name: str) -> dict[str, Cu
 
 
 def run_train_quality(args: argparse.Namespace) -> int:
-    from router import quality, quality_report, quality_train
+    from router import quality
+    from router.training import quality_report, quality_train
 
     out = args.out or quality.DEFAULT_PATH
     try:
@@ -146,7 +149,7 @@ def run_train_quality(args: argparse.Namespace) -> int:
 
 
 def run_eval_quality(args: argparse.Namespace) -> int:
-    from router import quality_report, quality_train
+    from router.training import quality_report, quality_train
 
     try:
         _, folds, final = quality_train.run(args.data)

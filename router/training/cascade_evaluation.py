@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from router import sandbox, verifier_train
+from router import sandbox
 from router.answers import comparable
-from router.dataset import (
+from router.training import verifier_train
+from router.training.dataset import (
     DEFAULT_DATA_DIR,
     STRONG_MODEL,
     WEAK_MODEL,
@@ -27,7 +28,7 @@ from router.dataset import (
     data_file,
     open_data,
 )
-from router.evaluation import (
+from router.training.evaluation import (
     INTERVAL_HEADERS,
     Curve,
     Intervals,

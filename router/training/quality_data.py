@@ -35,11 +35,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from router.dataset import DATA_DIGEST_DIGITS, DEFAULT_DATA_DIR, data_bytes, data_file, open_data
 from router.errors import RoutingError
 from router.quality import STRONG_MODEL, canonical
+from router.training.dataset import (
+    DATA_DIGEST_DIGITS,
+    DEFAULT_DATA_DIR,
+    data_bytes,
+    data_file,
+    open_data,
+)
 
-# File stem -> dataset name used in reports (the RouterBench names as in router.dataset).
+# File stem -> dataset name used in reports (the RouterBench names as in router.training.dataset).
 DATASETS = {
     "routerbench_arc_challenge": "arc_challenge",
     "routerbench_winogrande": "winogrande",
@@ -112,7 +118,7 @@ def load_table(data_dir: Path | None = None) -> QualityTable:
 
 def data_digest(data_dir: Path | None = None) -> str:
     """SHA-256 over the content of the known files present under `data_dir` (first 12
-    hex digits, as `router.dataset.data_digest` records it)."""
+    hex digits, as `router.training.dataset.data_digest` records it)."""
     directory = data_dir or DEFAULT_DATA_DIR
     digest = hashlib.sha256()
     for stem in DATASETS:

@@ -11,9 +11,9 @@ and for a cascade route, the verifier threshold that escalates a target share of
 Shipped policies take theirs from the shipped data (`router/data/`), each task weighing
 the same (at most `SAMPLE_PER_TASK` rows of each, chosen by a hash of the id):
 
-    python -m router.calibration prompts | cascade-gateway router calibrate - --shares ...
-    python -m router.calibration answers | cascade-gateway router calibrate-verify - \
-        --escalate "$(python -m router.calibration unacceptable)"
+    python -m router.training.calibration prompts | cascade-gateway router calibrate - --shares ...
+    python -m router.training.calibration answers | cascade-gateway router calibrate-verify - \
+        --escalate "$(python -m router.training.calibration unacceptable)"
 
 `answers` are the cheap model's (Mixtral-8x7B's) answers, as a cascade's first tier
 gives them; `unacceptable` is the share of them the data marks wrong (graded under 8 of
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from router.dataset import DEFAULT_DATA_DIR, data_file, open_data
 from router.errors import RoutingError
 from router.planner import Threshold
+from router.training.dataset import DEFAULT_DATA_DIR, data_file, open_data
 
 TOP = 1.0  # the highest `below` a policy takes: every score under it
 # The shipped sample: each task's rows up to the smallest task's size (arena chat, 191).
@@ -143,7 +143,7 @@ def cheap_answer(row: Mapping[str, Any]) -> tuple[str, bool] | None:
         return None
     if source == "arena_chat":
         return str(answer["response"]), float(answer["score"]) >= ACCEPT_GRADE
-    from router.verifier_examples import unwrap_response  # training code: only here
+    from router.training.verifier_examples import unwrap_response  # training code: only here
 
     return unwrap_response(answer["response"]), float(answer["correct"]) >= 0.5
 
@@ -165,7 +165,7 @@ def shipped_answers(
         answer = {"id": row["id"], "prompt": row["prompt"], "response": response}
         other = row.get("models", {}).get(opinion) if opinion else None
         if other is not None and comparable(row["prompt"]):
-            from router.verifier_examples import unwrap_response
+            from router.training.verifier_examples import unwrap_response
 
             answer["samples"] = [unwrap_response(other["response"])]
         answers.append({**answer, "acceptable": acceptable})
@@ -173,8 +173,8 @@ def shipped_answers(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m router.calibration prompts|answers|unacceptable [--data DIR]`."""
-    parser = argparse.ArgumentParser(prog="python -m router.calibration")
+    """`python -m router.training.calibration prompts|answers|unacceptable [--data DIR]`."""
+    parser = argparse.ArgumentParser(prog="python -m router.training.calibration")
     parser.add_argument("sample", choices=("prompts", "answers", "unacceptable"))
     parser.add_argument("--data", type=Path, default=None, help="routing data directory")
     parser.add_argument("--opinion", help="answers: a second opinion's model, e.g. Yi-34B's")

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from router.errors import RoutingError
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "data"  # shipped as package data
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # router/data, package data
 COMPRESSED = ".gz"  # a data file `STEM.jsonl` may be stored as `STEM.jsonl.gz`
 
 # The pair the labels compare (RouterBench rows name every model they carry).

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from router.evaluation import (
+from router.open_verifier import OpenVerifier, judges
+from router.training.evaluation import (
     Intervals,
     Metrics,
     apgr,
@@ -32,8 +33,7 @@ from router.evaluation import (
     cpt,
     format_intervals,
 )
-from router.open_verifier import OpenVerifier, judges
-from router.open_verifier_train import (
+from router.training.open_verifier_train import (
     FOLDS,
     ArenaData,
     Pairs,

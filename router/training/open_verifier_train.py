@@ -31,9 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from router.dataset import data_file, open_data
 from router.errors import RoutingError
-from router.evaluation import apgr, cascade_curve
 from router.open_features import OPEN_FEATURES, open_features
 from router.open_verifier import (
     LOOP_CAP,
@@ -43,6 +41,8 @@ from router.open_verifier import (
     OpenVerifier,
     judges,
 )
+from router.training.dataset import data_file, open_data
+from router.training.evaluation import apgr, cascade_curve
 from router.verifier import Verifier
 from router.verifier_features import Signals, extract_features
 
@@ -198,7 +198,7 @@ def train_section(
     cross-validation, fitted on the training prompts, with its evaluation
     (``open_evaluation.evaluate``; ``closed``: the closed-form ``Verifier`` that keeps
     the closed-form prompts)."""
-    from router.open_evaluation import evaluate, report_dict
+    from router.training.open_evaluation import evaluate, report_dict
 
     data = ArenaData.load(data_dir, prompt_scores, limit=limit)
     report = evaluate(data, closed)

@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from router import open_evaluation
 from router.artifacts import DEFAULTS_LINK
-from router.verifier import Verifier
-from router.verifier_examples import (
+from router.training import open_evaluation
+from router.training.verifier_examples import (
     TEST_FRACTION_BUCKETS,
     Example,
     has_signal,
     with_signals,
 )
+from router.verifier import Verifier
 from router.verifier_features import FEATURE_NAMES
 
 _BUILT = re.compile(r"Built (\d{4}-\d\d-\d\d) by")  # the card's date of the closed-form part
@@ -148,7 +148,7 @@ def _card_order(group: str) -> tuple[int, bool, str]:
 CARD_TEMPLATE = """# Cascade verifier
 
 Scores how likely a cheap model's answer is acceptable (0..1); the cascade escalates
-below the route's threshold. Built {date} by `router/verifier_train.py`.
+below the route's threshold. Built {date} by `router/training/verifier_train.py`.
 
 ## Model
 For closed-form prompts (open-ended ones: see "Open-ended answers" below), a
@@ -228,7 +228,7 @@ logprobs and outcomes is available. Some checks were designed by reading these a
 are rosier than they will be on other code.
 
 {open_ended}## Rebuild
-`cascade-gateway router train-verifier` (or `python -m router.verifier_train`);
+`cascade-gateway router train-verifier` (or `python -m router.training.verifier_train`);
 training is deterministic and the JSON is byte-identical across runs.
 `cascade-gateway router train-verifier --open-only` retrains the open-ended section
 alone (a minute or two, no sandbox), keeping the closed-form part and its build date.

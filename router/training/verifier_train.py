@@ -1,6 +1,6 @@
 """Training for the cascade verifier (``router.verifier``).
 
-Rows come from the routing data (``router/data``, read by ``router.verifier_examples``):
+Rows come from the routing data (``router/data``, read by ``router.training.verifier_examples``):
 each GSM8K prompt gives two answers (the weak and the strong model's, labelled by
 correctness) and each RouterBench prompt gives eleven (every model's response,
 acceptable when ``correct >= 0.5``). The model is a logistic regression on
@@ -12,7 +12,7 @@ fifth of every other source's prompts, chosen by a hash of the prompt id. All an
 to a prompt land on the same side.
 
 The open-ended model (``router.open_verifier``, the artifact's ``open_ended`` section)
-is trained by ``router.open_verifier_train`` on the graded arena chat answers; ``main``
+is trained by ``router.training.open_verifier_train`` on the graded arena chat answers; ``main``
 with ``open_only`` retrains that section alone, keeping the closed-form part.
 
 Rebuild with ``cascade-gateway router train-verifier`` (which calls ``main``).
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from router import open_evaluation, open_verifier_train, sandbox
+from router import sandbox
 from router.artifacts import read_artifact
-from router.dataset import DEFAULT_DATA_DIR, PromptScores, data_file
 from router.errors import RoutingError
-from router.verifier import ARTIFACT_FORMAT, DEFAULT_PATH, Verifier
-from router.verifier_examples import (
+from router.training import open_evaluation, open_verifier_train
+from router.training.dataset import DEFAULT_DATA_DIR, PromptScores, data_file
+from router.training.verifier_examples import (
     HELD_OUT_TASK,
     OPTIONAL_SIGNALS,
     TEST_FRACTION_BUCKETS,
@@ -46,14 +46,15 @@ from router.verifier_examples import (
     is_held_out,
     with_signals,
 )
-from router.verifier_examples import Example as Example  # re-exported: cascade_evaluation
-from router.verifier_examples import build_examples as build_examples  # re-exported
-from router.verifier_examples import feature_matrix as feature_matrix  # re-exported
-from router.verifier_examples import run_code_examples as run_code_examples  # re-exported
-from router.verifier_examples import second_opinion as second_opinion  # re-exported
-from router.verifier_examples import unwrap_response as unwrap_response  # re-exported
+from router.training.verifier_examples import Example as Example  # re-exported: cascade_evaluation
+from router.training.verifier_examples import build_examples as build_examples  # re-exported
+from router.training.verifier_examples import feature_matrix as feature_matrix  # re-exported
+from router.training.verifier_examples import run_code_examples as run_code_examples  # re-exported
+from router.training.verifier_examples import second_opinion as second_opinion  # re-exported
+from router.training.verifier_examples import unwrap_response as unwrap_response  # re-exported
+from router.training.verifier_report import built_date, card_path, evaluate, model_card, rounded
+from router.verifier import ARTIFACT_FORMAT, DEFAULT_PATH, Verifier
 from router.verifier_features import FEATURE_NAMES
-from router.verifier_report import built_date, card_path, evaluate, model_card, rounded
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from numpy.typing import NDArray
 
 from router import sandbox
 from router.code_examples import ExampleRun
-from router.dataset import DATASETS, PromptScores, data_file, open_data
 from router.errors import RoutingError
+from router.training.dataset import DATASETS, PromptScores, data_file, open_data
 from router.verifier import code_job
 from router.verifier_code_features import CODE_RUN_FEATURES
 from router.verifier_features import FEATURE_NAMES, Signals, extract_features
@@ -81,8 +81,8 @@ def held_out_prompt_scores(data_dir: Path) -> dict[tuple[str, str], float]:
     """The classifier's score of every prompt by a classifier trained without its dataset
     (as ``router eval`` judges it), so the verifier learns how much to trust a score it
     will meet on unseen tasks, not one that memorised these."""
-    from router.classifier_train import FeatureCache, fit_folds, held_out_scores
-    from router.dataset import load_examples
+    from router.training.classifier_train import FeatureCache, fit_folds, held_out_scores
+    from router.training.dataset import load_examples
 
     examples = load_examples(data_dir)
     return held_out_scores(fit_folds(examples, FeatureCache(examples)))

@@ -25,7 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from router import embeddings
-from router.classifier_train import (
+from router.embedding_classifier import EmbeddingClassifier
+from router.features import DENSE_NAMES
+from router.training.classifier_train import (
     ROUTERS,
     FeatureCache,
     FoldReport,
@@ -33,16 +35,14 @@ from router.classifier_train import (
     format_table,
     run_evaluation,
 )
-from router.dataset import (
+from router.training.dataset import (
     Example,
     data_digest,
     data_fingerprint,
     evaluation_folds,
     training_pool,
 )
-from router.embedding_classifier import EmbeddingClassifier
-from router.evaluation import evaluate, route_curve, route_intervals
-from router.features import DENSE_NAMES
+from router.training.evaluation import evaluate, route_curve, route_intervals
 
 C = 0.01
 CACHE_DIR = Path(tempfile.gettempdir()) / "cascade-gateway-embeddings"
@@ -52,7 +52,7 @@ Vectors = dict[str, npt.NDArray[np.float32]]
 CARD = """# Embedding classifier (all-MiniLM-L6-v2 + the dense features)
 
 Built {date} by `cascade-gateway router train --embeddings`
-(`router/embedding_classifier_train.py`). A route uses it with `classifier: minilm`;
+(`router/training/embedding_classifier_train.py`). A route uses it with `classifier: minilm`;
 the default (`features`) is the classifier in `classifier.card.md`.
 
 ## Model

@@ -6,13 +6,13 @@ linear deviation):
 - ``prior``: each model's mean quality on the kind of prompt (a softmax over the
   training datasets, read from the prompt's dense features), nothing per prompt;
 - ``gain``: the prior plus one per-prompt direction, the strong model's within-task gain
-  over the cheap models (`router.gain_regression`, as the complexity classifier learns
+  over the cheap models (`router.training.gain_regression`, as the complexity classifier learns
   it), each model moving along it by its own fitted sensitivity; ``beta`` scales it;
 - ``heads``: the prior plus a ridge head per model on the residual, ``ridge`` its penalty.
 
 Which recipe, and its strength, is chosen by cross-validation inside the training rows
 (`quality_data.inner_folds`), by the saving at 93%, 95% and 97% of the strong model's
-quality (`router.quality_evaluation`), averaged over the datasets with costs. The
+quality (`router.training.quality_evaluation`), averaged over the datasets with costs. The
 reported figures are nested: each outer fold chooses its own recipe on its own training
 rows. The final split is judged once, by the shipped model.
 
@@ -33,9 +33,9 @@ import numpy as np
 
 from router.errors import RoutingError
 from router.features import FloatArray, IntArray, extract
-from router.gain_regression import fit_gain
 from router.quality import STRONG_MODEL, QualityPredictor
-from router.quality_data import (
+from router.training.gain_regression import fit_gain
+from router.training.quality_data import (
     PAIR_MODELS,
     QualityTable,
     data_digest,
@@ -44,8 +44,8 @@ from router.quality_data import (
     load_table,
     outer_folds,
 )
-from router.quality_evaluation import DatasetResult, column_means, judge, sweep
-from router.quality_report import FoldReport, write_card
+from router.training.quality_evaluation import DatasetResult, column_means, judge, sweep
+from router.training.quality_report import FoldReport, write_card
 
 FamilyType = Literal["prior", "gain", "heads"]
 
@@ -409,7 +409,7 @@ def _impute(cells: FloatArray) -> FloatArray:
 
 
 def _nanmean(values: FloatArray) -> FloatArray:
-    from router.quality_evaluation import column_means
+    from router.training.quality_evaluation import column_means
 
     return column_means(values)
 

@@ -1,8 +1,8 @@
 """Experiment: do MiniLM sentence embeddings help the complexity classifier on held-out data?
 
-    python -m router.embedding_experiment            # prints the table and the timings
+    python -m router.training.embedding_experiment            # prints the table and the timings
 
-Same held-out folds and metrics as `router.classifier_train` (MMLU: unseen subjects;
+Same held-out folds and metrics as `router.training.classifier_train` (MMLU: unseen subjects;
 the others: leave-one-dataset-out). Compared routers, all logistic regression with the
 shipped recipe's dataset-balanced weights and "both wrong" rows left out of training:
 
@@ -31,16 +31,16 @@ import numpy as np
 import numpy.typing as npt
 
 from router import embeddings
-from router.classifier_train import (
+from router.training.classifier_train import (
     FeatureCache,
     FoldReport,
     _dataset_weights,
     format_table,
     run_evaluation,
 )
-from router.dataset import Example, Fold, evaluation_folds, load_examples
-from router.embedding_classifier_train import CACHE_DIR, cached_embeddings
-from router.evaluation import Curve, Metrics, evaluate, route_curve
+from router.training.dataset import Example, Fold, evaluation_folds, load_examples
+from router.training.embedding_classifier_train import CACHE_DIR, cached_embeddings
+from router.training.evaluation import Curve, Metrics, evaluate, route_curve
 
 C_GRID = (0.01, 0.1, 1.0)
 CV_SPLITS = 3

@@ -16,8 +16,8 @@ import numpy as np
 
 from router.features import DENSE_NAMES
 from router.quality import QualityPredictor
-from router.quality_data import FINAL_BUCKETS, INNER_FOLDS, OUTER_FOLDS
-from router.quality_evaluation import DatasetResult, mean_sd, plot_result
+from router.training.quality_data import FINAL_BUCKETS, INNER_FOLDS, OUTER_FOLDS
+from router.training.quality_evaluation import DatasetResult, mean_sd, plot_result
 
 HEADER = (
     "| quality predictor | best single (chosen on training rows): saving / quality "

@@ -20,7 +20,15 @@ import numpy as np
 
 from router.artifacts import DEFAULTS_LINK
 from router.classifier import Classifier
-from router.dataset import (
+from router.errors import RoutingError
+from router.features import (
+    DENSE_NAMES,
+    HASH_FEATURES,
+    MAX_TOKENS_READ,
+    RequestFeatures,
+    extract,
+)
+from router.training.dataset import (
     MMLU_SELECTION_GROUPS,
     Example,
     Fold,
@@ -31,8 +39,7 @@ from router.dataset import (
     subject_folds,
     training_pool,
 )
-from router.errors import RoutingError
-from router.evaluation import (
+from router.training.evaluation import (
     INTERVAL_HEADERS,
     Curve,
     Intervals,
@@ -45,14 +52,7 @@ from router.evaluation import (
     route_curve,
     route_intervals,
 )
-from router.features import (
-    DENSE_NAMES,
-    HASH_FEATURES,
-    MAX_TOKENS_READ,
-    RequestFeatures,
-    extract,
-)
-from router.gain_regression import fit_gain, sign_consistent
+from router.training.gain_regression import fit_gain, sign_consistent
 
 FeatureSetType = Literal["all", "sign-consistent"]
 
@@ -121,7 +121,7 @@ class FeatureCache:
 def fit(
     examples: Sequence[Example], cache: FeatureCache, recipe: Recipe | None = None
 ) -> Classifier:
-    """Within-task gain regression (`router.gain_regression`), then a logistic map of its
+    """Within-task gain regression (`router.training.gain_regression`), then a logistic map of its
     output to P(needs the strong model), so scores stay in [0, 1] in the same order.
 
     Without a `recipe` the feature set and ridge strength are chosen by `choose_recipe`
@@ -367,7 +367,7 @@ the last user turn: its length, stem and option lengths, numbers, sentences, neg
 subjects and inverted on unseen ones. The score is P(the request needs the strong
 model), a logistic map of the within-task gain estimate (monotone: it keeps the order).
 
-How it is fitted (`router/gain_regression.py`): the target is the gain, strong_correct
+How it is fitted (`router/training/gain_regression.py`): the target is the gain, strong_correct
 - weak_correct, or on RouterBench rows (which carry 11 models' answers) GPT-4's
 correctness minus the mean correctness of the cheap pool (every model under half
 GPT-4's cost on that task, Mixtral included: 8 models, 9 on MBPP): one pair's 0/1 outcome says
@@ -422,7 +422,7 @@ saw these subjects; the rows say how the recipe does on subjects it has not seen
 ## Limits
 System prompt, tools, `response_format` and `max_tokens` features are constant in this
 data (single user prompts), so they carry fixed prior weights (`PRIOR_WEIGHTS` in
-`router/classifier_train.py`: tools and JSON output raise the score, a small
+`router/training/classifier_train.py`: tools and JSON output raise the score, a small
 `max_tokens` lowers it) until training data that varies them replaces the priors with
 learned weights. Every feature is clipped into the range training saw (the JSON's
 `dense_low` / `dense_high`), so a request unlike any training prompt (another script, a
