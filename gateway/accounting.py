@@ -17,10 +17,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.ledger import CostLedger, SpendRecord
-from gateway.ledger.record import StatusType, UsageSourceType, usd
+from gateway.ledger.record import StatusType, SurfaceType, UsageSourceType, usd
 from gateway.metrics import Metrics
 from gateway.pricing import TokenPrice
 from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
@@ -28,6 +28,9 @@ from gateway.tokens import PromptCounts, count_text
 from gateway.upstreams.base import EndpointType
 from gateway.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_classes, token_count
 from router.target_selection import Choice
+
+if TYPE_CHECKING:
+    from gateway.native import NativeCall
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +185,10 @@ class Call:
     started: float  # time.perf_counter() at arrival
     score: float | None = None  # the router's complexity score, on scored routes
     choice: Choice | None = None  # a `select` route's predicted qualities and target
+    surface: SurfaceType = "chat"  # the API the client called, for its records
+    # A bridged API's request as the client sent it, for deployments serving its wire
+    # format natively (`gateway.native`); None: every deployment gets the chat form.
+    native: NativeCall | None = None
     prompt: PromptCounts = field(default_factory=PromptCounts)  # counted once per encoding
     # Every attempt priced so far (escalations and hedges too): what budgets settle.
     records: list[SpendRecord] = field(default_factory=list)
@@ -285,6 +292,7 @@ class Accountant:
                 route, status, label, ttft_s, latency_ms / 1000, missed_sla, delivered
             ),
             verifier_score=verifier_score,
+            surface=call.surface,
             **_selected(call.choice, deployment.name),
             **_classes(usage, price),
         )

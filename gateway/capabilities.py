@@ -7,6 +7,10 @@
 
     needs = required(endpoint, body)   # {"chat": "model", "tools": "tools"}
 
+A bridged request (/v1/responses, /v1/messages) needs what its chat form needs, unless
+it uses state only a native deployment keeps: then `responses` alone
+(`gateway.native.NativeCall.needs`).
+
 Each capability maps to the request field that asks for it, named in `param` when no
 deployment of the route serves it (`unserved`).
 """

@@ -13,6 +13,11 @@ not verified) is asked for them (`logprobs: true`) where its upstream returns th
 client that did not ask for them gets its answer without them, as the upstream would
 have sent it.
 
+A bridged request (/v1/responses, /v1/messages) goes to each tier's deployments that
+serve its wire format untranslated (`gateway.native`) and to the others as chat; the
+verifier reads either answer through its chat view, and the bridge answers the client
+in its own format whichever tier's answer it gets.
+
 A route's `second_opinions` (see `gateway.opinions`) are asked alongside the first tier
 and handed to the verifier as samples; they are priced, and cancelled, however the
 cascade ends, or as soon as only the last tier (not verified) is left.
@@ -168,6 +173,7 @@ class Cascade:
                         max(0.001, ends_at - time.monotonic()),
                         logprobs=ask and verified,
                         cut_off=cut_off,
+                        native=call.native,
                     )
                 except GatewayError as error:
                     if latest is None and verified and _upstream_failed(error):

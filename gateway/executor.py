@@ -42,6 +42,7 @@ from gateway.errors import (
     retry_after_header,
 )
 from gateway.metrics import Metrics
+from gateway.native import NativeCall
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import (
     EndpointType,
@@ -53,6 +54,8 @@ from gateway.upstreams.base import (
     UpstreamTimedOut,
     close_stream,
 )
+from gateway.upstreams.native_impl import NativeClient
+from gateway.upstreams.openai_impl import OpenAICompatibleClient
 from gateway.validation import output_cap
 
 if TYPE_CHECKING:
@@ -141,11 +144,18 @@ class Executor:
         metrics: Metrics,
         max_retry_wait_s: float = 5.0,
         guard: SlaGuard | None = None,
+        native_client: NativeClient | None = None,
     ) -> None:
         self._clients = clients
         self._metrics = metrics
         self._max_wait = max_retry_wait_s
         self._guard = guard
+        # Calls in a bridged API's wire format, over the OpenAI-compatible pool by
+        # default (without one, a native call fails over to the next deployment).
+        http = clients.get("openai")
+        if native_client is None and isinstance(http, OpenAICompatibleClient):
+            native_client = NativeClient(http)
+        self._native = native_client
 
     def ejected(self, deployment: str) -> bool:
         """Is `deployment` ejected by its circuit breaker now? (A pure read: a caller
@@ -154,6 +164,13 @@ class Executor:
 
     def client_for(self, deployment: DeploymentRuntime) -> UpstreamClient:
         return self._clients.get(deployment.provider) or self._clients["litellm"]
+
+    def _native_client(self, deployment: DeploymentRuntime) -> NativeClient:
+        if self._native is None:  # built without an OpenAI-compatible client's pool
+            raise UpstreamStatus(
+                f"deployment '{deployment.name}': no client for native calls", status=501
+            )
+        return self._native
 
     async def complete(
         self,
@@ -165,11 +182,17 @@ class Executor:
         priority: int | None = None,
         logprobs: bool = False,
         cut_off: CutOffFn = _not_priced,
+        native: NativeCall | None = None,
     ) -> Completed:
         """One answer from the first candidate that gives one; `logprobs` asks those
-        that return token logprobs for them (a cascade verifying the answer)."""
+        that return token logprobs for them (a cascade verifying the answer);
+        `native`: the bridged request for the deployments serving its format."""
 
         async def call(d: DeploymentRuntime) -> UpstreamReply:
+            if native is not None and native.serves(d):
+                client = self._native_client(d)
+                request = native.body_for(d, body)
+                return await client.complete(d.target, native.surface, request, native.headers)
             request = upstream_body(d, endpoint, body, priority, logprobs)
             return await self.client_for(d).complete(d.target, endpoint, request)
 
@@ -187,10 +210,17 @@ class Executor:
         hedge: Hedge | None = None,
         priority: int | None = None,
         cut_off: CutOffFn = _not_priced,
+        native: NativeCall | None = None,
     ) -> Opened:
         async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
-            request = upstream_body(d, endpoint, body, priority)
-            events = self.client_for(d).stream(d.target, endpoint, request)
+            events: AsyncIterator[list[bytes]]
+            if native is not None and native.serves(d):
+                client = self._native_client(d)
+                request = native.body_for(d, body)
+                events = client.stream(d.target, native.surface, request, native.headers)
+            else:
+                request = upstream_body(d, endpoint, body, priority)
+                events = self.client_for(d).stream(d.target, endpoint, request)
             try:
                 first = await anext(events)
             except StopAsyncIteration:

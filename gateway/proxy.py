@@ -23,9 +23,11 @@ from gateway.capabilities import required, unserved
 from gateway.cascade import Cascade, CascadeResult
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.executor import Executor, Hedge, Loser
-from gateway.ledger.record import usd
+from gateway.ledger.record import SurfaceType, usd
 from gateway.limits import UNLIMITED, Admission, Limiter
 from gateway.metrics import Metrics
+from gateway.native import NativeCall
+from gateway.native.streams import native_tally
 from gateway.opinions import configured
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.scoring import AnswerVerifier, RequestScorer
@@ -98,9 +100,14 @@ class Proxy:
         request_id: str,
         body_size: int,
         started: float,
+        *,
+        surface: SurfaceType | None = None,
+        native: NativeCall | None = None,
     ) -> Response:
         """Answer one request; `started` (perf_counter) is when it arrived, which its
-        latency, SLA verdict and deadline count from."""
+        latency, SLA verdict and deadline count from. `surface`: the API the client
+        called (default: `endpoint`); `native`: a bridged API's request as the client
+        sent it, for the deployments that serve its wire format (`gateway.native`)."""
         route = runtime.resolve(body["model"])
         principal.check_route(route.name)
         if route.max_body_bytes is not None and body_size > route.max_body_bytes:
@@ -109,13 +116,25 @@ class Proxy:
                 f"{route.max_body_bytes}"
             )
         stream = bool(body.get("stream"))
-        needs = required(endpoint, body)
-        strategy = effective_strategy(route, stream, endpoint, needs)
+        chat_needs = required(endpoint, body)
+        # What a deployment must serve; the strategy goes by the request's content.
+        needs = chat_needs if native is None else native.needs(chat_needs)
+        strategy = effective_strategy(route, stream, endpoint, chat_needs)
         score = None
         if strategy in SCORED_STRATEGIES:
             score = await self._scorer.score(endpoint, body, route.classifier)
             self._metrics.child(self._metrics.router_score, route.name).observe(score)
-        call = Call(request_id, principal.team, principal.key_id, route, stream, started, score)
+        call = Call(
+            request_id,
+            principal.team,
+            principal.key_id,
+            route,
+            stream,
+            started,
+            score,
+            surface=surface or endpoint,
+            native=native,
+        )
         try:
             planned, choice = self._candidates(runtime, call, strategy, endpoint, body, needs)
             candidates = self._select(route, planned, strategy)
@@ -151,7 +170,7 @@ class Proxy:
                 candidates = self._select(route, admission.candidates, strategy)
             if strategy == "cascade":
                 response = await self._run_cascade(call, candidates, endpoint, body, deadline_s)
-            elif call.choice is not None and route.verify and "tools" not in needs:
+            elif call.choice is not None and route.verify and "tools" not in chat_needs:
                 chain = climb(call.choice, candidates)
                 response = await self._run_cascade(
                     call, chain, endpoint, body, deadline_s, one_step_each=True
@@ -243,6 +262,7 @@ class Proxy:
             hedge_of(route),
             priority_of(route),
             cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
+            native=call.native,
         )
         reply = done.reply.body
         try:
@@ -343,6 +363,7 @@ class Proxy:
             hedge_of(route),
             priority_of(route),
             cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
+            native=call.native,
         )
         try:
             await self._settle_hedges(
@@ -355,8 +376,9 @@ class Proxy:
         self._metrics.child(self._metrics.ttft, call.route.name, opened.deployment.name).observe(
             ttft
         )
+        tally = native_tally(call.native, opened.deployment)  # None: a chat stream
         settlement = StreamSettlement(
-            self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft
+            self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft, tally
         )
         settlement.guard, settlement.admission = self._guard, admission
         headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}

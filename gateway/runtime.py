@@ -23,7 +23,7 @@ from gateway.pricing import (
 )
 from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
-from policies.capabilities import CAPABILITIES, default_capabilities
+from policies.capabilities import OPENAI_SERVES, default_capabilities
 from policies.engines import EngineSpec
 from policies.keys import hash_key
 from policies.prices import litellm_price_map
@@ -51,7 +51,7 @@ class DeploymentRuntime:
     returns_logprobs: bool = False  # answers `logprobs: true` with token logprobs
     max_output_tokens: int | None = None  # never asked for more per answer
     # What it serves (policies.capabilities): requests needing more skip it.
-    capabilities: frozenset[str] = frozenset(CAPABILITIES)
+    capabilities: frozenset[str] = OPENAI_SERVES
     unset_env: tuple[str, ...] = ()  # what to set for it to be available
     # The known model it behaves like, for `select` routes: the policy's
     # `quality_profile`, else the prior of its price (`prior_profile`).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -30,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.executor import Loser, Opened
 from gateway.ledger.record import StatusType
 from gateway.limits import UNLIMITED
+from gateway.native.formats import event_texts
 from gateway.runtime import DeploymentRuntime
 from gateway.sla import SlaGuard
 from gateway.tokens import PromptCounts
@@ -54,11 +55,12 @@ class StreamSettlement:
         body: dict[str, Any],
         wants_usage: bool,
         ttft: float,
+        tally: Tally | None = None,
     ) -> None:
         self.accountant, self.observe = accountant, observe
         self.call, self.opened = call, opened
         self.endpoint, self.body, self.ttft = endpoint, body, ttft
-        self.tally = StreamTally(wants_usage)
+        self.tally: Tally = tally or StreamTally(wants_usage)  # a native stream's own
         self.status: StatusType = "partial"
         self.finished = False
         self.guard: SlaGuard | None = None
@@ -73,14 +75,15 @@ class StreamSettlement:
                 if frame := self.tally.frame(events):
                     yield frame
                 events = await anext(self.opened.rest, None)
-            self.status = "ok"
+            self.status = "partial" if self.tally.failed else "ok"
             await self.count_prompt()
-            yield b"data: [DONE]\n\n"
+            if self.tally.end:
+                yield self.tally.end
         except UpstreamFailure as failure:
             # Bytes already reached the client: no silent retry, tell it in-band.
             log.warning("stream %s broke after it started: %s", self.call.request_id, failure)
             await self.count_prompt()
-            yield sse_error(failure)
+            yield self.tally.error(failure)
         finally:
             await self.finish()
 
@@ -102,7 +105,7 @@ class StreamSettlement:
                 deployment.target.model,
                 self.endpoint,
                 self.body,
-                _stream_texts(self.tally.seen),
+                self.tally.texts(),
                 self.call.prompt,
             )
         except Exception:  # never lose the record over counting: price what was reported
@@ -135,9 +138,32 @@ class RelayedStream(StreamingResponse):
             await self._finish()
 
 
+class Tally(Protocol):
+    """What a relay keeps of a stream, and how it frames its events for the client."""
+
+    usage: Usage | None  # as the upstream reported it
+    end: bytes  # sent after the last event
+    failed: bool  # the upstream ended the stream with an in-band failure event
+
+    def frame(self, events: list[bytes]) -> bytes:
+        """The SSE bytes to forward for events that arrived together (one write)."""
+        ...
+
+    def texts(self) -> list[str]:
+        """The text the events carried, to count when no usage was reported."""
+        ...
+
+    def error(self, failure: UpstreamFailure) -> bytes:
+        """The in-band error event for a stream that broke after it started."""
+        ...
+
+
 class StreamTally:
-    """What a relayed stream carried: every payload (to count tokens if the upstream
-    reports no usage) and the usage it reported."""
+    """What a relayed chat or completions stream carried: every payload (to count tokens
+    if the upstream reports no usage) and the usage it reported."""
+
+    end = b"data: [DONE]\n\n"
+    failed = False  # a chat stream's failures break the stream (UpstreamFailure)
 
     def __init__(self, wants_usage: bool) -> None:
         self.wants_usage = wants_usage
@@ -156,6 +182,12 @@ class StreamTally:
             out.append(b"data: " + payload + b"\n\n")
         return b"".join(out)
 
+    def texts(self) -> list[str]:
+        return stream_texts(self.seen)
+
+    def error(self, failure: UpstreamFailure) -> bytes:
+        return sse_error(failure)
+
 
 def loser_answer(loser: Loser) -> tuple[DeploymentRuntime, dict[str, Any] | None]:
     """A losing hedge and its reply (None: it did not answer)."""
@@ -173,7 +205,7 @@ def loser_usage(
         return reply_usage(loser.deployment, endpoint, body, result.body, prompt), "ok"
     if isinstance(result, tuple):  # a stream that opened too late: count what came
         first, _ = result
-        return counted_usage(model, endpoint, body, _stream_texts(first), prompt), "partial"
+        return counted_usage(model, endpoint, body, stream_texts(first), prompt), "partial"
     return counted_usage(model, endpoint, body, (), prompt), "partial"
 
 
@@ -236,9 +268,12 @@ def _parse(payload: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def _stream_texts(payloads: list[bytes]) -> list[str]:
+def stream_texts(payloads: list[bytes]) -> list[str]:
+    """The generated text in a stream's payloads: chat or completion chunks, or a
+    bridged API's native events (a losing hedge's stream may be either)."""
     texts: list[str] = []
     for payload in payloads:
         if (event := _parse(payload)) is not None:
             texts.extend(choice_texts(event))
+            texts.extend(event_texts(event))
     return texts

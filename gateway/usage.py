@@ -107,7 +107,9 @@ def token_classes(usage: Mapping[str, Any]) -> TokenClasses:
     prompt = _found(usage, PROMPT_SOURCES)
     # Cached audio (OpenAI's `cached_tokens_details.audio_tokens`) is in both the cached
     # and the audio count: it is priced once, as a cache read.
-    prompt["audio_prompt"] = max(prompt["audio_prompt"] - token_count(_at(usage, CACHED_AUDIO)), 0)
+    prompt["audio_prompt"] = max(
+        prompt["audio_prompt"] - token_count(value_at(usage, CACHED_AUDIO)), 0
+    )
     counts = _clamped(prompt, token_count(usage.get("prompt_tokens")))
     completion = _found(usage, COMPLETION_SOURCES)
     counts.update(_clamped(completion, token_count(usage.get("completion_tokens"))))
@@ -119,7 +121,7 @@ def _found(
 ) -> dict[str, int]:
     """Each class's count: the first of its places in `usage` with one."""
     return {
-        name: next((n for path in paths if (n := token_count(_at(usage, path)))), 0)
+        name: next((n for path in paths if (n := token_count(value_at(usage, path)))), 0)
         for name, paths in sources.items()
     }
 
@@ -133,7 +135,8 @@ def _clamped(counts: Mapping[str, int], total: int) -> dict[str, int]:
     return fitted
 
 
-def _at(usage: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+def value_at(usage: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at `path` in nested objects, or None where the path breaks."""
     value: Any = usage
     for name in path:
         if not isinstance(value, Mapping):

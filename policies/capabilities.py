@@ -10,9 +10,16 @@ of its kind applies (the first row that matches):
                                            extra_args has --enable-auto-tool-choice)
     provider openai (OpenAI, or any        chat, completions, embeddings, tools, vision,
     OpenAI-compatible server)              json_schema: the upstream decides per model
+    provider anthropic                     chat, tools, vision, json_schema, messages
     any other provider (through litellm)   chat, tools, vision, json_schema
 
     default_capabilities(deployment.provider, engine, embeddings_installed=True)
+
+`responses` and `messages` say a deployment serves that API's wire format natively
+(OpenAI's Responses API at `{api_base}/responses`, Anthropic's Messages API): requests
+to /v1/responses or /v1/messages reach it untranslated, the others get them bridged to
+chat. Only the policy grants `responses`; only Anthropic deployments default to
+`messages`.
 """
 
 from __future__ import annotations
@@ -22,12 +29,20 @@ from typing import Literal, get_args
 
 from policies.engines import EngineSpec
 
-CapabilityType = Literal["chat", "completions", "embeddings", "tools", "vision", "json_schema"]
+CapabilityType = Literal[
+    "chat", "completions", "embeddings", "tools", "vision", "json_schema", "responses", "messages"
+]
 CAPABILITIES: tuple[CapabilityType, ...] = get_args(CapabilityType)
+# Wire formats a deployment may serve natively (the gateway's bridges serve them too).
+NATIVE_FORMATS = frozenset({"responses", "messages"})
+# What an OpenAI-compatible server is taken to serve: every endpoint and feature, no
+# other API's wire format.
+OPENAI_SERVES = frozenset(CAPABILITIES) - NATIVE_FORMATS
 # Features of a chat request: a deployment serving them must serve chat.
 CHAT_FEATURES = frozenset({"tools", "vision", "json_schema"})
 
 OPENAI_COMPATIBLE = "openai"
+ANTHROPIC = "anthropic"
 AUTO_TOOL_CHOICE_FLAG = "--enable-auto-tool-choice"
 
 # Defaults by kind: an engine's kind, `openai` for OpenAI-compatible servers, and
@@ -35,7 +50,8 @@ AUTO_TOOL_CHOICE_FLAG = "--enable-auto-tool-choice"
 DEFAULTS: dict[str, frozenset[str]] = {
     "cpu": frozenset({"chat", "completions"}),
     "vllm": frozenset({"chat", "completions", "json_schema"}),
-    OPENAI_COMPATIBLE: frozenset(CAPABILITIES),
+    OPENAI_COMPATIBLE: OPENAI_SERVES,
+    ANTHROPIC: frozenset({"chat", "tools", "vision", "json_schema", "messages"}),
     "litellm": frozenset({"chat", "tools", "vision", "json_schema"}),
 }
 
@@ -52,7 +68,7 @@ def default_capabilities(
         if engine.kind == "vllm" and _flagged(engine.extra_args, AUTO_TOOL_CHOICE_FLAG):
             served |= {"tools"}
         return served
-    return DEFAULTS[OPENAI_COMPATIBLE if provider == OPENAI_COMPATIBLE else "litellm"]
+    return DEFAULTS[provider if provider in (OPENAI_COMPATIBLE, ANTHROPIC) else "litellm"]
 
 
 def _flagged(args: Iterable[str], flag: str) -> bool:

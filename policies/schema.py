@@ -162,9 +162,10 @@ class Deployment(_Section):
     # A self-hosted engine from `engines`: it supplies api_base (and api_key,
     # self_hosted pricing, priority_scheduling) where this deployment leaves them unset.
     engine: str | None = None
-    # What it serves (chat, completions, embeddings, tools, vision, json_schema); requests
-    # needing something else skip it. None: the default of its provider or engine kind
-    # (see `policies.capabilities`).
+    # What it serves (chat, completions, embeddings, tools, vision, json_schema; and the
+    # wire formats it serves natively: responses, messages); requests needing something
+    # else skip it. None: the default of its provider or engine kind (see
+    # `policies.capabilities`).
     capabilities: list[CapabilityType] | None = Field(None, examples=[["chat", "tools"]])
     # `select` routes: the model the quality predictor knows that this deployment
     # behaves like (`cascade-gateway router predict --help` lists them). None: the known

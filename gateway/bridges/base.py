@@ -3,6 +3,10 @@ chat completion with litellm's own translation code, sent through the chat pipel
 (`Proxy.handle` with endpoint "chat": auth, routing, limits, budgets, SLA, cascade and
 ledger as for chat), and the chat answer or chat SSE stream translated back.
 
+Deployments that serve the API's wire format natively (`gateway.native`) get the
+client's body instead, and their answer reaches the client as it came: the pipeline
+names the deployment that answered (`x-cascade-deployment`), which says which it was.
+
     return await bridge(request, ResponsesTranslation)
 
 litellm (~4 s to import) is loaded off the event loop on the first bridged request.
@@ -24,7 +28,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.endpoints import authenticate, read_body
-from gateway.errors import InvalidRequest, UpstreamError
+from gateway.errors import CapabilityUnavailable, InvalidRequest, UpstreamError
+from gateway.native import NativeCall, NativeSurface
+from gateway.runtime import Runtime
 from gateway.services import services_of
 from gateway.upstreams.litellm_impl import load_litellm
 from gateway.validation import parse_body, parse_object
@@ -103,6 +109,7 @@ class Translation:
     """One request of a bridged API: its chat form, and its answer translated back."""
 
     surface: ClassVar[str]  # the API's name, for messages
+    wire: ClassVar[NativeSurface]  # its wire format: the capability serving it natively
     input_field: ClassVar[str]  # the field that becomes `messages`
 
     def __init__(self, lib: Library, body: dict[str, Any], request_id: str) -> None:
@@ -113,6 +120,11 @@ class Translation:
     @staticmethod
     def check(body: dict[str, Any]) -> None:
         """Refuse a body the bridge cannot serve; InvalidRequest names the field."""
+
+    def native_call(self, headers: Mapping[str, str]) -> NativeCall:
+        """The request for deployments serving its wire format; `headers`: the
+        client's."""
+        return NativeCall(self.wire, self.body)
 
     def chat_body(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -288,7 +300,37 @@ async def bridge(
     kind.check(body)
     translation = kind(await library(), body, request_id)
     chat = translated_request(translation)
-    response = await services.proxy.handle(
-        runtime, principal, "chat", chat, request_id, len(raw), started
-    )
+    native = translation.native_call(request.headers)
+    try:
+        response = await services.proxy.handle(
+            runtime,
+            principal,
+            "chat",
+            chat,
+            request_id,
+            len(raw),
+            started,
+            surface=kind.wire,
+            native=native,
+        )
+    except CapabilityUnavailable as error:
+        field = native.required_by
+        if field is None or error.param != field:
+            raise
+        raise CapabilityUnavailable(
+            f"'{field}' needs a deployment that serves the {kind.surface} natively "
+            f"(capability '{kind.wire}'): {error.message}",
+            param=field,
+        ) from None
+    if answered_natively(response, native, runtime):
+        return response
     return translated_response(response, translation)
+
+
+def answered_natively(response: Response, native: NativeCall, runtime: Runtime) -> bool:
+    """Is `response` a native deployment's answer, as it came? A cascade's buffered
+    stream is not: the pipeline sends it as chat events, which the bridge translates."""
+    deployment = runtime.deployments.get(response.headers.get("x-cascade-deployment", ""))
+    if deployment is None or not native.serves(deployment):
+        return False
+    return isinstance(response, StreamingResponse) or response.media_type != SSE

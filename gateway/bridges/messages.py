@@ -1,5 +1,7 @@
 """`POST /v1/messages`: Anthropic's Messages API, bridged to chat completions with
-litellm's Anthropic <-> chat adapter (`gateway.bridges.base`).
+litellm's Anthropic <-> chat adapter (`gateway.bridges.base`), or sent as it is to
+deployments that serve it natively (capability `messages`, Anthropic's by default;
+`gateway.native`), with the client's `anthropic-version` and `anthropic-beta` headers.
 
 The key comes as `x-api-key` (the Anthropic SDK's header) or `Authorization: Bearer`.
 Errors are rendered in Anthropic's shape, `{"type": "error", "error": {"type",
@@ -39,6 +41,8 @@ from gateway.bridges.checks import (
     refuse,
 )
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.native import NativeCall
+from gateway.native.formats import messages_error_event
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +74,18 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
 }
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 ROLES = ("user", "assistant")
+# The client's headers a native deployment gets (the API version and beta features).
+PASSED_ON_HEADERS = ("anthropic-version", "anthropic-beta")
 
 
 class MessagesTranslation(Translation):
     surface = "Messages API"
+    wire = "messages"
     input_field = "messages"
+
+    def native_call(self, headers: Mapping[str, str]) -> NativeCall:
+        passed_on = {name: headers[name] for name in PASSED_ON_HEADERS if name in headers}
+        return NativeCall(self.wire, self.body, headers=passed_on)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -116,16 +127,12 @@ class MessagesTranslation(Translation):
                     data["message"]["id"] = self.id
                 yield sse(str(data.get("type", "message")), data)
         except StreamFailed as failed:
-            yield _error_event(str(failed))
+            yield messages_error_event(str(failed))
         except Exception as exc:  # litellm's translation of the upstream's stream
             log.warning("Messages stream %s not translated: %s", self.request_id, exc)
-            yield _error_event(f"the upstream's stream could not be translated: {exc}")
+            yield messages_error_event(f"the upstream's stream could not be translated: {exc}")
         finally:
             await chunks.aclose()
-
-
-def _error_event(message: str) -> bytes:
-    return sse("error", {"type": "error", "error": {"type": "api_error", "message": message}})
 
 
 def error_body(error: GatewayError) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """`POST /v1/responses`: OpenAI's Responses API, bridged to chat completions with
-litellm's Responses <-> chat translation (`gateway.bridges.base`).
+litellm's Responses <-> chat translation (`gateway.bridges.base`), or sent as it is to
+deployments that serve it natively (capability `responses`, `gateway.native`).
 
-Stateless only: `previous_response_id`, `conversation`, `store: true`, `background:
-true` and stored `prompt`s need a server that keeps responses, which the gateway is
-not; they are refused with a 400 naming the field. Only function tools are bridged.
+The bridge is stateless: `previous_response_id`, `conversation`, `store: true`,
+`background: true` and stored `prompt`s need a server that keeps responses, which the
+gateway is not. A request using them goes to the route's native deployments only; a
+route with none refuses it with a 400 naming the field. Only function tools are
+bridged.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ from gateway.bridges.checks import (
     refuse,
 )
 from gateway.errors import InvalidRequest
+from gateway.native import NativeCall
+from gateway.native.formats import responses_error_event
 
 log = logging.getLogger(__name__)
 
-STATELESS = "the gateway keeps no responses; send the whole conversation in 'input'"
-# field -> is its value a use of stored state
+# field -> is its value a use of stored state (which only a native deployment keeps)
 STATEFUL: Mapping[str, Check] = {
     "previous_response_id": lambda v: v is not None,
     "conversation": lambda v: v is not None,
@@ -79,20 +83,22 @@ ITEM_FIELDS: Mapping[str, tuple[str, ...]] = {
 
 class ResponsesTranslation(Translation):
     surface = "Responses API"
+    wire = "responses"
     input_field = "input"
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.input = self.body["input"]
-        # The optional parameters, as litellm's translation reads (and echoes) them.
-        self.params = {k: v for k, v in self.body.items() if k not in ("model", "input")}
+        # The optional parameters, as litellm's translation reads (and echoes) them;
+        # stored state is for native deployments, never looked up by litellm.
+        self.params = {k: v for k, v in self.body.items() if k not in ("model", "input", *STATEFUL)}
         self.id = "resp_" + self.request_id.removeprefix("req_")
+
+    def native_call(self, headers: Mapping[str, str]) -> NativeCall:
+        return NativeCall(self.wire, self.body, required_by=stateful_field(self.body))
 
     @staticmethod
     def check(body: dict[str, Any]) -> None:
-        for name, uses_state in STATEFUL.items():
-            if uses_state(body.get(name)):
-                raise refuse(name, STATELESS)
         check_fields(body, FIELDS)
         _check_input(body)
         for i, tool in enumerate(body.get("tools") or []):
@@ -144,23 +150,19 @@ class ResponsesTranslation(Translation):
                 sequence += 1
                 yield sse(data["type"], data)
         except StreamFailed as failed:
-            yield _error_event(str(failed), sequence)
+            yield responses_error_event(str(failed), sequence)
         except Exception as exc:  # litellm's translation of the upstream's stream
             log.warning("Responses stream %s not translated: %s", self.request_id, exc)
-            yield _error_event(f"the upstream's stream could not be translated: {exc}", sequence)
+            yield responses_error_event(
+                f"the upstream's stream could not be translated: {exc}", sequence
+            )
         finally:
             await chunks.aclose()
 
 
-def _error_event(message: str, sequence: int) -> bytes:
-    data = {
-        "type": "error",
-        "code": "upstream_stream_error",
-        "message": message,
-        "param": None,
-        "sequence_number": sequence,
-    }
-    return sse("error", data)
+def stateful_field(body: Mapping[str, Any]) -> str | None:
+    """The first field of `body` that uses stored state, which the bridge cannot serve."""
+    return next((name for name, uses in STATEFUL.items() if uses(body.get(name))), None)
 
 
 def _check_input(body: dict[str, Any]) -> None:

@@ -20,8 +20,13 @@ TOKENS: Schema = {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS}
 NAME: Schema = {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}
 MODEL: Schema = {"type": "string", "minLength": 1, "description": "A route or deployment name."}
 PASSED_ON = (
-    f"Nested at most {MAX_JSON_DEPTH} levels deep. Translated to a chat completion "
-    "request (see the HTTP docs for what the bridge approximates or drops)."
+    f"Nested at most {MAX_JSON_DEPTH} levels deep. Sent as it is to deployments that "
+    "serve this API natively, else translated to a chat completion request (see the "
+    "HTTP docs for what the bridge approximates or drops)."
+)
+STATEFUL = (
+    "Stored state: served by the route's native deployments only (capability "
+    "`responses`); a 400 naming the field on a route without one."
 )
 
 
@@ -119,8 +124,8 @@ REQUESTS: Mapping[str, Schema] = {
             "text": obj({"format": RESPONSES_FORMAT}),
             "reasoning": NULLABLE_OBJECT,
             "metadata": NULLABLE_OBJECT,
-            "previous_response_id": {"type": "null", "description": "Refused: stateless."},
-            "store": {"enum": [False, None], "description": "Refused when true: stateless."},
+            "previous_response_id": {"type": ["string", "null"], "description": STATEFUL},
+            "store": {"type": ["boolean", "null"], "description": f"When true: {STATEFUL}"},
         },
         "model",
         "input",

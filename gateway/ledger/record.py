@@ -22,6 +22,9 @@ DimensionType = Literal["day", "team", "key", "route", "tier", "deployment", "mo
 StatusType = Literal["ok", "error", "partial"]
 UsageSourceType = Literal["upstream", "counted", "none"]
 ReferenceCoverageType = Literal["full", "partial", "none"]
+# The API the client called: an endpoint of the OpenAI-compatible surface, or a bridged
+# one (`gateway.bridges`), whatever wire format the upstream spoke.
+SurfaceType = Literal["chat", "completions", "embeddings", "responses", "messages"]
 
 NANOS_PER_USD = 1_000_000_000
 
@@ -95,6 +98,9 @@ class SpendRecord:
     # What the prompt cache saved on this attempt: its cache reads and writes priced as
     # plain input, less what they cost (negative when writes cost more than reads saved).
     cache_savings_nanos: int = 0
+    # The API the client called. Records written before this field existed read back
+    # as "chat", the only API there was.
+    surface: SurfaceType = "chat"
 
     @property
     def day(self) -> str:

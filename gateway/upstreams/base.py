@@ -75,7 +75,9 @@ class UpstreamTimedOut(UpstreamFailure):
 @dataclass(slots=True)
 class UpstreamReply:
     """A non-streaming answer: the OpenAI-format JSON body and the raw bytes, when the
-    upstream spoke OpenAI already (so the gateway can forward them unchanged)."""
+    upstream spoke OpenAI already (so the gateway can forward them unchanged). A native
+    call's (`native_impl`) raw bytes are in the bridged API's format, its body their
+    chat view."""
 
     body: dict[str, Any]
     raw: bytes | None = None

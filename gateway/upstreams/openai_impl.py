@@ -72,7 +72,11 @@ class OpenAICompatibleClient:
     async def complete(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
     ) -> UpstreamReply:
-        request = self._request(target, endpoint, body)
+        return await self.send(target, self._request(target, endpoint, body))
+
+    async def send(self, target: UpstreamTarget, request: httpx.Request) -> UpstreamReply:
+        """One non-streaming call of a request built by `post_request` (any JSON API over
+        this pool): its JSON object and raw bytes. Raises UpstreamFailure."""
         with translate_errors(target):
             response = await self._transport.handle_async_request(request)
             self._load_report(target, response)
@@ -95,10 +99,19 @@ class OpenAICompatibleClient:
             )
         return UpstreamReply(body=parsed, raw=content)
 
-    async def stream(
+    def stream(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
     ) -> AsyncIterator[list[bytes]]:
-        request = self._request(target, endpoint, body)
+        return self.send_stream(target, self._request(target, endpoint, body))
+
+    async def send_stream(
+        self,
+        target: UpstreamTarget,
+        request: httpx.Request,
+        last: Callable[[bytes], bool] | None = None,
+    ) -> AsyncIterator[list[bytes]]:
+        """A streaming call of a request built by `post_request`: its SSE event payloads
+        as `sse_events` yields them (`last`: see there)."""
         with translate_errors(target):
             response = await self._transport.handle_async_request(request)
         self._load_report(target, response)
@@ -109,7 +122,7 @@ class OpenAICompatibleClient:
                 raise status_failure(target, response.status_code, response.headers, content)
             with translate_errors(target):
                 chunks = response.aiter_raw()
-                async for events in sse_events(chunks):
+                async for events in sse_events(chunks, last):
                     yield events
                 async for _ in chunks:  # read past [DONE] so the connection is reused
                     pass
@@ -128,19 +141,7 @@ class OpenAICompatibleClient:
             headers[LOAD_REQUEST_HEADER] = "text"
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
-        timeout = {
-            "connect": target.connect_timeout_s,
-            "read": target.timeout_s,
-            "write": target.timeout_s,
-            "pool": target.timeout_s,
-        }
-        return httpx.Request(
-            "POST",
-            self._url(target.api_base, endpoint),
-            content=orjson.dumps(body),
-            headers=headers,
-            extensions={"timeout": timeout},
-        )
+        return post_request(target, self._url(target.api_base, endpoint), headers, body)
 
     def _load_report(self, target: UpstreamTarget, response: httpx.Response) -> None:
         if target.load_report and self._on_load_report is not None:
@@ -157,10 +158,30 @@ class OpenAICompatibleClient:
         return url
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+def post_request(
+    target: UpstreamTarget, url: httpx.URL | str, headers: dict[str, str], body: dict[str, Any]
+) -> httpx.Request:
+    """A JSON POST to `url` with the deployment's timeouts."""
+    # Built directly rather than with `build_request`, which re-merges the client's
+    # defaults and re-parses the URL on every call.
+    timeout = {
+        "connect": target.connect_timeout_s,
+        "read": target.timeout_s,
+        "write": target.timeout_s,
+        "pool": target.timeout_s,
+    }
+    return httpx.Request(
+        "POST", url, content=orjson.dumps(body), headers=headers, extensions={"timeout": timeout}
+    )
+
+
+async def sse_events(
+    chunks: AsyncIterator[bytes], last: Callable[[bytes], bool] | None = None
+) -> AsyncIterator[list[bytes]]:
     """Yield the data of the SSE events (joined `data:` lines) completed by each chunk
-    read, as a list per read; stops at `[DONE]`. A body that ends without `[DONE]` was
-    cut short: after its last complete event, `UpstreamFailure` is raised."""
+    read, as a list per read; stops at `[DONE]`, or after the event `last` says ends the
+    stream (APIs that send no `[DONE]`). A body that ends before either was cut short:
+    after its last complete event, `UpstreamFailure` is raised."""
     buffer = b""
     data: list[bytes] = []
     async for chunk in chunks:
@@ -184,10 +205,14 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]
                         yield events
                     raise UpstreamFailure("the upstream stream sent an event that is not JSON")
                 events.append(payload)
+                if last is not None and last(payload):
+                    yield events
+                    return
         if events:
             yield events
     # An event not ended by a blank line is incomplete (the SSE rule): dropped.
-    raise UpstreamFailure("the upstream stream ended without [DONE]")
+    ended = "without [DONE]" if last is None else "before its last event"
+    raise UpstreamFailure(f"the upstream stream ended {ended}")
 
 
 def _is_json(payload: bytes) -> bool:

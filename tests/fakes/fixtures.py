@@ -13,6 +13,7 @@ import pytest
 
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.responses_upstream import FakeResponses
 
 
 @pytest.fixture
@@ -26,4 +27,11 @@ def fake_openai() -> Iterator[FakeOpenAI]:
 def fake_anthropic() -> Iterator[FakeAnthropic]:
     """A running FakeAnthropic; `fake_anthropic.url` is the API root (no `/v1`)."""
     with FakeAnthropic() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_responses() -> Iterator[FakeResponses]:
+    """A running FakeResponses (OpenAI's Responses API); `fake_responses.url` ends in `/v1`."""
+    with FakeResponses() as fake:
         yield fake

@@ -75,6 +75,7 @@ class Behaviour:
     omit_usage: bool = False  # no `usage` in the body, no usage chunk in the stream
     stall_after_chunks: int | None = None  # stream: hang after this many content chunks
     reset_after_chunks: int | None = None  # stream: abort the connection after this many
+    fail_in_stream: bool = False  # stream: end with the API's in-band failure event
     malformed_json: bool = False  # body (or first content chunk) is not valid JSON
     logprob: float = -0.25  # every token's logprob, when the request asks for logprobs
     ignore_max_tokens: bool = False  # answer in full whatever max_tokens says (bills past it)

@@ -13,12 +13,12 @@ import redis
 
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.settings import Settings
-from tests.fakes.fixtures import fake_anthropic, fake_openai
+from tests.fakes.fixtures import fake_anthropic, fake_openai, fake_responses
 from tests.gateway.ledger_fixtures import RedisServer
 from tests.gateway.server import GatewayServer
 from tests.support import eventually_async
 
-__all__ = ["fake_anthropic", "fake_openai"]
+__all__ = ["fake_anthropic", "fake_openai", "fake_responses"]
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 CLIENT_KEY = "fake-client-key"

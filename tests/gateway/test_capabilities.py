@@ -109,8 +109,19 @@ def test_defaults_per_provider_and_engine_kind() -> None:
         "json_schema",
     }
     assert "tools" in default_capabilities("openai", tools_vllm, embeddings_installed=False)
-    assert default_capabilities("openai", None, embeddings_installed=False) == set(CAPABILITIES)
+    # Every endpoint and feature, no other API's wire format (those the policy grants).
+    assert default_capabilities("openai", None, embeddings_installed=False) == set(CAPABILITIES) - {
+        "responses",
+        "messages",
+    }
     assert default_capabilities("anthropic", None, embeddings_installed=False) == {
+        "chat",
+        "tools",
+        "vision",
+        "json_schema",
+        "messages",  # Anthropic's own Messages API, served natively
+    }
+    assert default_capabilities("bedrock", None, embeddings_installed=False) == {
         "chat",
         "tools",
         "vision",
@@ -207,7 +218,7 @@ def test_policy_explain_says_what_each_deployment_serves_and_what_it_skips(
     reasons = json.loads(capsys.readouterr().out)["reasons"]
     assert "the request needs chat, tools" in reasons
     assert "skip 'local-cpu': does not serve tools" in reasons
-    assert "'anthropic-claude-sonnet' serves chat, json_schema, tools, vision" in reasons
+    assert "'anthropic-claude-sonnet' serves chat, json_schema, messages, tools, vision" in reasons
     with pytest.raises(SystemExit):
         main([*args[:-1], "tool"])
     assert "unknown capability tool" in capsys.readouterr().err
