@@ -25,6 +25,7 @@ from gateway.dashboard import dashboard_routes
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
 from gateway.executor import Executor
 from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
+from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, check_installed
 from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.proxy import DECISIONS_LOGGER, Proxy, new_request_id
@@ -94,6 +95,8 @@ def make_store(settings: Settings) -> LedgerStore:
             prefix=settings.redis_prefix,
             stream_maxlen=settings.ledger_stream_maxlen,
             dedupe_ttl_s=settings.ledger_dedupe_window_s,
+            cluster=settings.redis_cluster,
+            shards=settings.ledger_shard_count,
         )
     log.warning("REDIS_URL is not set: the ledger is in memory and lost on restart")
     return MemoryStore(
@@ -101,7 +104,32 @@ def make_store(settings: Settings) -> LedgerStore:
     )
 
 
+def start_archive(
+    settings: Settings, store: LedgerStore, metrics: Metrics
+) -> ArchiveExporter | None:
+    """The archive exporter, running in the background, when CASCADE_LEDGER_ARCHIVE_DIR
+    is set: it reads the ledger's streams, never the request path."""
+    if settings.ledger_archive_dir is None:
+        return None
+    if not isinstance(store, RedisStore):
+        log.warning("CASCADE_LEDGER_ARCHIVE_DIR is set without REDIS_URL: nothing is archived")
+        return None
+    streams = store.event_stream_keys()
+    exporter = ArchiveExporter(
+        store.client,
+        streams,
+        settings.ledger_archive_dir,
+        ArchiveOptions(flush_s=settings.ledger_archive_flush_s),
+        metrics=metrics.archive,
+        stream_cap=-(-settings.ledger_stream_maxlen // len(streams)),  # each shard's MAXLEN
+    )
+    exporter.start()
+    return exporter
+
+
 async def start_services(settings: Settings) -> Services:
+    if settings.ledger_archive_dir is not None:
+        check_installed()  # a clear error naming the extra, before serving
     loaded = load_policy(settings.policy, install_check=install_problems)
     if any(route.run_code_examples for route in loaded.policy.routes.values()):
         await asyncio.to_thread(sandbox.available)  # its probe child, off the event loop
@@ -112,7 +140,12 @@ async def start_services(settings: Settings) -> Services:
     # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
     engines_dir = settings.spool_path.parent / "engines"
     guard = build_guard(
-        metrics, loaded.policy, settings.redis_url, settings.redis_prefix, engines_dir
+        metrics,
+        loaded.policy,
+        settings.redis_url,
+        settings.redis_prefix,
+        engines_dir,
+        cluster=settings.redis_cluster,
     )
     clients: dict[str, UpstreamClient] = {
         "openai": OpenAICompatibleClient(
@@ -125,7 +158,10 @@ async def start_services(settings: Settings) -> Services:
     accountant = Accountant(ledger, metrics, guard.load.prices)
     executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
     redis_url, prefix = settings.redis_url, settings.redis_prefix
-    limits = Limiter(RedisLimitStore(redis_url, prefix) if redis_url else None, metrics)
+    limit_store = (
+        RedisLimitStore(redis_url, prefix, cluster=settings.redis_cluster) if redis_url else None
+    )
+    limits = Limiter(limit_store, metrics)
     log_unserved(loaded)
     runtime = build_runtime(loaded)
     log_new_warnings(runtime, None)
@@ -140,6 +176,7 @@ async def start_services(settings: Settings) -> Services:
         guard=guard,
         limits=limits,
         clients=clients,
+        archive=start_archive(settings, store, metrics),
     )
     warm(services.runtime.routes.values(), settings.embedding_threads)
     await asyncio.wrap_future(tokens.warm(counted_models(services.runtime)))
@@ -167,6 +204,7 @@ async def stop_services(services: Services) -> None:
         ("SLA guard", services.guard.stop),
         ("limits", lambda: services.limits.stop(grace)),
         ("ledger", lambda: services.ledger.stop(grace)),
+        *([("ledger archive", services.archive.stop)] if services.archive else []),
         *((f"{name} client", client.close) for name, client in services.clients.items()),
         ("ledger store", services.store.close),
     ]

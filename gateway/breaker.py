@@ -12,7 +12,8 @@ Each worker counts consecutive failures itself (successes are the common case an
 not cost a Redis call); an ejection is shared: the worker that opens a breaker writes
 `<prefix>{breaker}:<deployment>` (string, the reopen time, expiring with the cooldown)
 and every worker polls those keys, so one worker's evidence ejects the deployment
-everywhere. A closed breaker deletes the key. Without Redis the breakers are local.
+everywhere. A closed breaker deletes the key. Without Redis the breakers are local. On a
+Redis Cluster the `{breaker}` tag keeps every key in one slot, so the poll stays one MGET.
 
 What counts as a failure: refused or reset connections, timeouts, 5xx other than 503.
 A 429 or a 503 says "busy", not "broken": the latency model marks the deployment busy
@@ -30,9 +31,9 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.redis_client import RedisClient
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamFailure, UpstreamTimedOut
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class CircuitBreakers:
     def __init__(
         self,
         settings: BreakerSettings | None = None,
-        redis: aioredis.Redis | None = None,
+        redis: RedisClient | None = None,
         prefix: str = "cg:",
         on_change: Callable[[str, BreakerStateType], None] | None = None,
     ) -> None:

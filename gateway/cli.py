@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from gateway.errors import GatewayError
+from gateway.spend_commands import add_spend_commands
 from local_engine.cli import add_engine_commands
 from policies import DEFAULT_POLICY_PATH, LoadedPolicy, PolicyError, load_policy
 from policies.keys import hash_key
@@ -26,7 +27,6 @@ from policies.unserved import unserved_notes
 from router.cli import ScoreField, add_router_commands
 
 if TYPE_CHECKING:
-    from gateway.ledger import RedisStore
     from gateway.runtime import RouteRuntime, Runtime
     from gateway.selector import QualitySelector
     from gateway.settings import Settings
@@ -381,78 +381,6 @@ def _ledger_scores(route: str, last: int, field: ScoreField) -> list[float]:
     return ledger_scores(route, last, field)
 
 
-def cmd_spend_report(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
-    from gateway.ledger import LedgerUnavailable, read_ledger
-    from gateway.settings import Settings
-    from gateway.spend import render, spend_report
-    from gateway.spend.query import parse_query
-
-    # The API's parameters and defaults (the last 30 days), checked the API's way.
-    params = {"from": args.day_from or "", "to": args.day_to or "", "group_by": args.group_by}
-    try:
-        query = parse_query(params, list(params), datetime.now(UTC).date())
-    except GatewayError as exc:
-        print(f"spend report: {exc.message}", file=sys.stderr)
-        return 2
-    settings = Settings()
-    if not settings.redis_url:
-        print("set REDIS_URL: the report reads the Redis ledger", file=sys.stderr)
-        return 1
-    if not (args.day_from and args.day_to):
-        print(f"spend report: from {query.day_from} to {query.day_to} (UTC)", file=sys.stderr)
-
-    async def report(store: RedisStore) -> str:
-        rows = await spend_report(store, query.day_from, query.day_to, query.group_by)
-        return render(rows, query.group_by, args.format)
-
-    try:
-        print(read_ledger(settings.redis_url, settings.redis_prefix, report), end="")
-    except (ValueError, LedgerUnavailable) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_spend_budgets(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
-    from gateway.ledger import LedgerUnavailable, read_ledger
-    from gateway.settings import Settings
-    from gateway.spend import budget_statuses, render_budgets
-
-    settings = Settings(**({"policy": args.policy} if args.policy else {}))
-    try:
-        policy = load_policy(settings.policy).policy
-    except PolicyError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    if not policy.budgets:  # say why the table is empty, and which policy was read
-        default = " (the embedded default)" if settings.policy == DEFAULT_POLICY_PATH else ""
-        print(
-            f"spend budgets: the policy {settings.policy}{default} has no budgets (its "
-            "`budgets:` section); name the gateway's policy with --policy FILE or CASCADE_POLICY",
-            file=sys.stderr,
-        )
-        print(render_budgets([], args.format), end="")
-        return 0
-    if not settings.redis_url:
-        print("set REDIS_URL: budget status reads the Redis ledger", file=sys.stderr)
-        return 1
-
-    async def budgets(store: RedisStore) -> str:
-        statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
-        return render_budgets(statuses, args.format)
-
-    try:
-        print(read_ledger(settings.redis_url, settings.redis_prefix, budgets), end="")
-    except LedgerUnavailable as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cascade-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -495,32 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_router_commands(sub, ledger_scores=_ledger_scores)
     add_engine_commands(sub)
 
-    spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(
-        dest="spend_command", required=True
-    )
-    report = spend.add_parser(
-        "report",
-        help="spend, errors, reference cost and savings by group",
-        description="Spend by group from the Redis ledger (REDIS_URL), as GET /v1/spend "
-        "reports it. Days are UTC, both ends inclusive; by default the last 30 days.",
-    )
-    report.add_argument(
-        "--from", dest="day_from", metavar="YYYY-MM-DD", help="first day (default: 29 before --to)"
-    )
-    report.add_argument(
-        "--to", dest="day_to", metavar="YYYY-MM-DD", help="last day (default: today, UTC)"
-    )
-    report.add_argument("--group-by", default="team", help="comma-separated: day,team,key,...")
-    report.add_argument("--format", choices=["csv", "json"], default="csv")
-    report.set_defaults(func=cmd_spend_report)
-    budgets = spend.add_parser("budgets", help="the policy's budgets: spent, burn rate, forecast")
-    budgets.add_argument(
-        "--policy",
-        help="policy file or directory (default: CASCADE_POLICY, else the embedded default "
-        "policy, as serve reads them)",
-    )
-    budgets.add_argument("--format", choices=["csv", "json"], default="csv")
-    budgets.set_defaults(func=cmd_spend_budgets)
+    add_spend_commands(sub)
     return parser
 
 

@@ -194,6 +194,7 @@ class Metrics:
 
         self._add_sla_metrics(r)
         self._add_limit_metrics(r)
+        self.archive = ArchiveMetrics(r)
 
     def _add_sla_metrics(self, r: CollectorRegistry) -> None:
         self.tier_requests = Counter(
@@ -351,6 +352,40 @@ class Metrics:
             for values in [v for v in gauge._metrics if not keep(tuple(v))]:
                 del gauge._metrics[values]
                 self.child.forget(gauge, tuple(values))
+
+
+class ArchiveMetrics:
+    """The spend archive's exporter (gateway.ledger.archive), by ledger event stream. Its
+    figures are read from Redis, the same whichever exporter reads them: max them across
+    instances. A `spend export` sidecar serves these alone (--metrics-port)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.backlog = Gauge(
+            "cascade_ledger_archive_backlog_records",
+            "Spend records in the ledger's event stream not archived yet (unread and "
+            "pending): MAXLEN drops the oldest once the stream reaches its cap",
+            ["stream"],
+            registry=r,
+        )
+        self.dropped = Gauge(
+            "cascade_ledger_archive_dropped_records",
+            "Spend records trimmed from the event stream (MAXLEN) before they were "
+            "archived, since the archive began: a total kept in Redis, so it only grows",
+            ["stream"],
+            registry=r,
+        )
+        self.stream_cap = Gauge(
+            "cascade_ledger_archive_stream_cap",
+            "The event stream's MAXLEN (CASCADE_LEDGER_STREAM_MAXLEN), for the backlog alert",
+            ["stream"],
+            registry=r,
+        )
+        self.archived = Counter(
+            "cascade_ledger_archived_records",
+            "Spend records this process archived (written to Parquet and acked)",
+            ["stream"],
+            registry=r,
+        )
 
 
 class _AllWorkers:

@@ -14,16 +14,27 @@ and a timeout is not retried (the script may have run). The breakers' sync loop 
 every 0.5 s: a silent Redis must not stall it, and the next poll is the retry. The
 stores read `str` replies, the breakers `bytes`.
 
-A Redis Cluster switch (redis-py's `RedisCluster`, chosen by a setting) belongs here:
-callers name options, never pool classes, and every key they use carries a hash tag.
+With `cluster=True` (`CASCADE_REDIS_CLUSTER`) the client is a Redis Cluster client
+(`gateway.redis_cluster`) that finds every node from the one `url` names, with the same
+options per caller: the limit per node, the wait for a free connection, what is retried.
+Callers name options, never client or pool classes; every key they use carries a hash
+tag, so that each script touches one slot. `RedisClient` is either kind.
 """
 
 from __future__ import annotations
+
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
+
+from gateway.redis_cluster import ClusterClient, TimeoutRetryingClusterClient
+
+RedisClient = Redis | ClusterClient
 
 
 def redis_client(
@@ -35,23 +46,28 @@ def redis_client(
     pool_timeout: float | None = None,
     retry_on: tuple[type[RedisError], ...] = (),
     decode_responses: bool = False,
-) -> Redis:
-    """A client for `url` with at most `max_connections` open connections.
+    cluster: bool = False,
+) -> RedisClient:
+    """A client for `url` with at most `max_connections` open connections (on a
+    cluster: to each node).
 
     With `pool_timeout` a call waits that long for a free connection; without it a full
     pool raises `redis.ConnectionError` at once. An error in `retry_on` is retried once,
-    without a pause. Closing the client (`aclose`) closes its pool.
+    without a pause (on a cluster, after re-reading the cluster's map; a CLUSTERDOWN
+    too, when anything is). Closing the client (`aclose`) closes its pool.
 
     >>> client = redis_client(url, socket_timeout=1.0, connect_timeout=0.5, max_connections=8)
     """
-    retry = Retry(NoBackoff(), 1, supported_errors=retry_on) if retry_on else None
-    options = {
+    options: dict[str, Any] = {
         "max_connections": max_connections,
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": connect_timeout,
-        "retry": retry,  # None: redis-py retries nothing
         "decode_responses": decode_responses,
     }
+    if cluster:
+        return _cluster_client(url, pool_timeout, retry_on, options)
+    retry = Retry(NoBackoff(), 1, supported_errors=retry_on) if retry_on else None
+    options["retry"] = retry  # None: redis-py retries nothing
     pool = (
         ConnectionPool.from_url(url, **options)
         if pool_timeout is None
@@ -60,8 +76,24 @@ def redis_client(
     return Redis.from_pool(pool)
 
 
-def address(client: Redis) -> str:
-    """Where `client` connects, for error messages: `host:port/db` or a socket path
-    (never the password)."""
+def _cluster_client(
+    url: str,
+    pool_timeout: float | None,
+    retry_on: tuple[type[RedisError], ...],
+    options: dict[str, Any],
+) -> ClusterClient:
+    if urlsplit(url).path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has database 0 only, not {url}'s")
+    kind = TimeoutRetryingClusterClient if RedisTimeout in retry_on else ClusterClient
+    retry = Retry(NoBackoff(), 1 if retry_on else 0)
+    client = kind.from_url(url, pool_timeout=pool_timeout, retry=retry, **options)
+    return cast(ClusterClient, client)
+
+
+def address(client: RedisClient) -> str:
+    """Where `client` connects, for error messages: `host:port/db`, a socket path, or
+    the node a cluster client started from (never the password)."""
+    if isinstance(client, ClusterClient):
+        return client.address
     kw = client.connection_pool.connection_kwargs
     return kw.get("path") or f"{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -22,6 +23,9 @@ from policies import LoadedPolicy, Policy, PolicyError, PolicyReloader
 from policies.changes import policy_changes
 from policies.unserved import unserved_notes
 
+if TYPE_CHECKING:
+    from gateway.ledger.archive import ArchiveExporter
+
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +42,7 @@ class Services:
     guard: SlaGuard
     limits: Limiter
     reloader: PolicyReloader | None = None
+    archive: ArchiveExporter | None = None  # CASCADE_LEDGER_ARCHIVE_DIR's exporter
 
     def apply(self, loaded: LoadedPolicy) -> None:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""

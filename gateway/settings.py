@@ -14,6 +14,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies import DEFAULT_POLICY_PATH
 
+# The ledger's shards on a Redis Cluster by default: enough to spread over a few dozen
+# masters, few enough that an aggregate's fan-out (one read per shard) stays cheap.
+CLUSTER_LEDGER_SHARDS = 16
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CASCADE_", extra="ignore")
@@ -31,6 +35,12 @@ class Settings(BaseSettings):
         default=None, validation_alias=AliasChoices("CASCADE_REDIS_URL", "REDIS_URL")
     )
     redis_prefix: str = "cg:"
+    # REDIS_URL names one node of a Redis Cluster; the clients find the others.
+    redis_cluster: bool = False
+    # Hash tags the ledger is spread over ({ledger.0} .. {ledger.N-1}), so a cluster's
+    # masters share its writes. Unset: 16 on a cluster, else 1 (the `{ledger}` names).
+    # Fixed for a ledger's life: a store with another count refuses to run on it.
+    ledger_shards: int | None = Field(default=None, ge=1, le=1024)
     ledger_stream_maxlen: int = 100_000
     # How long a spend record's exactly-once marker lives in Redis: a replay of the
     # spool within it is applied once; a spooled record older than it is refused (it
@@ -38,6 +48,13 @@ class Settings(BaseSettings):
     ledger_dedupe_window_s: int = Field(default=48 * 3600, gt=0)  # ledger.store's default
     # Spend records written while Redis is unreachable; replayed when it returns.
     spool_path: Path = Path("var/ledger.spool")
+    # Where the spend archive goes (daily Parquet files, every record once: see
+    # gateway.ledger.archive). Set, the gateway exports the ledger's event streams there
+    # in the background; needs the `archive` extra. Unset: no archive.
+    ledger_archive_dir: Path | None = None
+    # How long records gather before the archive writes them: longer, fewer and larger
+    # files; the stream holds them meanwhile (keep it well under a full stream's worth).
+    ledger_archive_flush_s: float = Field(default=60.0, gt=0)
     # Upstream connection pool (shared by every OpenAI-compatible deployment).
     upstream_max_connections: int = 1000
     # Connection pool under the OpenAI-compatible client: "aiohttp" (fastest) or
@@ -54,3 +71,10 @@ class Settings(BaseSettings):
     # Serve the OpenAPI schema of the FastAPI routes at /openapi.json (off: it maps
     # the admin surface for anyone who can reach the port).
     openapi: bool = False
+
+    @property
+    def ledger_shard_count(self) -> int:
+        """`ledger_shards`, or its default for the kind of Redis."""
+        if self.ledger_shards is not None:
+            return self.ledger_shards
+        return CLUSTER_LEDGER_SHARDS if self.redis_cluster else 1

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-import redis.asyncio as aioredis
-
 from gateway.breaker import (
     STATE_VALUES,
     Admission,
@@ -35,7 +33,7 @@ from gateway.errors import RateLimited, UpstreamUnavailable
 from gateway.latency import LatencyModel
 from gateway.load import LoadView, ScrapeTarget, scrape_targets
 from gateway.metrics import Metrics
-from gateway.redis_client import redis_client
+from gateway.redis_client import RedisClient, redis_client
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, sla_met
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamFailure
 from gateway.warmup import Warmup
@@ -56,7 +54,7 @@ class SlaGuard:
         latency: LatencyModel,
         breakers: CircuitBreakers,
         load: LoadView,
-        redis: aioredis.Redis | None = None,
+        redis: RedisClient | None = None,
         warmup: Warmup | None = None,
     ) -> None:
         self._metrics = metrics
@@ -272,13 +270,22 @@ def build_guard(
     redis_url: str | None,
     prefix: str,
     engines_dir: Path | None = None,
+    *,
+    cluster: bool = False,
 ) -> SlaGuard:
-    """The guard for a gateway process; breakers share ejections through Redis if set,
-    and the engines whose state files are in `engines_dir` warm up rather than fail."""
+    """The guard for a gateway process; breakers share ejections through Redis if set
+    (a Redis Cluster with `cluster`), and the engines whose state files are in
+    `engines_dir` warm up rather than fail."""
     # Short timeouts: a Redis that stops answering must not stall the breaker sync loop
     # (gateway.redis_client has each caller's options side by side).
     client = (
-        redis_client(redis_url, socket_timeout=1.0, connect_timeout=1.0, max_connections=100)
+        redis_client(
+            redis_url,
+            socket_timeout=1.0,
+            connect_timeout=1.0,
+            max_connections=100,
+            cluster=cluster,
+        )
         if redis_url
         else None
     )

@@ -11,7 +11,13 @@ is one score per request.
 
 from __future__ import annotations
 
-from gateway.ledger import LedgerStore, LedgerUnavailable, RedisStore, read_ledger
+from gateway.ledger import (
+    LedgerLayoutError,
+    LedgerStore,
+    LedgerUnavailable,
+    RedisStore,
+    read_ledger,
+)
 from gateway.settings import Settings
 from router.cli import ScoreField
 from router.errors import RoutingError
@@ -48,9 +54,17 @@ def ledger_scores(route: str, last: int, field: ScoreField = "score") -> list[fl
         return await recent_scores(store, route, last, field)
 
     try:
-        scores = read_ledger(settings.redis_url, settings.redis_prefix, read)
+        scores = read_ledger(
+            settings.redis_url,
+            settings.redis_prefix,
+            read,
+            cluster=settings.redis_cluster,
+            shards=settings.ledger_shard_count,
+        )
     except LedgerUnavailable as exc:
         raise RoutingError(f"the ledger is unreachable: {exc}") from exc
+    except LedgerLayoutError as exc:
+        raise RoutingError(str(exc)) from exc
     except ValueError as exc:  # redis-py's word for a URL it cannot parse
         raise RoutingError(f"REDIS_URL is not a Redis URL: {exc}") from exc
     if not scores:

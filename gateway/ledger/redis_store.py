@@ -1,18 +1,24 @@
 """The Redis ledger store: one Lua script per record, Cluster-safe keys.
 
-Keys (`P` is the prefix, default `cg:`; every key carries the `{ledger}` hash tag so a
-Redis Cluster keeps them in one slot and the script may touch them all):
+Keys (`P` is the prefix, default `cg:`; `T` the hash tag: `{ledger}` with one shard,
+`{ledger.K}` for shard K of N, `gateway.ledger.shards`; a script touches the keys of one
+tag only, so on a Redis Cluster each record is one slot's work):
 
-    P{ledger}:rec:<record_id>        string  the record's JSON; SET NX makes it the
-                                             de-duplication marker too (dedupe_ttl_s,
-                                             the dedupe window: 48 h by default)
-    P{ledger}:day:<YYYY-MM-DD>       hash    `<metric>|<JSON [team,key,route,tier,
-                                             deployment,model]>` -> int (aggregate_ttl_s)
-    P{ledger}:day:<YYYY-MM-DD>:<dim> hash    `<metric>|<value>` -> int, one per dimension
-                                             (aggregate_ttl_s)
-    P{ledger}:days                   zset    days with data, score = date.toordinal()
-                                             (aggregate_ttl_s)
-    P{ledger}:events                 stream  `id`, `json` per record, MAXLEN ~ stream_maxlen
+    P T:rec:<record_id>        string  the record's JSON; SET NX makes it the
+                                       de-duplication marker too (dedupe_ttl_s, the
+                                       dedupe window: 48 h by default)
+    P T:day:<YYYY-MM-DD>       hash    `<metric>|<JSON [team,key,route,tier,deployment,
+                                       model]>` -> int (aggregate_ttl_s)
+    P T:day:<YYYY-MM-DD>:<dim> hash    `<metric>|<value>` -> int, one per dimension
+                                       (aggregate_ttl_s)
+    P T:days                   zset    days with data, score = date.toordinal()
+                                       (aggregate_ttl_s)
+    P T:events                 stream  `id`, `json` per record, MAXLEN ~ stream_maxlen / N
+    P{ledger}:shards           string  N, when N > 1 (no expiry): the layout's check
+
+With one shard the names are `P{ledger}:...`, as they always were. With N shards a day's
+totals are the sum over the N shards' hashes (`aggregate` reads them all), and the
+events are the N streams merged by time.
 
 Metric names contain no `|`, so a field splits unambiguously at its first `|` whatever
 the values hold; the full tuple is JSON so its parts cannot run into each other. Zero
@@ -27,25 +33,28 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import date
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import orjson
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
+from gateway.ledger.shards import ShardKeys, check_layout, shard_of
 from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
-from gateway.redis_client import address, redis_client
+from gateway.redis_client import RedisClient, address, redis_client
 
 # Errors that mean "no usable Redis there" (BusyLoadingError and auth failures are
 # ConnectionErrors; READONLY is what a demoted primary answers during failover;
-# InvalidResponse is something other than Redis, e.g. a proxy, on the port).
+# InvalidResponse is something other than Redis, e.g. a proxy, on the port; on a
+# cluster, CLUSTERDOWN, TRYAGAIN or redirects past redis-py's limit while slots move).
 _UNREACHABLE = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.ReadOnlyError,
     redis_errors.InvalidResponse,
+    redis_errors.ClusterError,
+    redis_errors.TryAgainError,
     OSError,
 )
 
@@ -81,11 +90,14 @@ return 1
 class RedisStore:
     """A `LedgerStore` on Redis (standalone or Cluster), via `redis.asyncio`.
 
-    `record` is one EVALSHA round trip; `record_many` pipelines a batch of them.
-    Connection failures raise `LedgerUnavailable` within about `socket_timeout` (one
-    retry, for a pooled connection Redis dropped).
+    `record` is one EVALSHA round trip; `record_many` pipelines a batch of them (on a
+    cluster, one pipeline per master, sent together). Connection failures raise
+    `LedgerUnavailable` within about `socket_timeout` (one retry, for a pooled
+    connection Redis dropped). `shards` spreads the ledger over that many hash tags
+    (module docstring); every store of one ledger must use the same number.
 
     >>> store = RedisStore("redis://localhost:6379/0"); await store.record(rec)
+    >>> store = RedisStore("redis://node-1:6379", cluster=True, shards=16)
     """
 
     def __init__(
@@ -99,7 +111,11 @@ class RedisStore:
         max_connections: int = 64,
         socket_connect_timeout: float = 0.5,
         socket_timeout: float = 1.0,
+        cluster: bool = False,
+        shards: int = 1,
     ) -> None:
+        if shards < 1:
+            raise ValueError(f"a ledger has at least one shard, not {shards}")
         self._client = redis_client(
             url,
             socket_timeout=socket_timeout,
@@ -108,17 +124,22 @@ class RedisStore:
             pool_timeout=socket_timeout,
             retry_on=(redis_errors.ConnectionError, redis_errors.TimeoutError),
             decode_responses=True,
+            cluster=cluster,
         )
         self._where = address(self._client)
         self._script = self._client.register_script(_RECORD_LUA)
-        self._base = f"{prefix}{{ledger}}:"
+        self._prefix = prefix
+        self._shards = [ShardKeys(prefix, k, shards) for k in range(shards)]
+        self._layout_checked = False
         self._stream_maxlen = stream_maxlen
+        self._shard_maxlen = -(-stream_maxlen // shards)  # the N streams hold about as much
         self._dedupe_ttl_s = dedupe_ttl_s
         self._aggregate_ttl_s = aggregate_ttl_s
 
     async def record(self, rec: SpendRecord) -> bool:
         """Add `rec` once; False (and no change) if its `record_id` was seen already."""
         with self._translate():
+            await self._check_layout()
             added = await self._script(*self._script_call(rec))
         return bool(added)
 
@@ -126,40 +147,52 @@ class RedisStore:
         """`record` for each, in one pipelined round trip (each script stays atomic).
 
         EVALSHA is sent directly: redis-py's pipelined scripts cost an extra SCRIPT
-        EXISTS round trip per batch. After a Redis restart the script is loaded again
-        and the batch re-sent, which is safe because `record` is idempotent."""
+        EXISTS round trip per batch. Where Redis lacks the script (restarted; on a
+        cluster, a master that never ran it) it is loaded and those records re-sent:
+        only those, so that each flag still says whether its record was new."""
         if len(recs) == 1:
             return [await self.record(recs[0])]
         with self._translate():
-            try:
-                return await self._evalsha_batch(recs)
-            except redis_errors.NoScriptError:
+            await self._check_layout()
+            added = await self._evalsha_batch(recs)
+            missing = [i for i, a in enumerate(added) if isinstance(a, redis_errors.NoScriptError)]
+            if missing:
                 await self._client.script_load(_RECORD_LUA)
-                return await self._evalsha_batch(recs)
+                again = await self._evalsha_batch([recs[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    added[i] = reply
+            for reply in added:
+                if isinstance(reply, Exception):
+                    raise reply
+        return [bool(a) for a in added]
 
-    async def _evalsha_batch(self, recs: Sequence[SpendRecord]) -> list[bool]:
+    async def _evalsha_batch(self, recs: Sequence[SpendRecord]) -> list[Any]:
+        """Each record's reply, or the error Redis answered for it."""
         async with self._client.pipeline(transaction=False) as pipe:
             for rec in recs:
                 keys, args = self._script_call(rec)
-                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            added = await pipe.execute()
-        return [bool(a) for a in added]
+                # The raw command: a cluster pipeline refuses `evalsha()`, which it cannot
+                # prove touches one slot (this script's keys share its shard's tag).
+                pipe.execute_command("EVALSHA", self._script.sha, len(keys), *keys, *args)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
     def _script_call(self, rec: SpendRecord) -> tuple[list[str], list[Any]]:
         day = rec.day
         dims = [rec.dimension(name) for name in DIMENSIONS]
+        shard = self._shard(rec.record_id)
         keys = [
-            self._base + "rec:" + rec.record_id,
-            self._day_key(day),
-            *(self._day_key(day, name) for name in DIMENSIONS),
-            self._base + "days",
-            self._base + "events",
+            shard.rec(rec.record_id),
+            shard.day(day),
+            *(shard.day(day, name) for name in DIMENSIONS),
+            shard.days,
+            shard.events,
         ]
         args: list[Any] = [
             rec.to_json(),
             self._dedupe_ttl_s,
             self._aggregate_ttl_s,
-            self._stream_maxlen,
+            self._shard_maxlen,
             date.fromisoformat(day).toordinal(),
             day,
             rec.record_id,
@@ -171,7 +204,8 @@ class RedisStore:
     async def get(self, record_id: str) -> SpendRecord | None:
         """The record, while its de-duplication key lives (`dedupe_ttl_s`)."""
         with self._translate():
-            raw = await self._client.get(self._base + "rec:" + record_id)
+            await self._check_layout()
+            raw = await self._client.get(self._shard(record_id).rec(record_id))
         return None if raw is None else SpendRecord.from_dict(orjson.loads(raw))
 
     async def aggregate(
@@ -187,16 +221,22 @@ class RedisStore:
         # Any per-dimension hash holds the day's totals, so no dimension reads the first.
         single = None if len(dims) > 1 else (dims[0] if dims else DIMENSIONS[0])
         with self._translate():
-            found = await self._client.zrangebyscore(
-                self._base + "days", day_from.toordinal(), day_to.toordinal()
-            )
-            days = cast(list[str], found)
+            await self._check_layout()
             async with self._client.pipeline(transaction=False) as pipe:
-                for day in days:
-                    pipe.hgetall(self._day_key(day, single))
+                for shard in self._shards:
+                    pipe.zrangebyscore(shard.days, day_from.toordinal(), day_to.toordinal())
+                found: list[list[str]] = await pipe.execute()
+            days = [
+                (shard, day)
+                for shard, shard_days in zip(self._shards, found, strict=True)
+                for day in shard_days
+            ]
+            async with self._client.pipeline(transaction=False) as pipe:
+                for shard, day in days:
+                    pipe.hgetall(shard.day(day, single))
                 hashes: list[dict[str, str]] = await pipe.execute()
         rollup = Rollup(names)
-        for day, fields in zip(days, hashes, strict=True):
+        for (_, day), fields in zip(days, hashes, strict=True):
             for field, amount in fields.items():
                 metric, _, encoded = field.partition("|")
                 if metric not in METRICS:
@@ -211,26 +251,44 @@ class RedisStore:
         return rollup.rows()
 
     async def events(self, limit: int = 1000) -> list[SpendRecord]:
-        """The latest `limit` records (at most `stream_maxlen`), oldest first."""
+        """The latest `limit` records (at most `stream_maxlen`), oldest first: with N
+        shards the N streams' latest, merged by when each was written."""
         count = min(limit, self._stream_maxlen)
         if count <= 0:
             return []
         with self._translate():
-            found = await self._client.xrevrange(self._base + "events", count=count)
-        entries = cast(list[tuple[str, dict[str, str]]], found)
-        return [SpendRecord.from_dict(orjson.loads(fields["json"])) for _, fields in entries[::-1]]
+            await self._check_layout()
+            async with self._client.pipeline(transaction=False) as pipe:
+                for shard in self._shards:
+                    pipe.xrevrange(shard.events, count=count)
+                found: list[list[tuple[str, dict[str, str]]]] = await pipe.execute()
+        records = [
+            (_entry_time(entry_id), SpendRecord.from_dict(orjson.loads(fields["json"])))
+            for stream in found
+            for entry_id, fields in stream
+        ]
+        if len(found) > 1:
+            # By the time Redis wrote each; within a millisecond (two shards' entries can
+            # share one), by the request's time, then the stream's own order.
+            records.sort(key=lambda entry: (entry[0][0], entry[1].ts, entry[0][1]))
+        else:
+            records.reverse()  # one stream, newest first
+        return [rec for _, rec in records[-count:]]
 
     def event_stream_keys(self) -> list[str]:
-        """The streams that hold the records' events, the archive's sources."""
-        return [self._base + "events"]
+        """The streams that hold the records' events (one per shard), the archive's
+        sources."""
+        return [shard.events for shard in self._shards]
 
     @property
-    def client(self) -> Redis:
-        """The store's Redis client, shared with the archive exporter."""
+    def client(self) -> RedisClient:
+        """The store's Redis client (a cluster client on a cluster), shared with the
+        archive exporter."""
         return self._client
 
     async def ping(self) -> bool:
-        """True if Redis answers; never raises for a connection failure."""
+        """True if Redis (a cluster's every master) answers; never raises for a
+        connection failure."""
         try:
             return bool(await self._client.ping())
         except _UNREACHABLE:
@@ -239,9 +297,14 @@ class RedisStore:
     async def close(self) -> None:
         await self._client.aclose()
 
-    def _day_key(self, day: str, dimension: str | None = None) -> str:
-        key = f"{self._base}day:{day}"
-        return key if dimension is None else f"{key}:{dimension}"
+    def _shard(self, record_id: str) -> ShardKeys:
+        return self._shards[shard_of(record_id, len(self._shards))]
+
+    async def _check_layout(self) -> None:
+        """Once per store: refuse a ledger written with another shard count."""
+        if not self._layout_checked:
+            await check_layout(self._client, self._prefix, len(self._shards))
+            self._layout_checked = True
 
     @contextlib.contextmanager
     def _translate(self) -> Iterator[None]:
@@ -251,16 +314,30 @@ class RedisStore:
             raise LedgerUnavailable(f"redis at {self._where} is unreachable: {exc}") from exc
 
 
+def _entry_time(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (`<ms>-<seq>`) as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
 T = TypeVar("T")
 
 
-def read_ledger(url: str, prefix: str, read: Callable[[RedisStore], Awaitable[T]]) -> T:
+def read_ledger(
+    url: str,
+    prefix: str,
+    read: Callable[[RedisStore], Awaitable[T]],
+    *,
+    cluster: bool = False,
+    shards: int = 1,
+) -> T:
     """`read` run on the Redis ledger at `url`, for a command line tool: in its own
     event loop, the connection closed after. Raises what `read` and `RedisStore` raise
-    (`LedgerUnavailable`; ValueError for a URL redis-py cannot parse)."""
+    (`LedgerUnavailable`; ValueError for a URL redis-py cannot parse, or a ledger laid
+    out over another number of shards)."""
 
     async def run() -> T:
-        store = RedisStore(url, prefix=prefix)
+        store = RedisStore(url, prefix=prefix, cluster=cluster, shards=shards)
         try:
             return await read(store)
         finally:

@@ -18,6 +18,13 @@ Redis Cluster keeps them in one slot and one script may touch them all):
     P{limits}:probe                                string  written by outage probes (60 s)
 
 <scope> is `key`, `team` or `route` (`key` or `team` for rates).
+
+On a Redis Cluster (`cluster=True`) all of it is still one slot, so one master serves
+every admission: an admission reserves against several budgets (key, team, route) and
+rate rules in one atomic script, which Redis runs only on keys of one slot. Spreading
+them (a tag per team, say) needs an admission that spans slots, e.g. a reservation
+per budget with compensation on refusal: the next step, not taken here. The ledger,
+the bulk of the writes, is spread (`gateway.ledger.shards`).
 """
 
 from __future__ import annotations
@@ -60,6 +67,12 @@ TRANSIENT_ERRORS: tuple[type[redis_errors.RedisError], ...] = (
     redis_errors.TryAgainError,
     redis_errors.MasterDownError,
     redis_errors.NoScriptError,
+    # On a cluster, a node lost mid-pipeline answers its share of the batch with these
+    # (a standalone Redis raises them for the whole batch): the settle script is
+    # idempotent, so the batch is resent.
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ClusterError,
 )
 TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "CLUSTERDOWN")
 KEEP_AFTER_PERIOD_S = 7 * 86400  # budget counters stay readable a week past their period
@@ -90,6 +103,7 @@ class RedisLimitStore:
         max_connections: int = 64,
         socket_timeout: float = 0.5,
         busy_timeout: float = 5.0,
+        cluster: bool = False,
     ) -> None:
         # Redis-py's own timeouts are the outer bound; `_patiently` the usual one.
         self._client = redis_client(
@@ -101,6 +115,7 @@ class RedisLimitStore:
             # A dropped connection (Redis restarted, an idle one closed) is retried once.
             retry_on=(redis_errors.ConnectionError,),
             decode_responses=True,
+            cluster=cluster,
         )
         self._timeout_s = socket_timeout
         self._busy_s = busy_timeout
@@ -144,9 +159,14 @@ class RedisLimitStore:
         logged and dropped alone: one bad charge must not hold the queue behind it."""
         with self._translate():
             replies = await self._patiently(self._settle_batch(charges))
-            if any(isinstance(r, redis_errors.NoScriptError) for r in replies):
-                await self._client.script_load(SETTLE_LUA)  # Redis restarted: resend
-                replies = await self._patiently(self._settle_batch(charges))
+            missing = [
+                i for i, r in enumerate(replies) if isinstance(r, redis_errors.NoScriptError)
+            ]
+            if missing:  # Redis restarted (or a cluster master never ran it): resend those
+                await self._client.script_load(SETTLE_LUA)
+                again = await self._patiently(self._settle_batch([charges[i] for i in missing]))
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
         results: list[tuple[Balance, ...] | None] = []
         for charge, reply in zip(charges, replies, strict=True):
             if isinstance(reply, redis_errors.RedisError):
@@ -201,7 +221,9 @@ class RedisLimitStore:
         async with self._client.pipeline(transaction=False) as pipe:
             for charge in charges:
                 keys, args = self._settle_call(charge)
-                pipe.evalsha(self._settle.sha, len(keys), *keys, *args)
+                # The raw command: a cluster pipeline refuses `evalsha()` (the keys share
+                # the `{limits}` slot).
+                pipe.execute_command("EVALSHA", self._settle.sha, len(keys), *keys, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             return replies
 

@@ -34,8 +34,14 @@ class SpendQuery:
     limit: int | None = None
 
 
-def parse_query(params: Mapping[str, str], allowed: Collection[str], today: date) -> SpendQuery:
-    """`params` checked against the names in `allowed` (a subset of SpendQuery's)."""
+def parse_query(
+    params: Mapping[str, str],
+    allowed: Collection[str],
+    today: date,
+    max_days: int | None = MAX_DAYS,
+) -> SpendQuery:
+    """`params` checked against the names in `allowed` (a subset of SpendQuery's).
+    `max_days`: the longest range (None: any, as the archive keeps every day)."""
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise InvalidRequest(
@@ -47,9 +53,9 @@ def parse_query(params: Mapping[str, str], allowed: Collection[str], today: date
     day_from = parse_day(params, "from") or day_to - timedelta(days=DEFAULT_DAYS - 1)
     if day_from > day_to:
         raise InvalidRequest(f"from ({day_from}) is after to ({day_to})", param="from")
-    if (day_to - day_from).days >= MAX_DAYS:
+    if max_days is not None and (day_to - day_from).days >= max_days:
         raise InvalidRequest(
-            f"from {day_from} to {day_to} spans more than {MAX_DAYS} days, the ledger's retention",
+            f"from {day_from} to {day_to} spans more than {max_days} days, the ledger's retention",
             param="from",
         )
     sort, descending = parse_sort(params.get("sort"))

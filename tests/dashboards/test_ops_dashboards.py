@@ -153,6 +153,8 @@ def test_alert_rules_are_prometheus_rules_on_real_metrics(exported: set[str]) ->
         "CascadeBudgetSoftLimitCrossed",
         "CascadeSlaAttainmentLow",
         "CascadePolicyEditRejected",
+        "CascadeLedgerArchiveBacklogNearCap",
+        "CascadeLedgerArchiveDroppedRecords",
     } <= seen
 
 

@@ -25,6 +25,7 @@ REDIS_URL = "redis://127.0.0.1:6379"
 CONTRACT_DB = 1  # the shared Redis: only DBs 1 and 2, only keys under our own prefix
 OUTAGE_DB = 2
 DAY0 = date(2026, 11, 28)
+SHARDS = 4  # the "redis-sharded" stores' shard count (`gateway.ledger.shards`)
 
 StoreFactory = Callable[..., Awaitable[LedgerStore]]
 
@@ -91,7 +92,8 @@ async def delete_prefix(url: str, prefix: str) -> None:
 
 
 async def store_factory(kind: str, db: int) -> AsyncIterator[StoreFactory]:
-    """Yield a factory of stores of `kind`; close them and delete their keys after."""
+    """Yield a factory of stores of `kind` ("redis", "redis-sharded": the ledger spread
+    over SHARDS hash tags, or "memory"); close them and delete their keys after."""
     made: list[tuple[LedgerStore, str]] = []
 
     async def make(
@@ -99,10 +101,15 @@ async def store_factory(kind: str, db: int) -> AsyncIterator[StoreFactory]:
     ) -> LedgerStore:
         prefix = f"cgtest-{uuid.uuid4().hex}:"
         store: LedgerStore
-        if kind == "redis":
+        if kind.startswith("redis"):
             url = f"{REDIS_URL}/{db}"
+            shards = SHARDS if kind == "redis-sharded" else 1
             store = RedisStore(
-                url, prefix=prefix, stream_maxlen=stream_maxlen, dedupe_ttl_s=dedupe_ttl_s
+                url,
+                prefix=prefix,
+                stream_maxlen=stream_maxlen,
+                dedupe_ttl_s=dedupe_ttl_s,
+                shards=shards,
             )
         else:
             store = MemoryStore(stream_maxlen=stream_maxlen, dedupe_ttl_s=dedupe_ttl_s)
@@ -112,7 +119,7 @@ async def store_factory(kind: str, db: int) -> AsyncIterator[StoreFactory]:
     yield make
     for store, prefix in made:
         await store.close()
-        if kind == "redis":
+        if kind.startswith("redis"):
             await delete_prefix(f"{REDIS_URL}/{db}", prefix)
 
 

@@ -1,4 +1,5 @@
-"""The LedgerStore contract, run against RedisStore (real Redis) and MemoryStore."""
+"""The LedgerStore contract, run against RedisStore (real Redis: one slot, and spread
+over shards) and MemoryStore."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.gateway.ledger_fixtures import (
 WIDE = (DAY0 - timedelta(days=30), DAY0 + timedelta(days=30))
 
 
-@pytest.fixture(params=["redis", "memory"])
+@pytest.fixture(params=["redis", "redis-sharded", "memory"])
 async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
     async for factory in store_factory(request.param, CONTRACT_DB):
         yield factory

@@ -22,6 +22,8 @@ DEFERRED = {
     "torch": "the embedding classifier and the embedded CPU engine",
     "sentence_transformers": "the embedding classifier (classifier: minilm)",
     "transformers": "the embedding classifier (classifier: minilm)",
+    "pyarrow": "the spend archive (CASCADE_LEDGER_ARCHIVE_DIR, spend export)",
+    "duckdb": "spend report --archive",
 }
 # Router modules that train or evaluate: never needed to serve a request.
 TRAINING = re.compile(r"router\.(\w+_train|\w*evaluation|\w*experiment|dataset)")

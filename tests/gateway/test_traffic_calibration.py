@@ -13,7 +13,7 @@ import pytest
 from gateway.ledger import RedisStore
 from gateway.scoring import RequestScorer
 from gateway.traffic import recent_scores
-from router.calibration import calibrate, tiers_yaml, verify_threshold
+from router.training.calibration import calibrate, tiers_yaml, verify_threshold
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 from tests.gateway.ledger_fixtures import make_record

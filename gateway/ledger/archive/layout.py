@@ -1,0 +1,105 @@
+"""Where the archive keeps its files, and what a file's name promises.
+
+    DIR/day=YYYY-MM-DD/<stream>_<first id>_<last id>.parquet
+
+`day` is the records' UTC day (`SpendRecord.day`, as the reports group them), so a
+range of days reads only its own directories. `<stream>` names the ledger event stream
+the rows came from (its key made file-safe, plus a digest of it: a sharded ledger has
+several); the ids are the first and last stream entry ids (`<ms>-<seq>`) in the file.
+
+The name is a promise the exporter keeps (see `commit`): the file holds every record of
+that stream and day whose entry id lies in the range, of those the exporter ever read.
+So an entry is archived exactly when some file of its day and stream covers its id;
+that is how a restarted exporter acks, without writing them again, entries it had
+archived before it was killed. Files of one stream and day never overlap.
+
+A file being written is `.<name>.<token>.tmp` in the same directory (never matched by
+`*.parquet`); it becomes the file by an atomic rename, after an fsync.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import re
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+StreamId = tuple[int, int]
+Range = tuple[StreamId, StreamId]
+
+DAY_DIR = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
+FILE_NAME = re.compile(r"([a-z0-9-]+)_(\d+-\d+)_(\d+-\d+)\.parquet")
+TEMP_GLOB = ".*.tmp"
+LOCK_NAME = ".lock"
+
+
+def parse_id(text: str) -> StreamId:
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(sid: StreamId) -> str:
+    return f"{sid[0]}-{sid[1]}"
+
+
+def stream_slug(key: str) -> str:
+    """`cg:{ledger}:events` -> `cg-ledger-events-1a2b3c4d`: readable, and unique per key."""
+    readable = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
+    return f"{readable}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def day_dir(root: Path, day: str) -> Path:
+    return root / f"day={day}"
+
+
+def file_name(slug: str, first: StreamId, last: StreamId) -> str:
+    return f"{slug}_{format_id(first)}_{format_id(last)}.parquet"
+
+
+def temp_name(final: str, token: str) -> str:
+    return f".{final}.{token}.tmp"
+
+
+def ranges_in(directory: Path, slug: str) -> list[Range]:
+    """The id ranges of `slug`'s files in one day directory, sorted."""
+    found = []
+    if directory.is_dir():
+        for path in directory.iterdir():
+            match = FILE_NAME.fullmatch(path.name)
+            if match and match.group(1) == slug:
+                found.append((parse_id(match.group(2)), parse_id(match.group(3))))
+    return sorted(found)
+
+
+def covers(ranges: list[Range], sid: StreamId) -> bool:
+    """Whether a range of `ranges` (sorted, disjoint) holds `sid`."""
+    i = bisect.bisect_right(ranges, (sid, (2**63, 2**63))) - 1
+    return i >= 0 and ranges[i][0] <= sid <= ranges[i][1]
+
+
+def archive_days(root: Path) -> Iterator[tuple[date, Path]]:
+    """Every day directory of the archive, with its day."""
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        match = DAY_DIR.fullmatch(path.name)
+        if match and path.is_dir():
+            yield date.fromisoformat(match.group(1)), path
+
+
+def files_between(root: Path, day_from: date, day_to: date) -> list[Path]:
+    """The archive's files for days in [day_from, day_to], in name order."""
+    return sorted(
+        path
+        for day, directory in archive_days(root)
+        if day_from <= day <= day_to
+        for path in directory.iterdir()
+        if FILE_NAME.fullmatch(path.name)
+    )
+
+
+def stale_temps(root: Path) -> list[Path]:
+    """Temporary files an exporter left when it was killed mid-file."""
+    return [path for _, directory in archive_days(root) for path in directory.glob(TEMP_GLOB)]

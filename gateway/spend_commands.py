@@ -1,0 +1,273 @@
+"""`cascade-gateway spend`: report, budgets and export (their parsers and bodies; the
+rest of the command line is `gateway.cli`). The ledger, the archive and their
+dependencies are imported inside each command, so other commands never load them.
+
+    spend report [--from D] [--to D] [--group-by ...] [--archive DIR]
+    spend budgets [--policy FILE]
+    spend export --archive DIR [--once] [--metrics-port PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.errors import GatewayError
+from policies import DEFAULT_POLICY_PATH, PolicyError, load_policy
+
+if TYPE_CHECKING:
+    from gateway.ledger import RedisStore
+    from gateway.settings import Settings
+    from gateway.spend.query import SpendQuery
+    from gateway.spend.report import Aggregates, FormatType
+
+
+def add_spend_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    spend = sub.add_parser("spend", help="spend from the ledger").add_subparsers(
+        dest="spend_command", required=True
+    )
+    report = spend.add_parser(
+        "report",
+        help="spend, errors, reference cost and savings by group",
+        description="Spend by group from the Redis ledger (REDIS_URL), as GET /v1/spend "
+        "reports it, or from the archive (--archive DIR), for any past range. Days are "
+        "UTC, both ends inclusive; by default the last 30 days.",
+    )
+    report.add_argument(
+        "--from", dest="day_from", metavar="YYYY-MM-DD", help="first day (default: 29 before --to)"
+    )
+    report.add_argument(
+        "--to", dest="day_to", metavar="YYYY-MM-DD", help="last day (default: today, UTC)"
+    )
+    report.add_argument("--group-by", default="team", help="comma-separated: day,team,key,...")
+    report.add_argument("--format", choices=["csv", "json"], default="csv")
+    report.add_argument(
+        "--archive", metavar="DIR", type=Path, help="read the archive's Parquet files, not Redis"
+    )
+    report.set_defaults(func=cmd_spend_report)
+    budgets = spend.add_parser("budgets", help="the policy's budgets: spent, burn rate, forecast")
+    budgets.add_argument(
+        "--policy",
+        help="policy file or directory (default: CASCADE_POLICY, else the embedded default "
+        "policy, as serve reads them)",
+    )
+    budgets.add_argument("--format", choices=["csv", "json"], default="csv")
+    budgets.set_defaults(func=cmd_spend_budgets)
+    export = spend.add_parser(
+        "export",
+        help="archive the ledger's records into daily Parquet files (a sidecar)",
+        description="Drain the Redis ledger's event streams (REDIS_URL) into DIR/day=YYYY-MM-DD/"
+        "*.parquet, every record once, as a gateway with CASCADE_LEDGER_ARCHIVE_DIR does; "
+        "one exporter at a time holds a stream, the others wait to take over. Runs until "
+        "SIGINT or SIGTERM, or with --once until the streams are drained.",
+    )
+    export.add_argument("--archive", metavar="DIR", type=Path, required=True)
+    export.add_argument("--once", action="store_true", help="drain what is there, then exit")
+    export.add_argument("--batch-max", type=int, default=20_000, help="records per file at most")
+    export.add_argument(
+        "--flush-interval", type=float, default=60.0, help="seconds records gather before a file"
+    )
+    export.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=30.0,
+        help="seconds without renewal before another exporter takes a stream over",
+    )
+    export.add_argument(
+        "--metrics-port", type=int, help="serve the backlog metrics on CASCADE_HOST:PORT/metrics"
+    )
+    export.set_defaults(func=cmd_spend_export)
+
+
+def cmd_spend_report(args: argparse.Namespace) -> int:
+    from gateway.ledger import LedgerUnavailable, read_ledger
+    from gateway.settings import Settings
+
+    query = _report_query(args)
+    if query is None:
+        return 2
+    if not (args.day_from and args.day_to):
+        print(f"spend report: from {query.day_from} to {query.day_to} (UTC)", file=sys.stderr)
+    if args.archive is not None:
+        return _archive_report(args.archive, query, args.format)
+    settings = Settings()
+    if not settings.redis_url:
+        print("set REDIS_URL: the report reads the Redis ledger", file=sys.stderr)
+        return 1
+
+    async def report(store: RedisStore) -> str:
+        return await _render_report(store, query, args.format)
+
+    try:
+        print(
+            read_ledger(
+                settings.redis_url,
+                settings.redis_prefix,
+                report,
+                cluster=settings.redis_cluster,
+                shards=settings.ledger_shard_count,
+            ),
+            end="",
+        )
+    except (ValueError, LedgerUnavailable) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _report_query(args: argparse.Namespace) -> SpendQuery | None:
+    """The API's parameters and defaults (the last 30 days), checked the API's way; the
+    archive's range has no limit."""
+    from gateway.spend.query import MAX_DAYS, parse_query
+
+    params = {"from": args.day_from or "", "to": args.day_to or "", "group_by": args.group_by}
+    max_days = None if args.archive is not None else MAX_DAYS
+    try:
+        return parse_query(params, list(params), datetime.now(UTC).date(), max_days)
+    except GatewayError as exc:
+        print(f"spend report: {exc.message}", file=sys.stderr)
+        return None
+
+
+async def _render_report(store: Aggregates, query: SpendQuery, fmt: FormatType) -> str:
+    """The same rows and formatting whether `store` is the Redis ledger or the archive."""
+    from gateway.spend import render, spend_report
+
+    rows = await spend_report(store, query.day_from, query.day_to, query.group_by)
+    return render(rows, query.group_by, fmt)
+
+
+def _archive_report(root: Path, query: SpendQuery, fmt: FormatType) -> int:
+    from gateway.ledger.archive import ArchiveDependencyMissing
+    from gateway.spend.archive_report import ArchiveAggregates
+
+    if not root.is_dir():
+        print(f"spend report: no archive at {root}", file=sys.stderr)
+        return 1
+    try:
+        archive = ArchiveAggregates(root)
+    except ArchiveDependencyMissing as exc:
+        print(f"spend report: {exc}", file=sys.stderr)
+        return 1
+    print(asyncio.run(_render_report(archive, query, fmt)), end="")
+    return 0
+
+
+def cmd_spend_budgets(args: argparse.Namespace) -> int:
+    from gateway.ledger import LedgerUnavailable, read_ledger
+    from gateway.settings import Settings
+    from gateway.spend import budget_statuses, render_budgets
+
+    settings = Settings(**({"policy": args.policy} if args.policy else {}))
+    try:
+        policy = load_policy(settings.policy).policy
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if not policy.budgets:  # say why the table is empty, and which policy was read
+        default = " (the embedded default)" if settings.policy == DEFAULT_POLICY_PATH else ""
+        print(
+            f"spend budgets: the policy {settings.policy}{default} has no budgets (its "
+            "`budgets:` section); name the gateway's policy with --policy FILE or CASCADE_POLICY",
+            file=sys.stderr,
+        )
+        print(render_budgets([], args.format), end="")
+        return 0
+    if not settings.redis_url:
+        print("set REDIS_URL: budget status reads the Redis ledger", file=sys.stderr)
+        return 1
+
+    async def budgets(store: RedisStore) -> str:
+        statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
+        return render_budgets(statuses, args.format)
+
+    try:
+        print(
+            read_ledger(
+                settings.redis_url,
+                settings.redis_prefix,
+                budgets,
+                cluster=settings.redis_cluster,
+                shards=settings.ledger_shard_count,
+            ),
+            end="",
+        )
+    except (ValueError, LedgerUnavailable) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_spend_export(args: argparse.Namespace) -> int:
+    from gateway.ledger.archive import ArchiveDependencyMissing, check_installed
+    from gateway.settings import Settings
+
+    settings = Settings()
+    if not settings.redis_url:
+        print("set REDIS_URL: the exporter reads the Redis ledger's event streams", file=sys.stderr)
+        return 1
+    try:
+        check_installed()
+    except ArchiveDependencyMissing as exc:
+        print(f"spend export: {exc}", file=sys.stderr)
+        return 1
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    return asyncio.run(_export(args, settings))
+
+
+async def _export(args: argparse.Namespace, settings: Settings) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+    from redis.exceptions import RedisError
+
+    from gateway.ledger import RedisStore
+    from gateway.ledger.archive import ArchiveBusy, ArchiveExporter, ArchiveOptions
+    from gateway.metrics import ArchiveMetrics
+
+    assert settings.redis_url is not None
+    store = RedisStore(
+        settings.redis_url,
+        prefix=settings.redis_prefix,
+        stream_maxlen=settings.ledger_stream_maxlen,
+        cluster=settings.redis_cluster,
+        shards=settings.ledger_shard_count,
+    )
+    registry = CollectorRegistry()
+    if args.metrics_port is not None:
+        start_http_server(args.metrics_port, addr=settings.host, registry=registry)
+    streams = store.event_stream_keys()
+    exporter = ArchiveExporter(
+        store.client,
+        streams,
+        args.archive,
+        ArchiveOptions(
+            batch_max=args.batch_max, flush_s=args.flush_interval, lease_ttl_s=args.lease_ttl
+        ),
+        ArchiveMetrics(registry),
+        stream_cap=-(-settings.ledger_stream_maxlen // len(streams)),
+    )
+    try:
+        if args.once:
+            archived = await exporter.drain()
+            print(f"archived {archived} record(s) into {args.archive}")
+            return 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        exporter.start()
+        await stop.wait()
+        await exporter.stop()
+        return 0
+    except (ArchiveBusy, RedisError, OSError) as exc:
+        print(f"spend export: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await store.close()
