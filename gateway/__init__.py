@@ -1,6 +1,6 @@
 """The HTTP gateway: OpenAI-compatible surface, request lifecycle, ledger, CLI.
 
-`gateway.app.create_app` builds the ASGI app; it is not re-exported here so that
+`gateway.http.app.create_app` builds the ASGI app; it is not re-exported here so that
 light users (the CLI's policy and spend commands) do not import the web stack.
 """
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from gateway.errors import GatewayError
-from gateway.spend_commands import add_spend_commands
+from gateway.spend.commands import add_spend_commands
 from local_engine.cli import add_engine_commands
 from policies import DEFAULT_POLICY_PATH, LoadedPolicy, PolicyError, load_policy
 from policies.keys import hash_key
@@ -27,8 +27,8 @@ from policies.unserved import unserved_notes
 from router.cli import ScoreField, add_router_commands
 
 if TYPE_CHECKING:
+    from gateway.pipeline.selector import QualitySelector
     from gateway.runtime import RouteRuntime, Runtime
-    from gateway.selector import QualitySelector
     from gateway.settings import Settings
     from router import Plan
     from router.target_selection import Choice
@@ -102,7 +102,7 @@ def _run_uvicorn(settings: Settings) -> None:
     import uvicorn
 
     uvicorn.run(
-        "gateway.app:create_app",
+        "gateway.http.app:create_app",
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -122,7 +122,7 @@ def _run_uvicorn(settings: Settings) -> None:
 def _load_policy(path: Path) -> LoadedPolicy:
     """The policy as this install would serve it: a route whose classifier cannot run
     here is one of its problems."""
-    from gateway.scoring import install_problems  # the router: not for every command
+    from gateway.pipeline.scoring import install_problems  # the router: not for every command
 
     return load_policy(path, install_check=install_problems)
 
@@ -155,8 +155,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
+    from gateway.pipeline.scoring import RequestScorer
     from gateway.runtime import build_runtime, log_new_warnings
-    from gateway.scoring import RequestScorer
     from router import SCORED_STRATEGIES
 
     try:
@@ -210,8 +210,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 def fresh_selector() -> QualitySelector:
     """A selector as a fresh gateway has it: no traffic seen (the predictor alone, the
     default answer length)."""
-    from gateway.accounting import OutputLengths
-    from gateway.selector import QualitySelector
+    from gateway.pipeline.accounting import OutputLengths
+    from gateway.pipeline.selector import QualitySelector
 
     return QualitySelector(OutputLengths())
 
@@ -286,7 +286,7 @@ def unused_score_reason(route: RouteRuntime, score: float) -> str:
 
 def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
     """Whether the cascade asks its second opinions for this prompt, and why."""
-    from gateway.opinions import configured, worth_asking
+    from gateway.pipeline.opinions import configured, worth_asking
 
     if not route.second_opinions:
         return []
@@ -313,7 +313,7 @@ def opinion_reasons(route: RouteRuntime, prompt: str, plan: Plan) -> list[str]:
 
 def judge_reasons(route: RouteRuntime) -> list[str]:
     """Which deployment grades the cascade's verified answers, if any."""
-    from gateway.judge import RUBRIC_VERSION
+    from gateway.pipeline.judge import RUBRIC_VERSION
 
     if route.judge is None:
         return []

@@ -16,7 +16,7 @@
         ├── UpstreamUnavailable       503 (no deployment can take it; Retry-After if one is due)
         └── UpstreamTimeout           504
 
-Endpoints raise; one handler in `gateway.app` renders `{"error": {...}}`.
+Endpoints raise; one handler in `gateway.http.app` renders `{"error": {...}}`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.auth import ANONYMOUS_KEY_ID, KeyTable, Principal
-from gateway.errors import NotFound
-from gateway.pricing import (
+from gateway.billing.pricing import (
     UNPRICED,
     TokenPrice,
     litellm_class_rates,
@@ -21,6 +20,7 @@ from gateway.pricing import (
     policy_price,
     self_hosted_price,
 )
+from gateway.errors import NotFound
 from gateway.upstreams.base import UpstreamTarget
 from policies import LoadedPolicy
 from policies.capabilities import OPENAI_SERVES, default_capabilities
@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # vLLM's `priority` request field for `--scheduling-policy priority` (lower runs first).
 VLLM_PRIORITY = {"interactive": 0, "batch": 10}
+# Tokens of a judge's prompt besides the question and the answer (rubric, framing),
+# rounded up: what budgets hold for each judgement.
+JUDGE_OVERHEAD_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ class RouteRuntime:
     # Cascades: run code answers against their own examples (in the sandbox) for the
     # verifier; off where the policy asked for it but this host cannot isolate them.
     run_code_examples: bool = False
-    # Cascades: the deployment grading verified answers (`gateway.judge`); None: the
+    # Cascades: the deployment grading verified answers (`gateway.pipeline.judge`); None: the
     # learned verifier alone.
     judge: DeploymentRuntime | None = None
     judge_timeout_s: float = 3.0
@@ -433,3 +436,11 @@ def _allowed(policy: Policy, team: str, key_routes: list[str] | None) -> frozens
         key_routes if key_routes is not None else (team_spec.allowed_routes if team_spec else ["*"])
     )
     return None if "*" in routes else frozenset(routes)
+
+
+def tier_groups(candidates: list[DeploymentRuntime]) -> list[list[DeploymentRuntime]]:
+    """Candidates grouped by tier, in the order the tiers first appear."""
+    groups: dict[str, list[DeploymentRuntime]] = {}
+    for deployment in candidates:
+        groups.setdefault(deployment.tier, []).append(deployment)
+    return list(groups.values())

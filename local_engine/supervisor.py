@@ -12,7 +12,7 @@ from `restart_backoff_s` up to `restart_backoff_max_s` (reset once it is ready a
 `unhealthy_after` failed probes in a row (a 503 is vLLM's dead engine core) restart it.
 A `<name>.stop` file in the run directory (written by `engine down`) stops that engine.
 The state of each engine is written to `<name>.json` for other invocations to read (the
-gateway among them: an engine `starting` is warming, see `gateway.warmup`).
+gateway among them: an engine `starting` is warming, see `gateway.health.warmup`).
 """
 
 from __future__ import annotations

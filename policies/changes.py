@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from policies.schema import Budget, Deployment, Policy
+from policies.access import Budget
+from policies.schema import Deployment, Policy
 from policies.unserved import unserved_notes
 
 # Sections of named entries: section → what one entry is called in a line.

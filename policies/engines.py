@@ -17,7 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from policies.section import PositiveFloat, PositiveInt, Section
 
 EngineKindType = Literal["vllm", "cpu"]
 SpeculativeMethodType = Literal["ngram", "ngram_gpu", "draft_model", "eagle", "eagle3", "mtp"]
@@ -73,16 +75,10 @@ CPU_FIELDS = frozenset(
 CPU_DEFAULT_SERVED_NAME = "local-tiny"  # the shipped model pair's name
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
 JsonScalar = str | int | float | bool
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Speculation(_Section):
+class Speculation(Section):
     """Speculative decoding, passed to vLLM as `--speculative-config '<json>'`.
 
     `ngram` (or `ngram_gpu`) drafts from the prompt (`prompt_lookup_min`/`_max`, n-gram
@@ -130,7 +126,7 @@ class Speculation(_Section):
         return self
 
 
-class EngineSpec(_Section):
+class EngineSpec(Section):
     """One `vllm serve` process: the model, where it listens, how it uses the GPUs, what
     it costs, and how the supervisor treats it.
 

@@ -41,7 +41,8 @@ from policies.document import (
 from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem, closest_spelling, did_you_mean
 from policies.prices import litellm_price_map, litellm_rates
-from policies.schema import CrossReferenceError, Deployment, Policy
+from policies.schema import Deployment, Policy
+from policies.section import CrossReferenceError
 from policies.sections import Sections
 
 POLICY_SUFFIXES = (".yaml", ".yml")

@@ -1,6 +1,6 @@
 """litellm's bundled price map, read as JSON straight from the installed package
 (importing litellm costs seconds; the file is all that is needed). `policy check` asks
-it whether a reference model is priced; `gateway.pricing` prices tokens with it, so
+it whether a reference model is priced; `gateway.billing.pricing` prices tokens with it, so
 the two never disagree."""
 
 from __future__ import annotations

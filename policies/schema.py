@@ -1,7 +1,8 @@
 """The policy's shape: what ops may write in the YAML, and the cross-references checked.
 
-Models forbid unknown fields so a typo (`timeout: 5` for `timeout_s: 5`) is an error with
-its path, not a silently ignored line. Checks that span sections (a route naming a
+Sections (`policies.section`) forbid unknown fields so a typo (`timeout: 5` for
+`timeout_s: 5`) is an error with its path, not a silently ignored line; who may call and
+how much (keys, teams, budgets) is in `policies.access`. Checks that span sections (a route naming a
 deployment, a key naming a team) live in `policies.sections`: `Policy` runs them once
 every section is valid, and the loader runs them on the entries that are valid when some
 are not, so one `policy check` reports them beside the schema errors. They are reported
@@ -14,7 +15,6 @@ Regenerate the JSON schema shipped beside this module with:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import sys
 from collections import Counter
@@ -23,78 +23,45 @@ from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
-    IPvAnyNetwork,
     PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from policies.access import (
+    Auth,
+    Budget,
+    Key,
+    Network,
+    Team,
+)
 from policies.capabilities import CAPABILITIES, CHAT_FEATURES, CapabilityType
 from policies.engines import EngineSpec
 from policies.errors import closest_spelling, did_you_mean
 from policies.providers import litellm_providers
+from policies.section import (
+    CrossReferenceError,
+    NonNegativeFloat,
+    PositiveFloat,
+    Section,
+)
 
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade", "select"]
 StreamCascadeType = Literal["buffer", "classifier"]
 # Which complexity classifier scores a route's requests: `features` (the default, under
 # a millisecond) or `minilm` (plus a sentence embedding: tens of ms, the embeddings extra).
 ClassifierType = Literal["features", "minilm"]
-BudgetScopeType = Literal["key", "team", "route"]
-BudgetPeriodType = Literal["day", "month"]
 PriorityType = Literal["interactive", "batch"]
 SlaMissType = Literal["degrade", "shed"]
 FailModeType = Literal["open", "closed"]
 
 OPENAI_COMPATIBLE = "openai"  # the provider spoken natively; others go through litellm
 URL_SCHEMES = ("http", "https")
-DEFAULT_TEAM = "default"
-ANY_ROUTE = "*"
-KEY_HASH_PATTERN = r"^sha256:[0-9a-f]{64}$"
-
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-
-Loc = tuple[str | int, ...]
 
 
-def _check_network(entry: object) -> object:
-    """`entry` if it is a network (`10.0.0.0/8`, `fd00::/8`) or an address, else why not."""
-    if not isinstance(entry, str):
-        raise ValueError(f"{entry!r} is not a network; write one as 10.0.0.0/8")
-    try:
-        ipaddress.ip_network(entry)
-    except ValueError as exc:
-        try:
-            loose = ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            raise ValueError(f"{exc}; write a network as 10.0.0.0/8 or an address") from None
-        raise ValueError(f"'{entry}' has host bits set; the network is {loose}") from None
-    return entry
-
-
-# A CIDR network (a lone address is its own /32 or /128), named as written when wrong.
-Network = Annotated[IPvAnyNetwork, BeforeValidator(_check_network)]
-
-
-class CrossReferenceError(ValueError):
-    """Several problems between sections (or between a model's fields), each with the
-    field path it concerns, relative to the model that raised it."""
-
-    def __init__(self, problems: list[tuple[Loc, str]]) -> None:
-        super().__init__("; ".join(message for _, message in problems))
-        self.problems = problems
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Price(_Section):
+class Price(Section):
     """A price override in USD per million tokens, for models litellm does not know.
 
     The optional fields price token classes the provider bills apart (cached prompt
@@ -113,14 +80,14 @@ class Price(_Section):
     image_output_per_mtok: NonNegativeFloat | None = None
 
 
-class SelfHosted(_Section):
+class SelfHosted(Section):
     """A self-hosted deployment's cost: tokens are priced from GPU time and throughput."""
 
     gpu_hour_usd: PositiveFloat
     tokens_per_second: PositiveFloat
 
 
-class Deployment(_Section):
+class Deployment(Section):
     """One model behind one upstream endpoint.
 
     `provider: openai` is any OpenAI-compatible server (OpenAI, vLLM, the embedded
@@ -271,7 +238,7 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-class TierThreshold(_Section):
+class TierThreshold(Section):
     """One step of a classifier route: requests scoring below `below` go to `tier`;
     the last step has no `below` and takes the rest."""
 
@@ -279,7 +246,7 @@ class TierThreshold(_Section):
     below: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
-class Sla(_Section):
+class Sla(Section):
     """A route's latency promise and what the gateway does to keep it.
 
     `ttft_ms` is the first-token target (the whole answer, for non-streaming requests,
@@ -314,14 +281,7 @@ class Sla(_Section):
         return self
 
 
-class RateLimit(_Section):
-    """Requests and tokens (prompt + `max_tokens`) per minute, over a sliding window."""
-
-    requests_per_minute: Annotated[int, Field(gt=0)] | None = None
-    tokens_per_minute: Annotated[int, Field(gt=0)] | None = None
-
-
-class Route(_Section):
+class Route(Section):
     """What a request's `model` names: an ordered list of deployments and how to use it.
 
     Strategies: `fixed` (one deployment), `fallback` (in order), `classifier` (the
@@ -336,7 +296,7 @@ class Route(_Section):
     the verifier. `run_code_examples` (cascade only): run a code answer against the
     examples it claims, in a sandbox (`router.sandbox`), as evidence for the verifier;
     off by default, since it executes model-written code. `judge` (cascade only): a
-    deployment that grades each verified answer with a fixed rubric (`gateway.judge`);
+    deployment that grades each verified answer with a fixed rubric (`gateway.pipeline.judge`);
     when it answers within `judge_timeout_ms`, its grade replaces the verifier's score,
     else the verifier decides. `select`: per request, the quality predictor rates each
     deployment (by its `quality_profile`), and the cheapest whose predicted quality is
@@ -434,66 +394,7 @@ def _check_tiers(tiers: list[TierThreshold]) -> None:
         raise ValueError(f"tier thresholds must increase, got {numbers}")
 
 
-class Team(_Section):
-    """A group of keys sharing allowed routes and budgets."""
-
-    allowed_routes: list[str] = [ANY_ROUTE]
-    rate_limit: RateLimit | None = None
-    description: str = ""
-
-
-class Key(_Section):
-    """A client key: its secret (from `${ENV}`) or the secret's hash, and its team."""
-
-    secret: str | None = None
-    hash: Annotated[str, Field(pattern=KEY_HASH_PATTERN)] | None = None
-    team: str = DEFAULT_TEAM
-    allowed_routes: list[str] | None = None
-    rate_limit: RateLimit | None = None
-    description: str = ""
-
-    # field -> env var names of a secret or hash that was unset: the key is disabled
-    # (set by `Policy`)
-    _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _check_one_secret(self) -> Self:
-        if self.secret is not None and self.hash is not None:
-            raise ValueError("give either secret or hash, not both")
-        return self
-
-    @property
-    def disabled_reason(self) -> str | None:
-        """Why this key accepts no requests (its secret's env var is unset), or None."""
-        if self.secret is not None or self.hash is not None:
-            return None
-        for field in ("hash", "secret"):
-            if names := self._unset_env.get(field):
-                return f"{field} is not set ({', '.join(names)} unset)"
-        return "secret is not set"
-
-
-class Budget(_Section):
-    """A spending limit for one key, team or route per day or month."""
-
-    scope: BudgetScopeType
-    name: str
-    period: BudgetPeriodType
-    limit_usd: PositiveFloat
-    soft_limit_usd: PositiveFloat | None = None
-    # Past the soft limit, requests on routes with this tier are sent to it instead of
-    # the tier the router chose (e.g. `local`): spend slows before the hard stop.
-    downgrade_tier: str | None = None
-
-    @model_validator(mode="after")
-    def _check_soft_limit(self) -> Self:
-        if self.soft_limit_usd is not None and self.soft_limit_usd > self.limit_usd:
-            message = f"soft_limit_usd {self.soft_limit_usd} is above limit_usd {self.limit_usd}"
-            raise CrossReferenceError([(("soft_limit_usd",), message)])
-        return self
-
-
-class CircuitBreaker(_Section):
+class CircuitBreaker(Section):
     """Eject a deployment after consecutive failures or timeouts; after `cooldown_s`
     let `half_open_probes` requests through, and close again on their success."""
 
@@ -502,13 +403,7 @@ class CircuitBreaker(_Section):
     half_open_probes: Annotated[int, Field(ge=1)] = 1
 
 
-class Auth(_Section):
-    """How callers without a key are treated."""
-
-    anonymous_team: str | None = None
-
-
-class GatewaySection(_Section):
+class GatewaySection(Section):
     """Gateway-wide knobs that belong with the policy rather than the process settings."""
 
     max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
@@ -528,7 +423,7 @@ class GatewaySection(_Section):
     trusted_proxies: list[Network] = []
 
 
-class Policy(_Section):
+class Policy(Section):
     """The whole policy file (or directory), validated.
 
     Validation context `{"unset_env": {"keys.ci.secret": ["CI_KEY"], ...}}` (the

@@ -15,20 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from policies.access import ANY_ROUTE, DEFAULT_TEAM, Auth, Budget, Key, Team
 from policies.engines import EngineSpec
-from policies.schema import (
-    ANY_ROUTE,
-    DEFAULT_TEAM,
-    OPENAI_COMPATIBLE,
-    Auth,
-    Budget,
-    Deployment,
-    GatewaySection,
-    Key,
-    Loc,
-    Route,
-    Team,
-)
+from policies.schema import OPENAI_COMPATIBLE, Deployment, GatewaySection, Route
+from policies.section import Loc
 
 if TYPE_CHECKING:
     from policies.schema import Policy

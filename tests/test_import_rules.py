@@ -58,7 +58,7 @@ def test_a_part_imports_nothing_above_it(package: str) -> None:
 
 def test_the_check_sees_every_form_of_import() -> None:
     source = """
-import gateway.app
+import gateway.http.app
 from router.planner import plan_route
 from . import sibling
 def later():
@@ -66,7 +66,7 @@ def later():
     importlib.import_module("router.cli")
 """
     assert [name for _, name in imported_modules(ast.parse(source))] == [
-        "gateway.app",
+        "gateway.http.app",
         "router.planner",
         "gateway",
         "router.cli",

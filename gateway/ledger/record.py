@@ -23,7 +23,7 @@ StatusType = Literal["ok", "error", "partial"]
 UsageSourceType = Literal["upstream", "counted", "none"]
 ReferenceCoverageType = Literal["full", "partial", "none"]
 # The API the client called: an endpoint of the OpenAI-compatible surface, or a bridged
-# one (`gateway.bridges`), whatever wire format the upstream spoke.
+# one (`gateway.http.bridges`), whatever wire format the upstream spoke.
 SurfaceType = Literal["chat", "completions", "embeddings", "responses", "messages"]
 
 NANOS_PER_USD = 1_000_000_000
@@ -85,7 +85,7 @@ class SpendRecord:
     # target (quality_target x the reference's predicted quality) it was chosen against.
     predicted_quality: float | None = None
     quality_target: float | None = None
-    # Token classes priced apart (`gateway.usage`): parts of prompt_tokens (cache reads
+    # Token classes priced apart (`gateway.billing.usage`): parts of prompt_tokens (cache reads
     # and writes, audio, image) and of completion_tokens (reasoning, audio, image), never
     # on top of them. Records written before these fields existed read back as 0.
     cache_read_tokens: int = 0

@@ -2,7 +2,7 @@
 and the 429 a hard limit answers.
 
 The worst case is reserved before the upstream call: prompt tokens (every form counted:
-`gateway.tokens`) plus, per answer billed (`n`, a completion's `best_of` and its list of
+`gateway.billing.tokens`) plus, per answer billed (`n`, a completion's `best_of` and its list of
 prompts), the request's `max_completion_tokens`/`max_tokens` (else the route's
 `max_output_tokens`, which is then sent upstream: `capped_body`; never more than a
 deployment's own `max_output_tokens`), priced at the most expensive deployment the plan
@@ -22,13 +22,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gateway.cascade import tier_groups
 from gateway.errors import BudgetExceeded
-from gateway.judge import OVERHEAD_TOKENS
 from gateway.limits.rules import BudgetRule, Period, Rules
-from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.request import asked_tokens, choices_of, output_cap
+from gateway.runtime import (
+    JUDGE_OVERHEAD_TOKENS,
+    DeploymentRuntime,
+    RouteRuntime,
+    Runtime,
+    tier_groups,
+)
 from gateway.upstreams.base import EndpointType
-from gateway.validation import asked_tokens, choices_of, output_cap
 
 SIGNIFICANT_DIGITS = 6  # in dollar amounts of messages
 
@@ -87,7 +91,8 @@ def worst_case_nanos(
     # The judge reads the prompt and one answer (one choice: its first) and writes a token.
     judge, verified = route.judge, len(groups) - 1
     grades = (
-        verified * judge.price.worst_case_nanos(prompt + output.per_choice + OVERHEAD_TOKENS, 1)
+        verified
+        * judge.price.worst_case_nanos(prompt + output.per_choice + JUDGE_OVERHEAD_TOKENS, 1)
         if judge is not None
         else 0
     )

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gateway.auth import Principal
+from gateway.billing.tokens import PromptCounts
 from gateway.errors import LimitsUnavailable, retry_after_header
 from gateway.ledger.record import SpendRecord, usd
 from gateway.limits.budgets import (
@@ -61,7 +62,6 @@ from gateway.limits.store import (
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
-from gateway.tokens import PromptCounts
 from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)

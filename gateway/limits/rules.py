@@ -13,14 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gateway.ledger.record import to_nanos
-from policies.schema import (
-    Budget,
-    BudgetPeriodType,
-    BudgetScopeType,
-    Policy,
-    RateLimit,
-    Route,
-)
+from policies.access import Budget, BudgetPeriodType, BudgetScopeType, RateLimit
+from policies.schema import Policy, Route
 
 log = logging.getLogger(__name__)
 

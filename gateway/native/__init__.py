@@ -3,11 +3,12 @@ a deployment serving that wire format (its `responses` or `messages` capability)
 sent to it untranslated, and its answer relayed as it came.
 
 The chat pipeline still runs the request (routing, limits, budgets, SLA, cascade,
-ledger) on its chat form, what the bridge would send (`gateway.bridges`); per attempt,
+ledger) on its chat form, what the bridge would send (`gateway.http.bridges`); per attempt,
 the executor sends the client's own body to a deployment that serves it natively
-(`NativeCall.body_for`, through `gateway.upstreams.native_impl`). The pipeline reads
+(`NativeCall.body_for`, through `gateway.native.upstream`). The pipeline reads
 such a reply through its chat view (`formats.chat_view`: usage for the ledger, text
-for the verifier); a native stream is relayed event by event (`streams.NativeTally`).
+for the verifier); a native stream is relayed event by event
+(`gateway.pipeline.native_streams.NativeTally`).
 """
 
 from gateway.native.call import NativeCall

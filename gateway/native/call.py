@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.native.formats import OUTPUT_LIMIT_FIELD, NativeSurface
-from gateway.validation import MAX_TOKEN_FIELDS
+from gateway.request import MAX_TOKEN_FIELDS
 
 if TYPE_CHECKING:
     from gateway.runtime import DeploymentRuntime

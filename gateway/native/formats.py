@@ -3,7 +3,7 @@ speaks one natively: OpenAI's Responses API and Anthropic's Messages API.
 
 The pipeline reads upstream answers as chat completions (usage, text, tool calls), so a
 native reply is read through a chat view of it (`chat_view`), its usage converted to
-OpenAI's shape with the token classes in their places (`gateway.usage`):
+OpenAI's shape with the token classes in their places (`gateway.billing.usage`):
 
     Responses API                               chat usage
     usage.input_tokens                          prompt_tokens (cached ones included)
@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.usage import token_count, value_at
+from gateway.billing.usage import token_count, value_at
 
 NativeSurface = Literal["responses", "messages"]
 

@@ -1,5 +1,5 @@
 """Finance's view of the ledger: spend reports, budget status and SLA attainment,
-served by `gateway.spend.api` and printed by `cascade-gateway spend`."""
+served by `gateway.http.spend_api` and printed by `cascade-gateway spend`."""
 
 from gateway.spend.budgets import budget_statuses, render_budgets
 from gateway.spend.report import COLUMNS, FormatType, render, report_row, spend_report

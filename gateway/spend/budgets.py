@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.ledger.record import to_nanos, usd
 from gateway.spend.report import Aggregates, FormatType, aggregate, csv_text, percent
-from policies.schema import Budget, BudgetPeriodType
+from policies.access import Budget, BudgetPeriodType
 
 # Flat columns of the CSV export (the JSON adds the daily burn-down and the forecast).
 COLUMNS = (

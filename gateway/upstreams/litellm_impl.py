@@ -150,7 +150,7 @@ async def _litellm() -> Any:
     return await asyncio.to_thread(_import_litellm)
 
 
-# Public for the format bridges (gateway.bridges), which use litellm's translations.
+# Public for the format bridges (gateway.http.bridges), which use litellm's translations.
 load_litellm = _litellm
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import orjson
 
-from gateway.scoring import AnswerVerifier, RequestScorer
+from gateway.pipeline.scoring import AnswerVerifier, RequestScorer
 from router import DeploymentView, RouteSpec, Threshold, plan_route, sandbox
 from router.quality import QualityPredictor
 from router.verifier import code_job

@@ -11,7 +11,7 @@ It polls `/readyz` every few milliseconds from the moment of `Popen`, records th
 time and the child's CPU time when it first answers 200, then stops the child. The
 upstream is never called: readiness does not wait for it.
 
-Then, per target, the wall time of a bare `import` of the app's module (`gateway.app`
+Then, per target, the wall time of a bare `import` of the app's module (`gateway.http.app`
 vs `starlette` + `uvicorn`), and with --importtime the modules that cost the most.
 
     python -m tests.benchmarks.startup              # 5 reps, about 30 s
@@ -58,7 +58,7 @@ READY_TIMEOUT_S = 60.0
 # Any closed port: readiness never calls the upstream.
 UNUSED_UPSTREAM = "http://127.0.0.1:9/v1"
 BASELINE_IMPORT = "import starlette.applications, starlette.routing, uvicorn"
-GATEWAY_IMPORT = "import gateway.app"
+GATEWAY_IMPORT = "import gateway.http.app"
 
 log = logging.getLogger("benchmarks.startup")
 
@@ -244,7 +244,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-redis", action="store_true", help="in-memory ledger instead of Redis")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/4")
     p.add_argument("--importtime", type=int, default=0, metavar="N",
-                   help="also list the N costliest imports of gateway.app")  # fmt: skip
+                   help="also list the N costliest imports of gateway.http.app")  # fmt: skip
     args = p.parse_args(argv)
     if args.cpu not in os.sched_getaffinity(0):
         log.warning("CPU %d is not usable here; not pinning", args.cpu)

@@ -215,7 +215,7 @@ def test_dashboard_files_are_served_with_a_strict_policy(filled: FilledGateway) 
     chart_js = httpx.get(f"{filled.url}/dashboard/vendor/chartjs/chart.umd.min.js")
     assert chart_js.status_code == 200 and "Chart.js v4" in chart_js.text[:200]
     assert httpx.get(f"{filled.url}/dashboard/vendor/chartjs/LICENSE.md").status_code == 200
-    for path in ("../gateway/app.py", "..%2F..%2Fpyproject.toml", "nope.js"):
+    for path in ("../gateway/http/app.py", "..%2F..%2Fpyproject.toml", "nope.js"):
         assert httpx.get(f"{filled.url}/dashboard/{path}").status_code == 404
 
 

@@ -10,7 +10,7 @@ import pytest
 from gateway.ledger import AggregateRow, MemoryStore, SpendRecord
 from gateway.spend.budgets import Period, budget_status, budget_statuses, exhausted_on
 from gateway.spend.report import aggregate, report_row, total, usd_text
-from policies.schema import Budget
+from policies.access import Budget
 from tests.gateway.ledger_fixtures import DAY0, make_record
 
 NOON = datetime(2026, 11, 16, 12, tzinfo=UTC)  # half-way through day 16 of 30

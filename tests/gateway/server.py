@@ -12,8 +12,8 @@ from typing import Self
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.services import Services
+from gateway.http.app import create_app
+from gateway.http.services import Services
 from gateway.settings import Settings
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import start_services
+from gateway.http.app import start_services
 from gateway.ledger import RedisStore
 from gateway.ledger.archive import ArchiveDependencyMissing
 from gateway.settings import Settings

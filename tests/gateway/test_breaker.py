@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.breaker import BreakerSettings, CircuitBreakers
 from gateway.errors import RateLimited, UpstreamTimeout
+from gateway.health.breaker import BreakerSettings, CircuitBreakers
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamStatus
 from tests.gateway.scripted import ScriptedClient
 from tests.gateway.test_hedging import (

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.billing.tokens import count_prompt
 from gateway.ledger import RedisStore
 from gateway.limits.budgets import output_of
-from gateway.tokens import count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
 from tests.gateway.test_budgets_concurrency import ledger_until, wait_until_settled

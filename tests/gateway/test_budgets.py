@@ -17,8 +17,8 @@ import httpx
 import pytest
 import redis
 
+from gateway.billing.tokens import count_prompt
 from gateway.ledger import RedisStore
-from gateway.tokens import count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, metric, wait_for_record
 from tests.gateway.ledger_fixtures import RedisServer, free_port

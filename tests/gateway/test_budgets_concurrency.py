@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import httpx
 import redis
 
+from gateway.billing.tokens import count_prompt
 from gateway.ledger import RedisStore
-from gateway.tokens import count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
 

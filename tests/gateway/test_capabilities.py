@@ -12,9 +12,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from gateway.capabilities import required
 from gateway.cli import main
-from gateway.proxy import DECISIONS_LOGGER
+from gateway.pipeline.capabilities import required
+from gateway.pipeline.proxy import DECISIONS_LOGGER
 from gateway.runtime import build_runtime
 from policies import DEFAULT_POLICY_PATH, load_policy
 from policies.capabilities import CAPABILITIES, default_capabilities

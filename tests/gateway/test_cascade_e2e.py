@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from gateway.ledger import RedisStore
+from gateway.pipeline.scoring import AnswerVerifier
 from gateway.runtime import build_runtime, returns_logprobs
-from gateway.scoring import AnswerVerifier
 from policies import DEFAULT_POLICY_PATH, load_policy
 from policies.schema import Deployment
 from tests.fakes.anthropic_upstream import FakeAnthropic

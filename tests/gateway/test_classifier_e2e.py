@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from gateway.ledger import RedisStore
-from gateway.scoring import RequestScorer
+from gateway.pipeline.scoring import RequestScorer
 from router import embedding_classifier, embeddings
 from router.errors import RoutingError
 from tests.fakes.openai_upstream import FakeOpenAI

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.code_runs import run_code
 from gateway.ledger import RedisStore
+from gateway.pipeline.code_runs import run_code
+from gateway.pipeline.scoring import AnswerVerifier
 from gateway.runtime import build_runtime, log_new_warnings
-from gateway.scoring import AnswerVerifier
 from policies import load_policy
 from router import sandbox
 from router.code_examples import ExampleRun

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import create_app
 from gateway.cli import main
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, StartGateway
 

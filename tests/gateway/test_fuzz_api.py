@@ -33,10 +33,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from starlette.routing import BaseRoute, Route
 
-from gateway.app import create_app
-from gateway.openapi_schemas import MESSAGES
+from gateway.http.app import create_app
+from gateway.http.openapi_schemas import MESSAGES
+from gateway.http.validation import CHAT_ROLES
 from gateway.settings import Settings
-from gateway.validation import CHAT_ROLES
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway import fuzzing
 from tests.gateway.conftest import StartGateway

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from gateway.breaker import BreakerSettings, CircuitBreakers
+from gateway.billing.pricing import TokenPrice
 from gateway.errors import GatewayError
-from gateway.executor import Executor, Hedge
-from gateway.latency import LatencyModel
-from gateway.load import LoadView
+from gateway.health.breaker import BreakerSettings, CircuitBreakers
+from gateway.health.latency import LatencyModel
+from gateway.health.load import LoadView
+from gateway.health.sla import SlaGuard
 from gateway.metrics import Metrics
-from gateway.pricing import TokenPrice
+from gateway.pipeline.executor import Executor, Hedge
 from gateway.runtime import DeploymentRuntime
-from gateway.sla import SlaGuard
 from gateway.upstreams.base import (
     UpstreamConnectFailed,
     UpstreamReply,

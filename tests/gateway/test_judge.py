@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.judge import OVERHEAD_TOKENS, RUBRIC_VERSION, grade
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.limits.budgets import Output, worst_case_nanos
-from gateway.runtime import build_runtime
-from gateway.scoring import AnswerVerifier
+from gateway.pipeline.judge import RUBRIC_VERSION, grade
+from gateway.pipeline.scoring import AnswerVerifier
+from gateway.runtime import JUDGE_OVERHEAD_TOKENS, build_runtime
 from policies import LoadedPolicy, Policy
 from policies.errors import PolicyError
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
@@ -327,7 +327,7 @@ def test_the_judge_resolves_and_is_reserved_for_each_verified_answer() -> None:
     tiers = [runtime.deployments[name] for name in ("cheap", "grader", "premium")]
     without = dataclasses.replace(route, judge=None)
     out = Output(50, 1)
-    grade_cost = grader.price.cost_nanos(100 + 50 + OVERHEAD_TOKENS, 1)
+    grade_cost = grader.price.cost_nanos(100 + 50 + JUDGE_OVERHEAD_TOKENS, 1)
     worst = worst_case_nanos(tiers, "cascade", route, 100, out, 1)
     # Three tiers: two verified answers, each graded.
     assert worst == worst_case_nanos(tiers, "cascade", without, 100, out, 1) + 2 * grade_cost

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.latency import MIN_SAMPLES, EngineLoad, LatencyModel
+from gateway.health.latency import MIN_SAMPLES, EngineLoad, LatencyModel
 
 
 def test_unknown_until_enough_samples() -> None:

@@ -9,15 +9,15 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.accounting import reported_usage
+from gateway.billing.pricing import UNPRICED
+from gateway.billing.usage import TokenClasses
 from gateway.native import NativeCall
 from gateway.native.formats import chat_usage, chat_view
-from gateway.native.streams import NativeTally
-from gateway.pricing import UNPRICED
+from gateway.native.upstream import messages_url, native_request
+from gateway.pipeline.accounting import reported_usage
+from gateway.pipeline.native_streams import NativeTally
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import UpstreamFailure, UpstreamTarget
-from gateway.upstreams.native_impl import messages_url, native_request
-from gateway.usage import TokenClasses
 
 
 def deployment(max_output_tokens: int | None = None) -> DeploymentRuntime:

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.billing.pricing import policy_price
+from gateway.billing.usage import TokenClasses
 from gateway.ledger import RedisStore, SpendRecord
-from gateway.pricing import policy_price
-from gateway.usage import TokenClasses
 from policies.schema import Price
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI

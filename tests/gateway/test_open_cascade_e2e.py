@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gateway.ledger import RedisStore
-from gateway.scoring import AnswerVerifier
+from gateway.pipeline.scoring import AnswerVerifier
 from router import sandbox, verifier_code
 from router.open_verifier import judges
 from tests.fakes.openai_upstream import FakeOpenAI

@@ -68,10 +68,10 @@ def test_health_readiness_and_metrics(start_gateway: StartGateway, fake_openai: 
 def test_admin_policy_reports_unavailable_deployments(
     start_gateway: StartGateway, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.services")
+    caplog.set_level(logging.WARNING, logger="gateway.http.services")
     base = start_gateway(POLICY.replace("MODEL_NAME", "m1"), UPSTREAM_BASE_URL=fake_openai.url).url
     # The log says so at load: a request that meets it only gets a 503.
-    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.services"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.http.services"]
     assert any("deployment 'needs-key'" in m and "SOME_UNSET_KEY" in m for m in logged), logged
     status = httpx.get(f"{base}/admin/policy", headers=ADMIN).json()
     assert status["deployments"]["upstream"]["available"] is True

@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import tokens
-from gateway.accounting import Accountant, Call
-from gateway.cascade import Cascade
-from gateway.executor import Executor
+from gateway.billing import tokens
+from gateway.billing.pricing import TokenPrice
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.metrics import Metrics
-from gateway.pricing import TokenPrice
+from gateway.pipeline.accounting import Accountant, Call
+from gateway.pipeline.cascade import Cascade
+from gateway.pipeline.executor import Executor
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.upstreams.base import UpstreamReply, UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI

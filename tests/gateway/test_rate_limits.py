@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.tokens import THREADED_PROMPT_CHARS, count_prompt
+from gateway.billing.tokens import THREADED_PROMPT_CHARS, count_prompt
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway
 from tests.gateway.server import GatewayServer

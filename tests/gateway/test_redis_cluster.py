@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.breaker import BreakerSettings, CircuitBreakers
+from gateway.health.breaker import BreakerSettings, CircuitBreakers
 from gateway.ledger import CostLedger, LedgerUnavailable, RedisStore, SpendRecord, Spool
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import BudgetRule, Period

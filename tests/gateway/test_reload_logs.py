@@ -71,9 +71,9 @@ def test_the_first_load_logs_the_standing_warning(
     policy: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.services")
+    caplog.set_level(logging.WARNING, logger="gateway.http.services")
     start_gateway(policy, UPSTREAM_BASE_URL=fake_openai.url)
-    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.services"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.http.services"]
     assert [m for m in logged if "'needs-key' is unavailable" in m], logged
 
 

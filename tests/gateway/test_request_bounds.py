@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.validation import MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
+from gateway.http.validation import MAX_JSON_DEPTH
+from gateway.request import MAX_OUTPUT_TOKENS
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
 from tests.gateway.server import GatewayServer

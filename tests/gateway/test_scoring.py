@@ -1,4 +1,4 @@
-"""The router's models applied to request and reply bodies (`gateway.scoring`)."""
+"""The router's models applied to request and reply bodies (`gateway.pipeline.scoring`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from gateway import scoring
-from gateway.pricing import TokenPrice
-from gateway.runtime import RouteRuntime
-from gateway.scoring import (
+from gateway.billing.pricing import TokenPrice
+from gateway.pipeline import scoring
+from gateway.pipeline.scoring import (
     AnswerVerifier,
     RequestScorer,
     classifier_problem,
@@ -20,6 +19,7 @@ from gateway.scoring import (
     shipped_verifier,
     warm,
 )
+from gateway.runtime import RouteRuntime
 from gateway.settings import Settings
 from router.answers import prompt_kind
 from router.verifier_features import Signals, extract_features

@@ -15,16 +15,16 @@ import httpx
 import pytest
 
 from gateway import opinions as opinions_module
-from gateway.accounting import Accountant, Call
-from gateway.cascade import Cascade
+from gateway.billing.pricing import TokenPrice
 from gateway.errors import GatewayError
-from gateway.executor import Executor
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.limits.budgets import Output, worst_case_nanos
 from gateway.metrics import Metrics
-from gateway.pricing import TokenPrice
+from gateway.pipeline.accounting import Accountant, Call
+from gateway.pipeline.cascade import Cascade
+from gateway.pipeline.executor import Executor
+from gateway.pipeline.scoring import AnswerVerifier
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla, build_runtime
-from gateway.scoring import AnswerVerifier
 from gateway.upstreams.base import EndpointType, UpstreamReply, UpstreamStatus, UpstreamTarget
 from policies import LoadedPolicy, Policy
 from tests.fakes.openai_upstream import FakeOpenAI

@@ -16,9 +16,9 @@ import pytest
 
 from gateway.cli import select_choice
 from gateway.ledger import RedisStore
+from gateway.pipeline.scoring import AnswerVerifier
+from gateway.pipeline.selector import MAX_SHIFT
 from gateway.runtime import build_runtime
-from gateway.scoring import AnswerVerifier
-from gateway.selector import MAX_SHIFT
 from policies import load_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting import OutputLengths
-from gateway.runtime import Runtime, build_runtime
-from gateway.scoring import install_problems
-from gateway.selector import (
+from gateway.pipeline.accounting import OutputLengths
+from gateway.pipeline.scoring import install_problems
+from gateway.pipeline.selector import (
     DEFAULT_OUTPUT_TOKENS,
     LEARNING_RATE,
     MAX_SHIFT,
     QualitySelector,
     TrafficProfiles,
 )
+from gateway.runtime import Runtime, build_runtime
 from policies import LoadedPolicy, Policy, PolicyError, load_policy
 from router.quality import STRONG_MODEL
 

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.accounting import Accountant, Call
+from gateway.billing.pricing import TokenPrice
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.metrics import Metrics
-from gateway.pricing import TokenPrice
+from gateway.pipeline.accounting import Accountant, Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
 from gateway.upstreams.base import UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI

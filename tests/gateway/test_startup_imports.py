@@ -30,8 +30,8 @@ TRAINING = re.compile(r"router\.(\w+_train|\w*evaluation|\w*experiment|dataset)"
 SERVE = """
 import json, sys
 from pathlib import Path
-import gateway.cli, gateway.app
-from gateway.scoring import install_problems
+import gateway.cli, gateway.http.app
+from gateway.pipeline.scoring import install_problems
 from policies import load_policy
 from policies.providers import litellm_providers
 load_policy(Path(sys.argv[1]), install_check=install_problems)  # as serve loads it
@@ -96,7 +96,7 @@ def test_a_lower_part_loads_neither_router_nor_gateway(package: str) -> None:
 START = """
 import asyncio, json
 import tiktoken.registry
-from gateway.app import start_services, stop_services
+from gateway.http.app import start_services, stop_services
 from gateway.settings import Settings
 
 async def main():

@@ -13,10 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.accounting import reported_usage
-from gateway.ledger import LedgerStore, SpendRecord
-from gateway.ledger.record import SPARSE_FIELDS
-from gateway.pricing import (
+from gateway.billing.pricing import (
     NO_RATES,
     ClassRates,
     TokenPrice,
@@ -24,8 +21,11 @@ from gateway.pricing import (
     lookup_litellm,
     policy_price,
 )
+from gateway.billing.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_classes
+from gateway.ledger import LedgerStore, SpendRecord
+from gateway.ledger.record import SPARSE_FIELDS
+from gateway.pipeline.accounting import reported_usage
 from gateway.spend.report import COLUMNS, csv_text, report_row, total
-from gateway.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_classes
 from policies.schema import Price
 from tests.gateway.ledger_fixtures import CONTRACT_DB, DAY0, make_record, store_factory
 

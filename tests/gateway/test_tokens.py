@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import tokens
+from gateway.billing import tokens
 
 SHORT = {"messages": [{"role": "user", "content": "hi there"}]}
 LONG = {"messages": [{"role": "user", "content": "a long pasted report. " * 5_000}]}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.ledger import RedisStore
-from gateway.scoring import RequestScorer
+from gateway.pipeline.scoring import RequestScorer
 from gateway.traffic import recent_scores
 from router.training.calibration import calibrate, tiers_yaml, verify_threshold
 from tests.fakes.openai_upstream import FakeOpenAI

@@ -12,7 +12,7 @@ import openai
 import pytest
 from starlette.responses import JSONResponse
 
-from gateway.executor import upstream_error_fields
+from gateway.pipeline.upstream_errors import upstream_error_fields
 from tests.fakes import openai_upstream
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import CLIENT_KEY, StartGateway

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.breaker import BreakerSettings, CircuitBreakers
 from gateway.errors import UpstreamTimeout
+from gateway.health.breaker import BreakerSettings, CircuitBreakers
+from gateway.health.warmup import Warmup
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamStatus
-from gateway.warmup import Warmup
 from local_engine.autostart import mark_starting
 from local_engine.state import EngineRecord, EngineStateType, read_record, write_record
 from policies import load_policy

@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.billing.pricing import ClassRates, TokenPrice
+from gateway.billing.usage import TokenClasses
 from gateway.limits.budgets import Output, worst_case_nanos
-from gateway.pricing import ClassRates, TokenPrice
 from gateway.runtime import build_runtime
-from gateway.usage import TokenClasses
 from policies import LoadedPolicy, Policy
 
 rates = st.floats(0, 1e-4, allow_nan=False)

@@ -315,7 +315,7 @@ routes:
 
 def test_a_route_whose_classifier_cannot_run_here_is_a_located_problem(tmp_path: Path) -> None:
     """The caller says what this install cannot serve (the gateway passes
-    `gateway.scoring.install_problems`): such a route is refused at load (serve,
+    `gateway.pipeline.scoring.install_problems`): such a route is refused at load (serve,
     reload, `policy check`), not at the first request."""
 
     def minilm_missing(sections: Sections) -> Iterator[tuple[FieldPath, str]]:

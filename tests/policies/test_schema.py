@@ -13,7 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from policies import Policy, hash_key
-from policies.schema import Deployment, Key, Route, schema_json
+from policies.access import Key
+from policies.schema import Deployment, Route, schema_json
 
 SCHEMA_FILE = Path(__file__).parents[2] / "policies" / "schema.json"
 

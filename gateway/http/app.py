@@ -1,0 +1,269 @@
+"""The application factory. No import-time side effects: clients, the ledger and the
+policy reloader are created in the lifespan and closed with it.
+
+    uvicorn gateway.http.app:create_app --factory
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.billing import tokens
+from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
+from gateway.health.sla import build_guard
+from gateway.http import admin, bridges, endpoints, openapi, spend_api
+from gateway.http.dashboard import dashboard_routes
+from gateway.http.services import Services, counted_models, log_unserved
+from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
+from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, check_installed
+from gateway.limits import Limiter, RedisLimitStore
+from gateway.metrics import Metrics
+from gateway.pipeline.accounting import Accountant
+from gateway.pipeline.executor import Executor
+from gateway.pipeline.proxy import DECISIONS_LOGGER, Proxy, new_request_id
+from gateway.pipeline.scoring import install_problems, warm
+from gateway.runtime import build_runtime, log_new_warnings
+from gateway.settings import Settings
+from gateway.upstreams.base import UpstreamClient
+from gateway.upstreams.litellm_impl import LiteLLMClient
+from gateway.upstreams.openai_impl import OpenAICompatibleClient
+from policies import PolicyReloader, load_policy
+from router import RoutingError, sandbox
+
+log = logging.getLogger(__name__)
+
+STOP_MARGIN_S = 5.0  # beyond shutdown_grace_s, for a component's own flush timeout
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    # Set here, in every worker process (uvicorn's workers do not inherit the CLI's setup).
+    decisions_level = logging.INFO if settings.log_decisions else logging.WARNING
+    logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = await start_services(settings)
+        app.state.services = services
+        # Everything allocated so far lives as long as the process: keep it out of
+        # the collector's scans, whose full passes would otherwise stall requests.
+        gc.freeze()
+        try:
+            yield
+        finally:
+            await stop_services(services)
+
+    # The schema is served only when asked for (CASCADE_OPENAPI); `app.openapi()` builds
+    # it either way.
+    openapi_url = "/openapi.json" if settings.openapi else None
+    app = FastAPI(
+        title="cascade-gateway",
+        lifespan=lifespan,
+        openapi_url=openapi_url,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.router.routes.extend(endpoints.ROUTES)
+    app.router.routes.extend(bridges.ROUTES)
+    app.router.routes.extend(spend_api.ROUTES)
+    app.router.routes.extend(dashboard_routes())
+    app.include_router(admin.router)
+    app.add_exception_handler(GatewayError, gateway_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, validation_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(RoutingError, routing_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, unexpected_error_handler)
+    openapi.install(app)
+    return app
+
+
+def make_store(settings: Settings) -> LedgerStore:
+    if settings.redis_url:
+        return RedisStore(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            stream_maxlen=settings.ledger_stream_maxlen,
+            dedupe_ttl_s=settings.ledger_dedupe_window_s,
+            cluster=settings.redis_cluster,
+            shards=settings.ledger_shard_count,
+        )
+    log.warning("REDIS_URL is not set: the ledger is in memory and lost on restart")
+    return MemoryStore(
+        stream_maxlen=settings.ledger_stream_maxlen, dedupe_ttl_s=settings.ledger_dedupe_window_s
+    )
+
+
+def start_archive(
+    settings: Settings, store: LedgerStore, metrics: Metrics
+) -> ArchiveExporter | None:
+    """The archive exporter, running in the background, when CASCADE_LEDGER_ARCHIVE_DIR
+    is set: it reads the ledger's streams, never the request path."""
+    if settings.ledger_archive_dir is None:
+        return None
+    if not isinstance(store, RedisStore):
+        log.warning("CASCADE_LEDGER_ARCHIVE_DIR is set without REDIS_URL: nothing is archived")
+        return None
+    streams = store.event_stream_keys()
+    exporter = ArchiveExporter(
+        store.client,
+        streams,
+        settings.ledger_archive_dir,
+        ArchiveOptions(flush_s=settings.ledger_archive_flush_s),
+        metrics=metrics.archive,
+        stream_cap=-(-settings.ledger_stream_maxlen // len(streams)),  # each shard's MAXLEN
+    )
+    exporter.start()
+    return exporter
+
+
+async def start_services(settings: Settings) -> Services:
+    if settings.ledger_archive_dir is not None:
+        check_installed()  # a clear error naming the extra, before serving
+    loaded = load_policy(settings.policy, install_check=install_problems)
+    if any(route.run_code_examples for route in loaded.policy.routes.values()):
+        await asyncio.to_thread(sandbox.available)  # its probe child, off the event loop
+    metrics = Metrics()
+    store = make_store(settings)
+    ledger = CostLedger(store, Spool(settings.spool_path, settings.ledger_dedupe_window_s))
+    ledger.start()
+    # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
+    engines_dir = settings.spool_path.parent / "engines"
+    guard = build_guard(
+        metrics,
+        loaded.policy,
+        settings.redis_url,
+        settings.redis_prefix,
+        engines_dir,
+        cluster=settings.redis_cluster,
+    )
+    clients: dict[str, UpstreamClient] = {
+        "openai": OpenAICompatibleClient(
+            settings.upstream_max_connections,
+            settings.upstream_transport,
+            on_load_report=guard.load.observe_header,
+        ),
+        "litellm": LiteLLMClient(),
+    }
+    accountant = Accountant(ledger, metrics, guard.load.prices)
+    executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
+    redis_url, prefix = settings.redis_url, settings.redis_prefix
+    limit_store = (
+        RedisLimitStore(redis_url, prefix, cluster=settings.redis_cluster) if redis_url else None
+    )
+    limits = Limiter(limit_store, metrics)
+    log_unserved(loaded)
+    runtime = build_runtime(loaded)
+    log_new_warnings(runtime, None)
+    services = Services(
+        settings=settings,
+        runtime=runtime,
+        metrics=metrics,
+        store=store,
+        ledger=ledger,
+        accountant=accountant,
+        proxy=Proxy(executor, accountant, metrics, guard=guard, limits=limits),
+        guard=guard,
+        limits=limits,
+        clients=clients,
+        archive=start_archive(settings, store, metrics),
+    )
+    warm(services.runtime.routes.values(), settings.embedding_threads)
+    await asyncio.wrap_future(tokens.warm(counted_models(services.runtime)))
+    services.reloader = PolicyReloader(
+        settings.policy,
+        services.apply,
+        interval_s=loaded.policy.gateway.reload_interval_s,
+        initial=loaded,
+        on_reject=services.reject,
+        install_check=install_problems,
+    )
+    services.reloader.start()
+    guard.start(lambda: services.runtime)
+    limits.watch(lambda: services.runtime)
+    return services
+
+
+async def stop_services(services: Services) -> None:
+    """Stop everything, in order; each step is bounded, so one stuck component (a Redis
+    that stopped answering, say) cannot keep the process from exiting."""
+    grace = services.settings.shutdown_grace_s
+    reloader = [("policy reloader", services.reloader.stop)] if services.reloader else []
+    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        *reloader,
+        ("SLA guard", services.guard.stop),
+        ("limits", lambda: services.limits.stop(grace)),
+        ("ledger", lambda: services.ledger.stop(grace)),
+        *([("ledger archive", services.archive.stop)] if services.archive else []),
+        *((f"{name} client", client.close) for name, client in services.clients.items()),
+        ("ledger store", services.store.close),
+    ]
+    for name, stop in steps:
+        try:
+            async with asyncio.timeout(grace + STOP_MARGIN_S):
+                await stop()
+        except TimeoutError:
+            log.error("stopping the %s took over %.0f s; going on without it", name, grace)
+
+
+def error_response(request: Request, error: GatewayError) -> Response:
+    request_id = getattr(request.state, "request_id", None) or new_request_id()
+    services: Services | None = getattr(request.app.state, "services", None)
+    if services is not None:
+        route = str(getattr(request.state, "route", "-"))
+        team = str(getattr(request.state, "team", "-"))
+        m = services.metrics
+        m.child(m.errors, route, error.type).inc()
+        m.child(m.requests, route, "-", team, str(error.status)).inc()
+        started = getattr(request.state, "started", None)
+        if error.status >= 500 and route != "-" and started is not None:
+            # What its client waited for nothing (a timeout, every upstream down): the
+            # latency panels and p99 alerts must see it, under no deployment.
+            m.child(m.latency, route, "-").observe(time.perf_counter() - started)
+    headers = {"x-request-id": request_id, **error.headers}
+    body = bridges.error_body(request.url.path, error)  # each API in its own shape
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+async def gateway_error_handler(request: Request, exc: GatewayError) -> Response:
+    return error_response(request, exc)
+
+
+async def http_error_handler(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        error: GatewayError = NotFound(f"no such endpoint: {request.url.path}", code="not_found")
+    else:
+        # Its headers too: a 405 must say which methods are allowed (`Allow`).
+        headers = dict(exc.headers or {})
+        error = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}", headers=headers)
+        error.status = exc.status_code  # type: ignore[misc]
+    return error_response(request, error)
+
+
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> Response:
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return error_response(request, InvalidRequest(str(first.get("msg", exc)), param=param))
+
+
+async def routing_error_handler(request: Request, exc: RoutingError) -> Response:
+    """The router could not decide (e.g. its model file is unreadable): no guessing."""
+    log.error("routing failed: %s", exc)
+    error = UpstreamUnavailable(f"the router could not route this request: {exc}")
+    return error_response(request, error)
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    error = GatewayError("internal error in the gateway; the request id identifies it in the logs")
+    return error_response(request, error)

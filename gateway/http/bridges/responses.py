@@ -1,0 +1,210 @@
+"""`POST /v1/responses`: OpenAI's Responses API, bridged to chat completions with
+litellm's Responses <-> chat translation (`gateway.http.bridges.base`), or sent as it is to
+deployments that serve it natively (capability `responses`, `gateway.native`).
+
+The bridge is stateless: `previous_response_id`, `conversation`, `store: true`,
+`background: true` and stored `prompt`s need a server that keeps responses, which the
+gateway is not. A request using them goes to the route's native deployments only; a
+route with none refuses it with a 400 naming the field. Only function tools are
+bridged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import InvalidRequest
+from gateway.http.bridges.base import (
+    ChunkSource,
+    StreamFailed,
+    Translation,
+    bridge,
+    chat_form,
+    plain,
+    sse,
+)
+from gateway.http.bridges.checks import (
+    MAX_TOKENS_FORM,
+    Check,
+    between,
+    check_fields,
+    expect,
+    is_function_name,
+    is_objects,
+    is_token_limit,
+    optional,
+    refuse,
+)
+from gateway.native import NativeCall
+from gateway.native.formats import responses_error_event
+
+log = logging.getLogger(__name__)
+
+# field -> is its value a use of stored state (which only a native deployment keeps)
+STATEFUL: Mapping[str, Check] = {
+    "previous_response_id": lambda v: v is not None,
+    "conversation": lambda v: v is not None,
+    "store": lambda v: v is True,
+    "background": lambda v: v is True,
+    "prompt": lambda v: v is not None,
+}
+FIELDS: Mapping[str, tuple[Check, str]] = {
+    "instructions": (optional(lambda v: isinstance(v, str)), "a string"),
+    "max_output_tokens": (optional(is_token_limit), MAX_TOKENS_FORM),
+    "temperature": (between(0, 2), "a number in [0, 2]"),
+    "top_p": (between(0, 1), "a number in [0, 1]"),
+    "stream": (optional(lambda v: isinstance(v, bool)), "a boolean"),
+    "parallel_tool_calls": (optional(lambda v: isinstance(v, bool)), "a boolean"),
+    "user": (optional(lambda v: isinstance(v, str)), "a string"),
+    "tools": (optional(is_objects), "an array of objects"),
+    "text": (optional(lambda v: isinstance(v, dict)), "an object"),
+    "reasoning": (optional(lambda v: isinstance(v, dict)), "an object"),
+    "metadata": (optional(lambda v: isinstance(v, dict)), "an object"),
+    "tool_choice": (
+        optional(lambda v: v in ("none", "auto", "required") or isinstance(v, dict)),
+        '"none", "auto", "required" or an object',
+    ),
+}
+ROLES = ("user", "assistant", "system", "developer")
+FORMATS = ("text", "json_object", "json_schema")
+# input item type -> its string fields
+ITEM_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "message": ("role",),
+    "function_call": ("call_id", "name", "arguments"),
+    "function_call_output": ("call_id",),
+    "reasoning": (),
+}
+
+
+class ResponsesTranslation(Translation):
+    surface = "Responses API"
+    wire = "responses"
+    input_field = "input"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.input = self.body["input"]
+        # The optional parameters, as litellm's translation reads (and echoes) them;
+        # stored state is for native deployments, never looked up by litellm.
+        self.params = {k: v for k, v in self.body.items() if k not in ("model", "input", *STATEFUL)}
+        self.id = "resp_" + self.request_id.removeprefix("req_")
+
+    def native_call(self, headers: Mapping[str, str]) -> NativeCall:
+        return NativeCall(self.wire, self.body, required_by=stateful_field(self.body))
+
+    @staticmethod
+    def check(body: dict[str, Any]) -> None:
+        check_fields(body, FIELDS)
+        _check_input(body)
+        for i, tool in enumerate(body.get("tools") or []):
+            if tool.get("type") != "function":
+                raise refuse(f"tools[{i}].type", "only function tools are bridged to chat")
+            expect(
+                is_function_name(tool.get("name")),
+                f"tools[{i}].name",
+                "a name of up to 64 letters, digits, '_' or '-'",
+                tool.get("name"),
+            )
+        _check_format((body.get("text") or {}).get("format"))
+
+    def chat_body(self) -> dict[str, Any]:
+        chat = self.lib.responses.transform_responses_api_request_to_chat_completion_request(
+            model=self.model,
+            input=self.input,
+            responses_api_request=self.params,
+            custom_llm_provider="openai",
+            stream=self.stream,
+        )
+        return chat_form(chat, self.model)
+
+    def reply(self, chat: dict[str, Any]) -> dict[str, Any]:
+        response = self.lib.responses.transform_chat_completion_response_to_responses_api_response(
+            request_input=self.input,
+            responses_api_request=self.params,
+            chat_completion_response=chat,
+        )
+        body: dict[str, Any] = plain(response)
+        body["id"] = self.id
+        return body
+
+    async def events(self, chunks: ChunkSource) -> AsyncIterator[bytes]:
+        stream = self.lib.responses_stream(
+            model=self.model,
+            litellm_custom_stream_wrapper=chunks,
+            request_input=self.input,
+            responses_api_request=self.params,
+            custom_llm_provider="openai",
+        )
+        sequence = 0
+        try:
+            async for event in stream:
+                data = plain(event)
+                if isinstance(data.get("response"), dict):
+                    data["response"]["id"] = self.id
+                data["sequence_number"] = sequence
+                sequence += 1
+                yield sse(data["type"], data)
+        except StreamFailed as failed:
+            yield responses_error_event(str(failed), sequence)
+        except Exception as exc:  # litellm's translation of the upstream's stream
+            log.warning("Responses stream %s not translated: %s", self.request_id, exc)
+            yield responses_error_event(
+                f"the upstream's stream could not be translated: {exc}", sequence
+            )
+        finally:
+            await chunks.aclose()
+
+
+def stateful_field(body: Mapping[str, Any]) -> str | None:
+    """The first field of `body` that uses stored state, which the bridge cannot serve."""
+    return next((name for name, uses in STATEFUL.items() if uses(body.get(name))), None)
+
+
+def _check_input(body: dict[str, Any]) -> None:
+    if "input" not in body:
+        raise InvalidRequest("'input' is required", param="input")
+    items = body["input"]
+    if isinstance(items, str) and items:
+        return
+    expect(
+        is_objects(items) and bool(items), "input", "a non-empty string or array of items", items
+    )
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if not isinstance(kind, str) or kind not in ITEM_FIELDS:
+            raise refuse(f"input[{i}].type", f"'{kind}' items are not bridged to chat")
+        for name in ITEM_FIELDS[kind]:
+            expect(
+                isinstance(item.get(name), str), f"input[{i}].{name}", "a string", item.get(name)
+            )
+        if kind == "message":
+            expect(
+                item["role"] in ROLES,
+                f"input[{i}].role",
+                f"one of {', '.join(ROLES)}",
+                item["role"],
+            )
+            content = item.get("content")
+            ok = isinstance(content, str) or is_objects(content)
+            expect(ok, f"input[{i}].content", "a string or an array of parts", content)
+
+
+def _check_format(form: Any) -> None:
+    if form is None:
+        return
+    expect(isinstance(form, dict), "text.format", "an object", form)
+    kind = form.get("type")
+    expect(kind in FORMATS, "text.format.type", f"one of {', '.join(FORMATS)}", kind)
+    if kind == "json_schema":
+        expect(isinstance(form.get("name"), str), "text.format.name", "a string", form.get("name"))
+        schema = form.get("schema")
+        expect(isinstance(schema, dict), "text.format.schema", "an object", schema)
+
+
+async def create_response(request: Request) -> Response:
+    return await bridge(request, ResponsesTranslation)

@@ -1,0 +1,113 @@
+"""The OpenAI-compatible surface: /v1/chat/completions, /v1/completions,
+/v1/embeddings, /v1/models and /v1/models/{model}.
+
+These are plain Starlette routes, not FastAPI path operations: they take no
+parameters FastAPI could validate (the body is checked by `gateway.http.validation`), and
+FastAPI's per-request dependency solving costs more than the rest of the proxying.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.auth import Origin, Principal
+from gateway.errors import NotFound, PayloadTooLarge
+from gateway.http.services import services_of
+from gateway.http.validation import parse_body
+from gateway.runtime import Runtime
+from gateway.upstreams.base import EndpointType
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _proxy(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await _proxy(request, "completions")
+
+
+async def embeddings(request: Request) -> Response:
+    return await _proxy(request, "embeddings")
+
+
+async def models(request: Request) -> Response:
+    runtime = services_of(request).runtime
+    principal = authenticate(request, runtime)
+    data = [model_entry(name) for name in runtime.visible_models(principal)]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def model(request: Request) -> Response:
+    """One entry of /v1/models; a model this key may not see is as unknown as a typo."""
+    name = request.path_params["model"]
+    if not name:  # `/v1/models/`, which Starlette's slash redirect no longer reaches
+        return await models(request)
+    runtime = services_of(request).runtime
+    principal = authenticate(request, runtime)
+    if name not in runtime.visible_models(principal):
+        raise NotFound(f"model '{name}' does not exist or this key may not use it", param="model")
+    return JSONResponse(model_entry(name))
+
+
+def model_entry(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "cascade-gateway"}
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    # `path`: a deployment name may hold a slash (`org/model`), sent raw or as %2F
+    Route("/v1/models/{model:path}", model, methods=["GET"]),
+]
+
+
+async def _proxy(request: Request, endpoint: EndpointType) -> Response:
+    services = services_of(request)
+    request.state.started = started = time.perf_counter()
+    request.state.request_id = request_id = services.proxy.request_ids.next()
+    runtime = services.runtime  # one snapshot for the whole request, even across a reload
+    principal = authenticate(request, runtime)
+    request.state.team = principal.team  # a policy name: error metrics stay bounded
+    raw = await read_body(request, runtime.max_body_bytes)
+
+    def label_route(model: str) -> None:  # only known names: metric labels stay bounded
+        if model in runtime.routes or model in runtime.deployments:
+            request.state.route = model
+
+    body = parse_body(raw, endpoint, label_route)
+    return await services.proxy.handle(
+        runtime, principal, endpoint, body, request_id, len(raw), started
+    )
+
+
+def authenticate(request: Request, runtime: Runtime, authorization: str | None = None) -> Principal:
+    """The caller's principal, and its address in `request.state.client_address`. The
+    socket peer is the server's `client`: `serve` runs uvicorn with its proxy headers
+    off, so no header rewrites it; a forwarded request is never the anonymous team's.
+    `authorization`: the credential when the API sends it elsewhere (`x-api-key`)."""
+    peer = request.client.host if request.client else None
+    origin = Origin.of(peer, request.headers, runtime.policy.gateway.trusted_proxies)
+    request.state.client_address = origin.address
+    credential = authorization or request.headers.get("authorization")
+    return runtime.keys.authenticate(credential, origin.direct_peer)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,376 @@
+"""Cascades: ask the cheapest tier, verify its answer, escalate while it is rejected.
+
+Each tier is one `Executor.complete` over that tier's deployments (so a failing
+deployment still falls back within its tier); a tier whose deployments all fail counts
+as rejected. Every answer is priced in the ledger, the rejected ones too
+(`<request_id>:<n>` for the n-th answer after the first), because every one was paid
+for; only the one the client gets is judged against the route's SLA. If an escalation
+fails outright, the last answer received is returned rather than an error: an
+unverified answer beats none.
+
+The verifier reads token logprobs, so on chat every tier but the last (whose answer is
+not verified) is asked for them (`logprobs: true`) where its upstream returns them. A
+client that did not ask for them gets its answer without them, as the upstream would
+have sent it.
+
+A bridged request (/v1/responses, /v1/messages) goes to each tier's deployments that
+serve its wire format untranslated (`gateway.native`) and to the others as chat; the
+verifier reads either answer through its chat view, and the bridge answers the client
+in its own format whichever tier's answer it gets.
+
+A route's `second_opinions` (see `gateway.pipeline.opinions`) are asked alongside the first tier
+and handed to the verifier as samples; they are priced, and cancelled, however the
+cascade ends, or as soon as only the last tier (not verified) is left.
+
+A route's `judge` (see `gateway.pipeline.judge`) grades each verified answer after the verifier
+has scored it; when it answers, its score replaces the verifier's for the threshold
+decision (and in the answer's record and the decisions log), else the verifier's
+stands. Its calls are priced like second opinions (`<request_id>:j<n>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.ledger import SpendRecord
+from gateway.metrics import Metrics
+from gateway.pipeline.accounting import Accountant, Call, count_unreported, reply_usage
+from gateway.pipeline.code_runs import run_code
+from gateway.pipeline.executor import Completed, Executor
+from gateway.pipeline.judge import RUBRIC_VERSION, Judge
+from gateway.pipeline.opinions import SecondOpinions, worth_asking
+from gateway.pipeline.scoring import AnswerVerifier
+from gateway.runtime import DeploymentRuntime, tier_groups
+from gateway.upstreams.base import EndpointType, UpstreamReply
+from router.code_examples import ExampleRun
+
+log = logging.getLogger(__name__)
+decisions = logging.getLogger("gateway.decisions")  # the proxy's decisions log
+
+
+@dataclass(frozen=True, slots=True)
+class CascadeResult:
+    final: Completed
+    records: tuple[SpendRecord, ...]
+    escalations: int
+    scores: tuple[float, ...]  # the verifier's score of each answer it judged
+    # (agreeing, answered) when second opinions were asked
+    second_opinions: tuple[int, int] | None = None
+    # The judge's score of each answer it graded (None: the verifier decided instead).
+    judge_scores: tuple[float | None, ...] = ()
+
+    @property
+    def cost_nanos(self) -> int:
+        return sum(r.cost_nanos for r in self.records)
+
+    @property
+    def attempts(self) -> int:
+        return self.final.attempts
+
+
+class Cascade:
+    def __init__(
+        self,
+        executor: Executor,
+        accountant: Accountant,
+        verifier: AnswerVerifier,
+        metrics: Metrics,
+    ) -> None:
+        self._executor = executor
+        self._accountant = accountant
+        self._verifier = verifier
+        self._metrics = metrics
+        self._judge = Judge(executor, accountant, metrics)
+
+    async def run(
+        self,
+        call: Call,
+        candidates: list[DeploymentRuntime],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        deadline_s: float,
+        second_opinions: Sequence[DeploymentRuntime] = (),
+        one_step_each: bool = False,
+    ) -> CascadeResult:
+        """Climb the tiers of `candidates` (`one_step_each`: each candidate is a step,
+        a `select` route's chain); `second_opinions` are the deployments to ask
+        alongside the first step (those of the route that may be called now)."""
+        steps = [[d] for d in candidates] if one_step_each else tier_groups(candidates)
+        groups = steps[: call.route.max_escalations + 1]
+        ends_at = time.monotonic() + deadline_s
+        opinions = None
+        if second_opinions and len(groups) > 1 and worth_asking(endpoint, body):
+            opinions = SecondOpinions(
+                self._executor, self._accountant, self._metrics, call, endpoint, body
+            )
+            opinions.ask(second_opinions, deadline_s)
+        records: list[SpendRecord] = []
+        graded = _Graded()
+        try:
+            final, scores, escalations = await self._climb(
+                call, groups, endpoint, body, ends_at, opinions, records, graded
+            )
+        finally:
+            if opinions is not None:
+                await opinions.close()
+        tally = None
+        if opinions is not None:
+            records += opinions.records
+            tally = (opinions.agreeing, opinions.answered)
+        records += graded.records
+        judged = tuple(graded.scores)
+        return CascadeResult(final, tuple(records), escalations, scores, tally, judged)
+
+    async def _climb(
+        self,
+        call: Call,
+        groups: list[list[DeploymentRuntime]],
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        ends_at: float,
+        opinions: SecondOpinions | None,
+        records: list[SpendRecord],
+        graded: _Graded,
+    ) -> tuple[Completed, tuple[float, ...], int]:
+        """Ask tier after tier while the verifier rejects the answer; the answer kept,
+        the verifier's scores and the escalations (the tiers climbed to the answer
+        kept: past rejected answers and past tiers that failed). Each answer is priced
+        into `records`; a rejected one once the next tier's outcome says whether the
+        client gets it after all (its escalation failed), so that only the answer the
+        client gets is judged against the route's SLA: one verdict per request."""
+        scores: list[float] = []
+        closing: asyncio.Task[None] | None = None  # the opinions' early close
+        latest: _Answer | None = None  # the last answer, not priced yet
+        delivered = False  # whether `latest` is the client's answer
+        ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
+        cut_off = self._accountant.cut_off_pricer(call, endpoint, body)
+        try:
+            for step, group in enumerate(groups):
+                verified = step < len(groups) - 1
+                if not verified and opinions is not None:
+                    # No answer is left for them to judge: closed while the last tier works.
+                    closing = asyncio.create_task(opinions.close())
+                try:
+                    done = await self._executor.complete(
+                        group,
+                        endpoint,
+                        body,
+                        max(0.001, ends_at - time.monotonic()),
+                        logprobs=ask and verified,
+                        cut_off=cut_off,
+                        native=call.native,
+                    )
+                except GatewayError as error:
+                    if latest is None and verified and _upstream_failed(error):
+                        # A tier that cannot answer counts as rejected: the next one is up.
+                        log.warning(
+                            "tier %d of %s failed (%s); escalating", step, call.request_id, error
+                        )
+                        continue
+                    if latest is None:
+                        raise
+                    log.warning(
+                        "escalation %d of %s failed; answering with the last answer",
+                        step,
+                        call.request_id,
+                    )
+                    # The client gets it now, after the failed escalation: so its latency.
+                    latest.answered_at, delivered = time.perf_counter(), True
+                    break
+                # The answer before, rejected, is not the client's now that another came.
+                rejected, latest = latest, _Answer(done, step, time.perf_counter())
+                if rejected is not None:
+                    records.append(
+                        self._settle(call, rejected, endpoint, body, len(records), delivered=False)
+                    )
+                await count_unreported(
+                    call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
+                )
+                if not verified:
+                    delivered = True
+                    break
+                samples, code_run = await self._evidence(
+                    call, endpoint, body, done.reply.body, ends_at, opinions
+                )
+                latest.judged = self._verify(
+                    call, endpoint, body, done.reply.body, samples, code_run
+                )
+                if call.route.judge is not None:
+                    latest.judged = await self._graded(
+                        call, endpoint, body, done.reply.body, ends_at, graded, latest.judged
+                    )
+                score = 0.0 if latest.judged is None else latest.judged  # broke: escalate
+                scores.append(score)
+                self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
+                if score >= call.route.verify_threshold:
+                    delivered = True
+                    break
+        finally:
+            # Priced with its verdict, however the climb ends: a request cancelled while
+            # its answer is judged or escalated is priced all the same (and judged as
+            # answered to nobody).
+            if latest is not None:
+                records.append(
+                    self._settle(call, latest, endpoint, body, len(records), delivered=delivered)
+                )
+            if closing is not None:  # after the answer is priced: it is paid for
+                await _finished(closing)
+        assert latest is not None  # the first group either answered or raised
+        final = without_logprobs(latest.done) if ask else latest.done
+        return final, tuple(scores), latest.step
+
+    async def _evidence(
+        self,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        reply: dict[str, Any],
+        ends_at: float,
+        opinions: SecondOpinions | None,
+    ) -> tuple[Sequence[str], ExampleRun | None]:
+        """What the verifier weighs besides the answer, gathered at once: the second
+        opinions' answers and, where the route runs code, the answer's own examples."""
+
+        async def samples() -> Sequence[str]:
+            return await opinions.samples(reply, ends_at) if opinions else ()
+
+        if not call.route.run_code_examples:  # no second task to run beside the opinions
+            return await samples(), None
+
+        async def code_run() -> ExampleRun | None:
+            run, outcome = await run_code(endpoint, body, reply, ends_at)
+            self._metrics.child(self._metrics.code_runs, call.route.name, outcome).inc()
+            return run
+
+        return await asyncio.gather(samples(), code_run())
+
+    async def _graded(
+        self,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        reply: dict[str, Any],
+        ends_at: float,
+        graded: _Graded,
+        verified: float | None,
+    ) -> float | None:
+        """The judge's score of `reply` when it gives one, else the verifier's."""
+        n = len(graded.scores) + 1
+        verdict = await self._judge.grade(call, endpoint, body, reply, ends_at, n, graded.records)
+        graded.scores.append(verdict.score)
+        if decisions.isEnabledFor(logging.INFO):
+            judge = call.route.judge.name if call.route.judge else None
+            said = (
+                f"graded {verdict.score:.3f} (from its {verdict.source})"
+                if verdict.score is not None
+                else f"{verdict.outcome}: the verifier's {_rounded(verified)} stands"
+            )
+            decisions.info(
+                "%s judge '%s' (%s) on answer %d: %s",
+                call.request_id,
+                judge,
+                RUBRIC_VERSION,
+                n,
+                said,
+            )
+        return verdict.score if verdict.score is not None else verified
+
+    def _verify(
+        self,
+        call: Call,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        reply: dict[str, Any],
+        samples: Sequence[str],
+        code_run: ExampleRun | None = None,
+    ) -> float | None:
+        """The verifier's score; None when it broke on odd text: the answer is then
+        rejected (escalate) rather than fail a request whose cheap answer is already
+        paid for, and its record carries no verdict (it is none)."""
+        try:
+            return self._verifier(endpoint, body, reply, samples, code_run)
+        except Exception:
+            log.exception("verifier failed on %s; escalating", call.request_id)
+            return None
+
+    def _settle(
+        self,
+        call: Call,
+        answer: _Answer,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        attempt: int,
+        *,
+        delivered: bool,
+    ) -> SpendRecord:
+        """Price the `attempt`-th answer (numbered among answers: the first is always
+        `<request id>`), given by the `answer.step`-th tier (its escalations);
+        `delivered`: it is the one the client gets."""
+        done = answer.done
+        usage = reply_usage(done.deployment, endpoint, body, done.reply.body, call.prompt)
+        return self._accountant.settle(
+            call,
+            done.deployment,
+            usage,
+            attempt=attempt,
+            escalations=answer.step,
+            verifier_score=answer.judged,
+            answered_at=answer.answered_at,
+            delivered=delivered,
+        )
+
+
+@dataclass(slots=True)
+class _Answer:
+    """An answer of the climb: which tier gave it, when, and the verifier's verdict."""
+
+    done: Completed
+    step: int
+    answered_at: float  # perf_counter
+    judged: float | None = None  # the verifier's score; None: not judged, or it broke
+
+
+@dataclass(slots=True)
+class _Graded:
+    """The judge's work over one climb: its score of each answer, its calls priced."""
+
+    scores: list[float | None] = dataclasses.field(default_factory=list)
+    records: list[SpendRecord] = dataclasses.field(default_factory=list)
+
+
+async def _finished(closing: asyncio.Task[None]) -> None:
+    """Wait for the opinions' early close; its failure is logged (the cascade's own
+    close, which always follows, tries again). Cancelled here, it is cut short, and
+    that close finishes it."""
+    try:
+        await closing
+    except Exception:
+        log.exception("closing second opinions failed")
+
+
+def _upstream_failed(error: GatewayError) -> bool:
+    """The tier's deployments failed or were rate limited (another tier may answer),
+    as opposed to a request its upstream rejected (which every tier would)."""
+    return error.status >= 500 or error.status == 429
+
+
+def without_logprobs(done: Completed) -> Completed:
+    """`done` with each choice's `logprobs` back to null, as the upstream answers when
+    not asked; re-serialised only when some choice carried them (else its raw bytes go
+    out unchanged)."""
+    choices = done.reply.body.get("choices") or []
+    if not any(isinstance(c, Mapping) and c.get("logprobs") is not None for c in choices):
+        return done
+    stripped = [{**c, "logprobs": None} if isinstance(c, Mapping) else c for c in choices]
+    return dataclasses.replace(done, reply=UpstreamReply({**done.reply.body, "choices": stripped}))
+
+
+def _rounded(score: float | None) -> str:
+    return "none" if score is None else f"{score:.3f}"

@@ -1,0 +1,214 @@
+"""The router's models applied to request and reply bodies: the complexity score of a
+request (classifier routes) and the acceptability of an answer (cascade routes).
+
+The shipped models are loaded on first use (routes that need neither never pay for
+them) and kept; both score in well under a millisecond, so they run inline. The
+embedding classifier (a route's `classifier: minilm`) takes tens of milliseconds, so it
+runs in a worker thread (`RequestScorer.score`), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from gateway.errors import ClassifierUnavailable
+from gateway.pipeline.selector import profile_problems
+from gateway.runtime import RouteRuntime
+from gateway.upstreams.base import EndpointType
+from policies.document import FieldPath
+from policies.sections import Sections
+from router import embedding_classifier, embeddings
+from router.classifier import Classifier, RequestClassifier
+from router.code_examples import ExampleRun
+from router.errors import RoutingError
+from router.verifier import Verifier
+
+
+def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages of any request: a completion's prompt is one user message."""
+    if endpoint == "chat":
+        return list(body.get("messages") or [])
+    prompt = body.get("prompt") if endpoint == "completions" else body.get("input")
+    text = (
+        prompt
+        if isinstance(prompt, str)
+        else " ".join(p for p in prompt or [] if isinstance(p, str))
+    )
+    return [{"role": "user", "content": text}]
+
+
+log = logging.getLogger(__name__)
+
+# One thread: an embedding is CPU-bound (torch spreads one call over its own threads),
+# so requests queue for it rather than oversubscribe the cores.
+_EMBEDDING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm")
+
+
+class RequestScorer:
+    """`scorer(endpoint, body, classifier) -> float` in [0, 1]: how much the request
+    needs a strong model, by the route's `classifier` (`features`, the default, or
+    `minilm`: tens of ms, so the proxy calls it from a worker thread)."""
+
+    def __init__(self, classifier: Classifier | None = None) -> None:
+        self._classifier = classifier  # the `features` model (default: the shipped one)
+
+    def __call__(
+        self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
+    ) -> float:
+        model: RequestClassifier = (
+            embedding_classifier.shipped()
+            if classifier == "minilm"
+            else self._classifier or shipped_classifier()
+        )
+        response_format = body.get("response_format")
+        tools = body.get("tools")
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        return model.score(
+            request_messages(endpoint, body),
+            tools=tools if isinstance(tools, list) else None,
+            response_format=response_format if isinstance(response_format, Mapping) else None,
+            max_tokens=max_tokens if isinstance(max_tokens, int) else None,
+        )
+
+    async def score(
+        self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
+    ) -> float:
+        """The score, from the event loop: inline, or in the embedding thread (where a
+        request waits its turn; the proxy counts the wait against its deadline)."""
+        if classifier == "features":
+            return self(endpoint, body)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(_EMBEDDING_THREAD, self, endpoint, body, classifier)
+        except RoutingError as exc:  # the policy passed the check, then the model failed
+            raise ClassifierUnavailable(f"the route's classifier '{classifier}': {exc}") from exc
+
+
+def classifier_problem(name: str) -> str | None:
+    """Why the route classifier `name` cannot run in this install, or None; loads
+    nothing heavy."""
+    return embedding_classifier.missing() if name == "minilm" else None
+
+
+def install_problems(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+    """What of a policy this install cannot serve: routes whose classifier cannot run
+    here, deployments whose quality profile the predictor does not know. The policy
+    loader's `install_check`."""
+    for name, route in (sections.routes or {}).items():
+        if route is not None and (problem := classifier_problem(route.classifier)):
+            yield ("routes", name, "classifier"), problem
+    yield from profile_problems(sections)
+
+
+def warm(routes: Iterable[RouteRuntime], threads: int | None = None) -> Future[None] | None:
+    """Load the embedding classifier in its thread, off the event loop, when a route
+    uses it: a policy (re)load then never blocks, and the first request waits only for
+    what is left. `threads`: the CPU threads it may use (`Settings.embedding_threads`).
+    A failure is logged here and answered 503 on the route's requests."""
+    if any(route.classifier == "minilm" for route in routes):
+        return _EMBEDDING_THREAD.submit(_load_embedding_classifier, threads)
+    return None
+
+
+def _load_embedding_classifier(threads: int | None) -> None:
+    try:
+        embeddings.load(threads)
+        embedding_classifier.shipped()
+    except RoutingError as exc:
+        log.error("the embedding classifier (classifier: minilm) cannot load: %s", exc)
+
+
+def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
+    """The conversation as one text, for the verifier."""
+    return _joined(request_messages(endpoint, body))
+
+
+def question_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
+    """The user's turns as one text: what kind of question a request asks is read from
+    them, not from the route's system prompt every request on it shares; the whole
+    conversation when no user turn says anything."""
+    users = _joined(m for m in request_messages(endpoint, body) if m.get("role") == "user")
+    return users or prompt_text(endpoint, body)
+
+
+def _joined(messages: Iterable[Mapping[str, Any]]) -> str:
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        if content:
+            parts.append(str(content))
+    return "\n\n".join(parts)
+
+
+def answer_parts(reply: Mapping[str, Any]) -> tuple[str, list[float] | None, str | None]:
+    """The first choice's text, token logprobs (when the upstream sent them), and
+    finish reason."""
+    choices = reply.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], Mapping) else {}
+    message = choice.get("message") or {}
+    text = message.get("content") if isinstance(message, Mapping) else None
+    text = text if isinstance(text, str) else str(choice.get("text") or "")
+    logprobs = None
+    content = (
+        (choice.get("logprobs") or {}).get("content")
+        if isinstance(choice.get("logprobs"), Mapping)
+        else None
+    )
+    if isinstance(content, list):
+        logprobs = [
+            float(t["logprob"]) for t in content if isinstance(t, Mapping) and "logprob" in t
+        ]
+    return text, logprobs, choice.get("finish_reason")
+
+
+class AnswerVerifier:
+    """`verifier(endpoint, body, reply) -> float` in [0, 1]: how likely the answer is
+    acceptable. The model is loaded on first use and kept."""
+
+    def __init__(
+        self, verifier: Verifier | None = None, scorer: RequestScorer | None = None
+    ) -> None:
+        self._verifier = verifier
+        self._scorer = scorer or RequestScorer()
+
+    def __call__(
+        self,
+        endpoint: EndpointType,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        samples: Sequence[str] = (),
+        code_run: ExampleRun | None = None,
+    ) -> float:
+        """``samples``: other answers to the same request (second opinions' texts);
+        ``code_run``: the answer's code run against its own examples (``run_code``)."""
+        verifier = self._verifier or shipped_verifier()
+        text, logprobs, finish_reason = answer_parts(reply)
+        response_format = body.get("response_format")
+        return verifier.score(
+            prompt_text(endpoint, body),
+            text,
+            logprobs=logprobs,
+            response_format=response_format if isinstance(response_format, dict) else None,
+            finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+            prompt_score=self._scorer(endpoint, body),  # the router's prior on the prompt
+            samples=samples,
+            question=question_text(endpoint, body),
+            code_run=code_run,
+        )
+
+
+@functools.cache
+def shipped_classifier() -> Classifier:
+    return Classifier.load()
+
+
+@functools.cache
+def shipped_verifier() -> Verifier:
+    return Verifier.load()

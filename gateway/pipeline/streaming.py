@@ -1,0 +1,279 @@
+"""Relaying a stream: forward the upstream's events, price it once however it ends.
+
+The gateway always asks the upstream for usage (`stream_options.include_usage`) and
+drops the usage-only event again when the client did not ask for it. A stream cut
+short (client gone, upstream reset) is priced from the events seen so far, counted
+with the tokenizer. Also: a buffered reply as SSE, and what a losing hedge consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import orjson
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway.billing.tokens import PromptCounts
+from gateway.errors import GatewayError
+from gateway.health.sla import SlaGuard
+from gateway.ledger.record import StatusType
+from gateway.limits import UNLIMITED
+from gateway.native.formats import event_texts
+from gateway.pipeline.accounting import (
+    Accountant,
+    Call,
+    Usage,
+    choice_texts,
+    counted_usage,
+    reply_usage,
+    reported_usage,
+)
+from gateway.pipeline.executor import Loser, Opened
+from gateway.runtime import DeploymentRuntime
+from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
+
+log = logging.getLogger(__name__)
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class StreamSettlement:
+    """One relayed stream and its accounting, which happens exactly once however the
+    stream ends: finished, broken upstream, client gone, or cancelled before its body
+    was ever iterated (then `RelayedStream` calls `finish`)."""
+
+    def __init__(
+        self,
+        accountant: Accountant,
+        observe: Callable[[Call, DeploymentRuntime, str, float | None], None],
+        call: Call,
+        opened: Opened,
+        endpoint: EndpointType,
+        body: dict[str, Any],
+        wants_usage: bool,
+        ttft: float,
+        tally: Tally | None = None,
+    ) -> None:
+        self.accountant, self.observe = accountant, observe
+        self.call, self.opened = call, opened
+        self.endpoint, self.body, self.ttft = endpoint, body, ttft
+        self.tally: Tally = tally or StreamTally(wants_usage)  # a native stream's own
+        self.status: StatusType = "partial"
+        self.finished = False
+        self.guard: SlaGuard | None = None
+        self.admission = UNLIMITED
+        self.frames = 0
+
+    async def relay(self) -> AsyncIterator[bytes]:
+        try:
+            events: list[bytes] | None = self.opened.first
+            while events is not None:
+                self.frames += len(events)
+                if frame := self.tally.frame(events):
+                    yield frame
+                events = await anext(self.opened.rest, None)
+            self.status = "partial" if self.tally.failed else "ok"
+            await self.count_prompt()
+            if self.tally.end:
+                yield self.tally.end
+        except UpstreamFailure as failure:
+            # Bytes already reached the client: no silent retry, tell it in-band.
+            log.warning("stream %s broke after it started: %s", self.call.request_id, failure)
+            await self.count_prompt()
+            yield self.tally.error(failure)
+        finally:
+            await self.finish()
+
+    async def count_prompt(self) -> None:
+        """Count the prompt of a stream that reported no usage, off the loop if long,
+        while the client still waits for the last event: `finish` may not await. A
+        stream cut short by its client is counted in `finish`, on the loop."""
+        if self.tally.usage is None:
+            model = self.opened.deployment.target.model
+            await self.call.prompt.count(model, self.endpoint, self.body)
+
+    async def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        deployment = self.opened.deployment
+        try:
+            usage = self.tally.usage or counted_usage(
+                deployment.target.model,
+                self.endpoint,
+                self.body,
+                self.tally.texts(),
+                self.call.prompt,
+            )
+        except Exception:  # never lose the record over counting: price what was reported
+            log.exception("counting tokens of stream %s failed", self.call.request_id)
+            usage = Usage(0, 0, "none")
+        # Settled before any await: a cancelled task may not get past the next one.
+        self.accountant.settle(self.call, deployment, usage, status=self.status, ttft_s=self.ttft)
+        self.admission.settle(self.call.records)
+        self.observe(self.call, deployment, "200", self.ttft)
+        if self.guard is not None:
+            streamed = time.perf_counter() - self.opened.opened_at
+            itl = streamed / (self.frames - 1) if self.frames > 1 and self.status == "ok" else None
+            self.guard.stream_ended(deployment.name, itl, streamed)
+        await close_stream(self.opened.rest)
+
+
+class RelayedStream(StreamingResponse):
+    """A StreamingResponse that runs `finish` when it ends, however it ends."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], finish: Callable[[], Awaitable[None]], **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._finish()
+
+
+class Tally(Protocol):
+    """What a relay keeps of a stream, and how it frames its events for the client."""
+
+    usage: Usage | None  # as the upstream reported it
+    end: bytes  # sent after the last event
+    failed: bool  # the upstream ended the stream with an in-band failure event
+
+    def frame(self, events: list[bytes]) -> bytes:
+        """The SSE bytes to forward for events that arrived together (one write)."""
+        ...
+
+    def texts(self) -> list[str]:
+        """The text the events carried, to count when no usage was reported."""
+        ...
+
+    def error(self, failure: UpstreamFailure) -> bytes:
+        """The in-band error event for a stream that broke after it started."""
+        ...
+
+
+class StreamTally:
+    """What a relayed chat or completions stream carried: every payload (to count tokens
+    if the upstream reports no usage) and the usage it reported."""
+
+    end = b"data: [DONE]\n\n"
+    failed = False  # a chat stream's failures break the stream (UpstreamFailure)
+
+    def __init__(self, wants_usage: bool) -> None:
+        self.wants_usage = wants_usage
+        self.seen: list[bytes] = []
+        self.usage: Usage | None = None
+
+    def frame(self, events: list[bytes]) -> bytes:
+        """The SSE bytes to forward for events that arrived together (one write)."""
+        self.seen.extend(events)
+        out: list[bytes] = []
+        for payload in events:
+            if _reports_usage(payload) and (event := _parse(payload)) is not None:
+                self.usage = reported_usage(event) or self.usage
+                if not self.wants_usage and not event.get("choices"):
+                    continue  # the usage-only event the client did not ask for
+            out.append(b"data: " + payload + b"\n\n")
+        return b"".join(out)
+
+    def texts(self) -> list[str]:
+        return stream_texts(self.seen)
+
+    def error(self, failure: UpstreamFailure) -> bytes:
+        return sse_error(failure)
+
+
+def loser_answer(loser: Loser) -> tuple[DeploymentRuntime, dict[str, Any] | None]:
+    """A losing hedge and its reply (None: it did not answer)."""
+    result = loser.result
+    return loser.deployment, result.body if isinstance(result, UpstreamReply) else None
+
+
+def loser_usage(
+    loser: Loser, endpoint: EndpointType, body: dict[str, Any], prompt: PromptCounts
+) -> tuple[Usage, StatusType]:
+    """What a losing hedge consumed: its answer's usage if it answered, else its prompt."""
+    model = loser.deployment.target.model
+    result = loser.result
+    if isinstance(result, UpstreamReply):
+        return reply_usage(loser.deployment, endpoint, body, result.body, prompt), "ok"
+    if isinstance(result, tuple):  # a stream that opened too late: count what came
+        first, _ = result
+        return counted_usage(model, endpoint, body, stream_texts(first), prompt), "partial"
+    return counted_usage(model, endpoint, body, (), prompt), "partial"
+
+
+def completion_events(
+    reply: dict[str, Any], include_usage: bool, endpoint: EndpointType = "chat"
+) -> bytes:
+    """A buffered chat or text completion as the SSE stream OpenAI would have sent for
+    it: per choice, one chunk with the whole answer, then one with its finish reason."""
+    base = {k: reply.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+    chat = endpoint == "chat"
+    base["object"] = "chat.completion.chunk" if chat else "text_completion"
+    events = []
+    for choice in reply.get("choices") or []:
+        index = choice.get("index", 0)
+        if chat:
+            first = {"index": index, "delta": _delta(choice), "finish_reason": None}
+            last = {"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}
+        else:
+            first = {"index": index, "text": choice.get("text") or "", "finish_reason": None}
+            last = {"index": index, "text": "", "finish_reason": choice.get("finish_reason")}
+        if choice.get("logprobs") is not None:  # the client asked: all of them in one chunk
+            first["logprobs"] = choice["logprobs"]
+        events += [{**base, "choices": [first]}, {**base, "choices": [last]}]
+    if include_usage and reply.get("usage"):
+        events.append({**base, "choices": [], "usage": reply["usage"]})
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _delta(choice: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat choice's message as a stream delta: nulls left out, and each tool call
+    numbered (`index`), as streamed tool-call deltas are."""
+    message = choice.get("message") or {}
+    delta = {k: v for k, v in message.items() if v is not None}
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [
+            {"index": i, **call} if isinstance(call, Mapping) else call
+            for i, call in enumerate(calls)
+        ]
+    return delta
+
+
+def _reports_usage(payload: bytes) -> bool:
+    # Upstreams asked for usage put `"usage": null` in every chunk: parse only real ones.
+    return b'"usage":{' in payload or b'"usage": {' in payload
+
+
+def sse_error(failure: UpstreamFailure) -> bytes:
+    error = GatewayError(f"upstream stream failed: {failure.message}", code="upstream_stream_error")
+    body = error.body()
+    body["error"]["type"] = "upstream_error"
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def _parse(payload: bytes) -> dict[str, Any] | None:
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def stream_texts(payloads: list[bytes]) -> list[str]:
+    """The generated text in a stream's payloads: chat or completion chunks, or a
+    bridged API's native events (a losing hedge's stream may be either)."""
+    texts: list[str] = []
+    for payload in payloads:
+        if (event := _parse(payload)) is not None:
+            texts.extend(choice_texts(event))
+            texts.extend(event_texts(event))
+    return texts

@@ -1,0 +1,88 @@
+"""What the client is told when upstreams fail: a client fault with the upstream's own
+error `type`, `code` and `param` (short strings only, nothing else of its body), or
+one error for a run in which every deployment failed, by what they had in common."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.errors import (
+    GatewayError,
+    RateLimited,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+    UpstreamUnavailable,
+)
+from gateway.runtime import DeploymentRuntime
+from gateway.upstreams.base import (
+    UpstreamConnectFailed,
+    UpstreamFailure,
+    UpstreamStatus,
+    UpstreamTimedOut,
+)
+
+# What of an upstream's error body reaches the client on a client fault, and how long.
+UPSTREAM_ERROR_FIELDS = ("type", "code", "param")
+MAX_ERROR_FIELD_CHARS = 128
+
+
+def client_fault(failure: UpstreamStatus) -> GatewayError:
+    error_type = UpstreamTooLarge if failure.status == 413 else UpstreamRejected
+    fields = upstream_error_fields(failure.body)
+    return error_type(
+        f"upstream rejected the request: {failure.message}",
+        upstream_type=fields.get("type"),
+        param=fields.get("param"),
+        code=fields.get("code"),
+    )
+
+
+def upstream_error_fields(body: Any) -> dict[str, str]:
+    """`type`, `code` and `param` of an upstream's OpenAI-style error body (raw bytes or
+    parsed), those that are short strings; nothing else of the body is ever kept."""
+    if isinstance(body, bytes | str):
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return {}
+    return {
+        name: value
+        for name in UPSTREAM_ERROR_FIELDS
+        if isinstance(value := error.get(name), str) and 0 < len(value) <= MAX_ERROR_FIELD_CHARS
+    }
+
+
+def final_error(
+    candidates: list[DeploymentRuntime], failures: list[UpstreamFailure]
+) -> GatewayError:
+    if not candidates:
+        return UpstreamUnavailable("no deployment is available for this route")
+    summary = "; ".join(dict.fromkeys(f.message for f in failures[-3:]))  # no repeats
+    names = ", ".join(d.name for d in candidates)
+    if failures and all(f.status == 429 for f in failures):
+        waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
+        return RateLimited(
+            f"every deployment is rate limited ({names}): {summary}",
+            retry_after_s=min(waits) if waits else 1.0,
+            code="upstream_rate_limited",
+        )
+    if failures and all(isinstance(f, UpstreamTimedOut) for f in failures):
+        return UpstreamTimeout(f"every deployment timed out ({names}): {summary}")
+    if failures and all(_is_unavailable(f) for f in failures):
+        waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
+        return UpstreamUnavailable(
+            f"no deployment could take the request ({names}): {summary}",
+            retry_after_s=min(waits) if waits else None,
+        )
+    return UpstreamError(f"every deployment failed ({names}): {summary}")
+
+
+def _is_unavailable(failure: UpstreamFailure) -> bool:
+    return isinstance(failure, UpstreamConnectFailed) or failure.status in (429, 503, 529)
