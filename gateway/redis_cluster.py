@@ -90,11 +90,14 @@ class ClusterClient(RedisCluster):
         if self._gate is None or _HOLDING.get():
             yield
             return
-        try:
-            async with asyncio.timeout(self._pool_timeout):
-                await self._gate.acquire()
-        except TimeoutError:
-            raise errors.ConnectionError("No connection available.") from None
+        if self._gate.locked():  # all slots taken: wait, within the pool timeout
+            try:
+                async with asyncio.timeout(self._pool_timeout):
+                    await self._gate.acquire()
+            except TimeoutError:
+                raise errors.ConnectionError("No connection available.") from None
+        else:  # the usual case, without a timeout context per command
+            await self._gate.acquire()
         token = _HOLDING.set(True)
         try:
             yield

@@ -15,8 +15,12 @@ and refuses to run on a layout that is not its own (`LedgerLayoutError`).
 
 from __future__ import annotations
 
+import functools
 import zlib
+from datetime import date
 from typing import Any
+
+from gateway.ledger.record import DIMENSIONS
 
 
 class LedgerLayoutError(ValueError):
@@ -36,6 +40,19 @@ class ShardKeys:
         self.base = f"{prefix}{{{tag}}}:"
         self.days = self.base + "days"
         self.events = self.base + "events"
+        self._record_keys: dict[str, tuple[str, ...]] = {}
+
+    def record_keys(self, day: str) -> tuple[str, ...]:
+        """The keys a record of `day` adds to besides its marker, in the script's order:
+        the day's hashes (all dimensions, then each), the days set, the events stream.
+        Kept for the few days a store writes at a time, not built per record."""
+        keys = self._record_keys.get(day)
+        if keys is None:
+            if len(self._record_keys) >= 4:
+                self._record_keys.clear()
+            dims = (self.day(day, name) for name in DIMENSIONS)
+            keys = self._record_keys[day] = (self.day(day), *dims, self.days, self.events)
+        return keys
 
     def rec(self, record_id: str) -> str:
         return self.base + "rec:" + record_id
@@ -43,6 +60,12 @@ class ShardKeys:
     def day(self, day: str, dimension: str | None = None) -> str:
         key = f"{self.base}day:{day}"
         return key if dimension is None else f"{key}:{dimension}"
+
+
+@functools.lru_cache(maxsize=8)
+def day_ordinal(day: str) -> int:
+    """A `YYYY-MM-DD` day's ordinal, the days set's score."""
+    return date.fromisoformat(day).toordinal()
 
 
 def layout_key(prefix: str) -> str:
