@@ -8,7 +8,8 @@ the executor sends the client's own body to a deployment that serves it natively
 (`NativeCall.body_for`, through `gateway.native.upstream`). The pipeline reads
 such a reply through its chat view (`formats.chat_view`: usage for the ledger, text
 for the verifier); a native stream is relayed event by event
-(`gateway.pipeline.native_streams.NativeTally`).
+(`gateway.pipeline.native_streams.NativeTally`), and a cascade's buffered answer is
+streamed as its API's events, replayed from the reply (`gateway.native.replay`).
 """
 
 from gateway.native.call import NativeCall

@@ -20,13 +20,14 @@ OpenAI's shape with the token classes in their places (`gateway.billing.usage`):
     usage.output_tokens                         completion_tokens
 
 Both APIs stream named SSE events whose `type` is the event's name, and end without a
-`[DONE]`: after `TERMINAL_EVENTS`.
+`[DONE]`: after `TERMINAL_EVENTS`. The SSE reader parses each event once
+(`native_event`); the relay, the tally and the terminal check read that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -92,14 +93,24 @@ def chat_usage(surface: NativeSurface, usage: Any) -> dict[str, Any] | None:
     }
 
 
-def event_type(payload: bytes) -> str | None:
-    """The `type` of a streamed event's JSON payload."""
+class NativeEvent(NamedTuple):
+    """One event of a native stream, parsed once."""
+
+    kind: str  # its `type`, which names it on the wire ("message" when it has none)
+    payload: bytes  # as the upstream sent it: what the client gets
+    data: Mapping[str, Any]  # the payload parsed ({} when it is JSON but no object)
+
+
+def native_event(payload: bytes) -> NativeEvent | None:
+    """A streamed event's payload, parsed; None when it is not JSON."""
     try:
-        event = orjson.loads(payload)
+        data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
-    kind = event.get("type") if isinstance(event, dict) else None
-    return kind if isinstance(kind, str) else None
+    if not isinstance(data, dict):
+        return NativeEvent("message", payload, {})
+    kind = data.get("type")
+    return NativeEvent(kind if isinstance(kind, str) else "message", payload, data)
 
 
 def event_texts(event: Mapping[str, Any]) -> Iterator[str]:
@@ -117,9 +128,8 @@ def event_texts(event: Mapping[str, Any]) -> Iterator[str]:
                     yield delta[name]
 
 
-def frame(payload: bytes) -> bytes:
+def frame(kind: str, payload: bytes) -> bytes:
     """One streamed event as the API sends it: named by its `type`, data unchanged."""
-    kind = event_type(payload) or "message"
     return b"event: " + kind.encode() + b"\ndata: " + payload + b"\n\n"
 
 
@@ -132,22 +142,21 @@ def responses_error_event(message: str, sequence: int) -> bytes:
         "param": None,
         "sequence_number": sequence,
     }
-    return frame(orjson.dumps(data))
+    return frame("error", orjson.dumps(data))
 
 
 def messages_error_event(message: str) -> bytes:
     """The Messages API's in-band `error` event."""
-    return frame(
-        orjson.dumps({"type": "error", "error": {"type": "api_error", "message": message}})
-    )
+    error = {"type": "error", "error": {"type": "api_error", "message": message}}
+    return frame("error", orjson.dumps(error))
 
 
 def _responses_view(reply: Mapping[str, Any]) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for item in _objects(reply.get("output")):
+    for item in objects(reply.get("output")):
         if item.get("type") == "message":
-            parts = _objects(item.get("content"))
+            parts = objects(item.get("content"))
             texts += [p["text"] for p in parts if isinstance(p.get("text"), str)]
         elif item.get("type") == "function_call":
             calls.append(_tool_call(item.get("call_id"), item.get("name"), item.get("arguments")))
@@ -165,7 +174,7 @@ def _responses_view(reply: Mapping[str, Any]) -> dict[str, Any]:
 def _messages_view(reply: Mapping[str, Any]) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block in _objects(reply.get("content")):
+    for block in objects(reply.get("content")):
         if block.get("type") == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif block.get("type") == "tool_use":
@@ -208,5 +217,6 @@ def _tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
     }
 
 
-def _objects(value: Any) -> list[Mapping[str, Any]]:
+def objects(value: Any) -> list[Mapping[str, Any]]:
+    """The objects in `value`, when it is an array (a reply may hold anything)."""
     return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []

@@ -6,8 +6,8 @@
                 (api_base defaults to Anthropic's; one ending in /v1 takes /messages)
 
 The reply keeps the upstream's bytes (what the client gets) and carries its chat view
-(what the pipeline reads); a stream yields the events' payloads, up to the API's last
-event (neither sends `[DONE]`).
+(what the pipeline reads); a stream yields its events (`NativeEvent`: parsed once, by the
+SSE reader), up to the API's last event (neither sends `[DONE]`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from typing import Any
 
 import httpx
 
-from gateway.native.formats import TERMINAL_EVENTS, NativeSurface, chat_view, event_type
+from gateway.native.formats import (
+    TERMINAL_EVENTS,
+    NativeEvent,
+    NativeSurface,
+    chat_view,
+    native_event,
+)
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamTarget
 from gateway.upstreams.openai_impl import OpenAICompatibleClient, post_request
 
@@ -48,11 +54,12 @@ class NativeClient:
         surface: NativeSurface,
         body: dict[str, Any],
         headers: Mapping[str, str],
-    ) -> AsyncIterator[list[bytes]]:
-        """A streaming call: its events' JSON payloads, as `UpstreamClient.stream`."""
+    ) -> AsyncIterator[list[NativeEvent]]:
+        """A streaming call: its events, each parsed once, as `UpstreamClient.stream`
+        yields payloads."""
         terminal = TERMINAL_EVENTS[surface]
         request = native_request(target, surface, body, headers)
-        return self._http.send_stream(target, request, lambda p: event_type(p) in terminal)
+        return self._http.send_stream(target, request, native_event, lambda e: e.kind in terminal)
 
 
 def native_request(

@@ -36,6 +36,7 @@ from gateway.errors import (
 )
 from gateway.metrics import Metrics
 from gateway.native import NativeCall
+from gateway.native.formats import NativeEvent
 from gateway.native.upstream import NativeClient
 from gateway.pipeline.upstream_errors import client_fault, final_error
 from gateway.request import output_cap
@@ -99,13 +100,18 @@ class Completed:
     won_by_hedge: bool = False
 
 
+# A stream's events as its client yields them: payloads of chat chunks, or a native
+# stream's events, parsed once (`gateway.native.upstream`).
+StreamEvents = list[bytes] | list[NativeEvent]
+
+
 @dataclass(slots=True)
 class Opened:
     """A stream whose first events have arrived; `rest` yields the others."""
 
     deployment: DeploymentRuntime
-    first: list[bytes]
-    rest: AsyncIterator[list[bytes]]
+    first: StreamEvents
+    rest: AsyncIterator[StreamEvents]
     attempts: int
     losers: list[Loser] = field(default_factory=list)
     hedges: int = 0
@@ -203,8 +209,8 @@ class Executor:
         cut_off: CutOffFn = _not_priced,
         native: NativeCall | None = None,
     ) -> Opened:
-        async def call(d: DeploymentRuntime) -> tuple[list[bytes], AsyncIterator[list[bytes]]]:
-            events: AsyncIterator[list[bytes]]
+        async def call(d: DeploymentRuntime) -> tuple[StreamEvents, AsyncIterator[StreamEvents]]:
+            events: AsyncIterator[StreamEvents]
             if native is not None and native.serves(d):
                 client = self._native_client(d)
                 request = native.body_for(d, body)
@@ -213,7 +219,7 @@ class Executor:
                 request = upstream_body(d, endpoint, body, priority)
                 events = self.client_for(d).stream(d.target, endpoint, request)
             try:
-                first = await anext(events)
+                first: StreamEvents = await anext(events)
             except StopAsyncIteration:
                 raise UpstreamFailure(f"deployment '{d.name}' closed the stream empty") from None
             except BaseException:

@@ -1,26 +1,30 @@
 """Relaying a native stream: the upstream's events go to the client as they came, and
 its usage is read from the events that report it (`gateway.pipeline.streaming.Tally`).
+Each event arrives parsed (`NativeEvent`, by the SSE reader): nothing here parses.
 
     Responses API   usage of `response.completed` (or `.incomplete`, `.failed`)
     Messages API    usage of `message_start`, updated by `message_delta`'s (its
-                    `output_tokens` is the running total)
+                    `output_tokens` is the running total); final only with
+                    `message_delta`: `message_start`'s output count is 1 whatever
+                    follows, so a stream cut short before `message_delta` keeps its
+                    prompt (`early`) and counts its text
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from gateway.native.formats import (
+    NativeEvent,
     NativeSurface,
     chat_usage,
+    event_texts,
     frame,
     messages_error_event,
     responses_error_event,
 )
 from gateway.pipeline.accounting import Usage, reported_usage
-from gateway.pipeline.streaming import stream_texts
 from gateway.upstreams.base import UpstreamFailure
 
 if TYPE_CHECKING:
@@ -37,8 +41,8 @@ def native_tally(native: NativeCall | None, deployment: DeploymentRuntime) -> Na
 
 
 class NativeTally:
-    """What a native stream carried: every payload (to count tokens if the upstream
-    reports no usage) and the usage it reported."""
+    """What a native stream carried: its generated text (to count tokens if the
+    upstream reports no final usage) and the usage it reported."""
 
     end = b""  # neither API sends a marker after its last event
     # Events by which the upstream says, in-band, that its answer failed.
@@ -46,22 +50,21 @@ class NativeTally:
 
     def __init__(self, surface: NativeSurface) -> None:
         self.surface = surface
-        self.seen: list[bytes] = []
-        self.usage: Usage | None = None
+        self.usage: Usage | None = None  # final
+        self.early: Usage | None = None  # the Messages API's `message_start` usage
+        self._texts: list[str] = []
         self._reported: dict[str, Any] = {}  # the Messages API's usage, merged
         self._sequence = 0  # the Responses API's next `sequence_number`
         self.failed = False  # the upstream ended the stream with its own failure event
 
-    def frame(self, events: list[bytes]) -> bytes:
+    def frame(self, events: Sequence[NativeEvent]) -> bytes:
         """The SSE bytes to forward for events that arrived together (one write)."""
-        self.seen.extend(events)
-        for payload in events:
-            if b'"usage"' in payload or b'"sequence_number"' in payload or b'"error"' in payload:
-                self._read(payload)
-        return b"".join(frame(payload) for payload in events)
+        for event in events:
+            self._read(event)
+        return b"".join(frame(event.kind, event.payload) for event in events)
 
     def texts(self) -> list[str]:
-        return stream_texts(self.seen)
+        return self._texts
 
     def error(self, failure: UpstreamFailure) -> bytes:
         """The API's in-band error event for a stream that broke after it started."""
@@ -70,36 +73,26 @@ class NativeTally:
             return responses_error_event(message, self._sequence)
         return messages_error_event(message)
 
-    def _read(self, payload: bytes) -> None:
-        event = _parse(payload)
-        if event is None:
-            return
-        sequence = event.get("sequence_number")
+    def _read(self, event: NativeEvent) -> None:
+        data, kind = event.data, event.kind
+        self._texts.extend(event_texts(data))
+        sequence = data.get("sequence_number")
         if isinstance(sequence, int):
             self._sequence = sequence + 1
-        kind = event.get("type")
         self.failed = self.failed or kind in self.FAILURES
         if self.surface == "responses":
-            response = event.get("response")
+            response = data.get("response")
             if isinstance(response, dict) and response.get("usage") is not None:
-                self._report(response["usage"])
-        elif kind == "message_start" and isinstance(event.get("message"), dict):
-            self._merge(event["message"].get("usage"))
-        elif kind == "message_delta":
-            self._merge(event.get("usage"))
+                self.usage = self._usage(response["usage"]) or self.usage
+        elif kind == "message_start" and isinstance(data.get("message"), dict):
+            self.early = self._merge(data["message"].get("usage")) or self.early
+        elif kind == "message_delta" and isinstance(data.get("usage"), dict):
+            self.usage = self._merge(data["usage"]) or self.usage
 
-    def _merge(self, usage: Any) -> None:
+    def _merge(self, usage: Any) -> Usage | None:
         if isinstance(usage, dict):
             self._reported.update({k: v for k, v in usage.items() if v is not None})
-            self._report(self._reported)
+        return self._usage(self._reported)
 
-    def _report(self, usage: Any) -> None:
-        self.usage = reported_usage({"usage": chat_usage(self.surface, usage)}) or self.usage
-
-
-def _parse(payload: bytes) -> dict[str, Any] | None:
-    try:
-        event = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) else None
+    def _usage(self, usage: Any) -> Usage | None:
+        return reported_usage({"usage": chat_usage(self.surface, usage)})

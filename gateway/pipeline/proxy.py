@@ -36,7 +36,7 @@ from gateway.pipeline.streaming import (
     SSE_HEADERS,
     RelayedStream,
     StreamSettlement,
-    completion_events,
+    buffered_events,
     loser_answer,
     loser_usage,
 )
@@ -314,9 +314,8 @@ class Proxy:
             headers["x-cascade-second-opinions"] = f"{agreeing}/{answered}"
         if decisions.isEnabledFor(logging.INFO):
             decisions.info("%s %s", call.request_id, cascade_verdict(call.route, result))
-        if call.stream:
-            wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = completion_events(final.reply.body, wants_usage, endpoint)
+        if call.stream:  # a native deployment's answer in its API's events, with its ids
+            events = buffered_events(call.native, final.deployment, final.reply, body, endpoint)
             return Response(
                 events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
             )

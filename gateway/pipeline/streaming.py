@@ -3,26 +3,30 @@
 The gateway always asks the upstream for usage (`stream_options.include_usage`) and
 drops the usage-only event again when the client did not ask for it. A stream cut
 short (client gone, upstream reset) is priced from the events seen so far, counted
-with the tokenizer. Also: a buffered reply as SSE, and what a losing hedge consumed.
+with the tokenizer (a prompt it reported early stands). Also: a buffered reply as SSE,
+and what a losing hedge consumed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.billing.tokens import PromptCounts
+from gateway.billing.tokens import PromptCounts, count_text
 from gateway.errors import GatewayError
 from gateway.health.sla import SlaGuard
 from gateway.ledger.record import StatusType
 from gateway.limits import UNLIMITED
-from gateway.native.formats import event_texts
+from gateway.native import NativeCall
+from gateway.native.formats import NativeEvent, event_texts
+from gateway.native.replay import replayed_stream
 from gateway.pipeline.accounting import (
     Accountant,
     Call,
@@ -32,7 +36,7 @@ from gateway.pipeline.accounting import (
     reply_usage,
     reported_usage,
 )
-from gateway.pipeline.executor import Loser, Opened
+from gateway.pipeline.executor import Loser, Opened, StreamEvents
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
 
@@ -55,12 +59,12 @@ class StreamSettlement:
         body: dict[str, Any],
         wants_usage: bool,
         ttft: float,
-        tally: Tally | None = None,
+        tally: Tally[Any] | None = None,
     ) -> None:
         self.accountant, self.observe = accountant, observe
         self.call, self.opened = call, opened
         self.endpoint, self.body, self.ttft = endpoint, body, ttft
-        self.tally: Tally = tally or StreamTally(wants_usage)  # a native stream's own
+        self.tally: Tally[Any] = tally or StreamTally(wants_usage)  # a native stream's own
         self.status: StatusType = "partial"
         self.finished = False
         self.guard: SlaGuard | None = None
@@ -69,7 +73,7 @@ class StreamSettlement:
 
     async def relay(self) -> AsyncIterator[bytes]:
         try:
-            events: list[bytes] | None = self.opened.first
+            events: StreamEvents | None = self.opened.first
             while events is not None:
                 self.frames += len(events)
                 if frame := self.tally.frame(events):
@@ -91,7 +95,7 @@ class StreamSettlement:
         """Count the prompt of a stream that reported no usage, off the loop if long,
         while the client still waits for the last event: `finish` may not await. A
         stream cut short by its client is counted in `finish`, on the loop."""
-        if self.tally.usage is None:
+        if self.tally.usage is None and self.tally.early is None:
             model = self.opened.deployment.target.model
             await self.call.prompt.count(model, self.endpoint, self.body)
 
@@ -101,13 +105,7 @@ class StreamSettlement:
         self.finished = True
         deployment = self.opened.deployment
         try:
-            usage = self.tally.usage or counted_usage(
-                deployment.target.model,
-                self.endpoint,
-                self.body,
-                self.tally.texts(),
-                self.call.prompt,
-            )
+            usage = self.tally.usage or self.counted(deployment.target.model)
         except Exception:  # never lose the record over counting: price what was reported
             log.exception("counting tokens of stream %s failed", self.call.request_id)
             usage = Usage(0, 0, "none")
@@ -120,6 +118,19 @@ class StreamSettlement:
             itl = streamed / (self.frames - 1) if self.frames > 1 and self.status == "ok" else None
             self.guard.stream_ended(deployment.name, itl, streamed)
         await close_stream(self.opened.rest)
+
+    def counted(self, model: str) -> Usage:
+        """A stream without final usage: its text counted. A prompt it reported early
+        (the Messages API's `message_start`) stands, with its token classes; the output
+        count reported with it (1, at the start) is only a floor."""
+        early = self.tally.early
+        if early is None:
+            texts = self.tally.texts()
+            return counted_usage(model, self.endpoint, self.body, texts, self.call.prompt)
+        completion = sum(count_text(model, text) for text in self.tally.texts())
+        if completion <= early.completion_tokens:
+            return early
+        return dataclasses.replace(early, completion_tokens=completion, source="counted")
 
 
 class RelayedStream(StreamingResponse):
@@ -138,14 +149,18 @@ class RelayedStream(StreamingResponse):
             await self._finish()
 
 
-class Tally(Protocol):
+Event = TypeVar("Event", contravariant=True)  # as the stream's client yields them
+
+
+class Tally(Protocol[Event]):
     """What a relay keeps of a stream, and how it frames its events for the client."""
 
-    usage: Usage | None  # as the upstream reported it
+    usage: Usage | None  # final, as the upstream reported it
+    early: Usage | None  # reported before the end, not final (its prompt is)
     end: bytes  # sent after the last event
     failed: bool  # the upstream ended the stream with an in-band failure event
 
-    def frame(self, events: list[bytes]) -> bytes:
+    def frame(self, events: Sequence[Event]) -> bytes:
         """The SSE bytes to forward for events that arrived together (one write)."""
         ...
 
@@ -164,13 +179,14 @@ class StreamTally:
 
     end = b"data: [DONE]\n\n"
     failed = False  # a chat stream's failures break the stream (UpstreamFailure)
+    early: Usage | None = None  # a chat stream reports usage once, at its end
 
     def __init__(self, wants_usage: bool) -> None:
         self.wants_usage = wants_usage
         self.seen: list[bytes] = []
         self.usage: Usage | None = None
 
-    def frame(self, events: list[bytes]) -> bytes:
+    def frame(self, events: Sequence[bytes]) -> bytes:
         """The SSE bytes to forward for events that arrived together (one write)."""
         self.seen.extend(events)
         out: list[bytes] = []
@@ -207,6 +223,22 @@ def loser_usage(
         first, _ = result
         return counted_usage(model, endpoint, body, stream_texts(first), prompt), "partial"
     return counted_usage(model, endpoint, body, (), prompt), "partial"
+
+
+def buffered_events(
+    native: NativeCall | None,
+    deployment: DeploymentRuntime,
+    reply: UpstreamReply,
+    body: Mapping[str, Any],
+    endpoint: EndpointType,
+) -> bytes:
+    """A verified (buffered) answer as the stream the client asked for: a native
+    deployment's in its API's events, replayed from its reply (its own ids: a stored
+    response is continued by them), else as chat events."""
+    if native is not None and native.serves(deployment) and reply.raw is not None:
+        return replayed_stream(native.surface, orjson.loads(reply.raw))
+    wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return completion_events(reply.body, wants_usage, endpoint)
 
 
 def completion_events(
@@ -268,12 +300,13 @@ def _parse(payload: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def stream_texts(payloads: list[bytes]) -> list[str]:
-    """The generated text in a stream's payloads: chat or completion chunks, or a
-    bridged API's native events (a losing hedge's stream may be either)."""
+def stream_texts(events: Iterable[bytes | NativeEvent]) -> list[str]:
+    """The generated text in a stream's events: chat or completion chunks' payloads, or
+    a bridged API's native events (a losing hedge's stream may be either)."""
     texts: list[str] = []
-    for payload in payloads:
-        if (event := _parse(payload)) is not None:
-            texts.extend(choice_texts(event))
-            texts.extend(event_texts(event))
+    for event in events:
+        if isinstance(event, NativeEvent):
+            texts.extend(event_texts(event.data))
+        elif (chunk := _parse(event)) is not None:
+            texts.extend(choice_texts(chunk))
     return texts

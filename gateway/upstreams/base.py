@@ -76,8 +76,8 @@ class UpstreamTimedOut(UpstreamFailure):
 class UpstreamReply:
     """A non-streaming answer: the OpenAI-format JSON body and the raw bytes, when the
     upstream spoke OpenAI already (so the gateway can forward them unchanged). A native
-    call's (`native_impl`) raw bytes are in the bridged API's format, its body their
-    chat view."""
+    call's (`gateway.native.upstream`) raw bytes are in the bridged API's format, its
+    body their chat view."""
 
     body: dict[str, Any]
     raw: bytes | None = None
@@ -124,7 +124,7 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-async def close_stream(events: AsyncIterator[list[bytes]]) -> None:
+async def close_stream(events: AsyncIterator[object]) -> None:
     """Close an upstream stream (releasing its connection); a broken one is left as is."""
     aclose = getattr(events, "aclose", None)
     if aclose is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import orjson
@@ -34,6 +34,7 @@ from gateway.upstreams.base import (
 )
 
 TransportType = Literal["aiohttp", "httpcore"]
+Event = TypeVar("Event")  # a stream's event as its reader parses it (`parsed_sse_events`)
 TRANSPORTS: dict[str, Callable[[int], httpx.AsyncBaseTransport]] = {
     "aiohttp": lambda limit: AiohttpTransport(max_connections=limit),
     "httpcore": lambda limit: httpx.AsyncHTTPTransport(
@@ -102,16 +103,17 @@ class OpenAICompatibleClient:
     def stream(
         self, target: UpstreamTarget, endpoint: EndpointType, body: dict[str, Any]
     ) -> AsyncIterator[list[bytes]]:
-        return self.send_stream(target, self._request(target, endpoint, body))
+        return self.send_stream(target, self._request(target, endpoint, body), json_payload)
 
     async def send_stream(
         self,
         target: UpstreamTarget,
         request: httpx.Request,
-        last: Callable[[bytes], bool] | None = None,
-    ) -> AsyncIterator[list[bytes]]:
-        """A streaming call of a request built by `post_request`: its SSE event payloads
-        as `sse_events` yields them (`last`: see there)."""
+        parse: Callable[[bytes], Event | None],
+        last: Callable[[Event], bool] | None = None,
+    ) -> AsyncIterator[list[Event]]:
+        """A streaming call of a request built by `post_request`: its SSE events as
+        `parsed_sse_events` yields them (`parse`, `last`: see there)."""
         with translate_errors(target):
             response = await self._transport.handle_async_request(request)
         self._load_report(target, response)
@@ -122,7 +124,7 @@ class OpenAICompatibleClient:
                 raise status_failure(target, response.status_code, response.headers, content)
             with translate_errors(target):
                 chunks = response.aiter_raw()
-                async for events in sse_events(chunks, last):
+                async for events in parsed_sse_events(chunks, parse, last):
                     yield events
                 async for _ in chunks:  # read past [DONE] so the connection is reused
                     pass
@@ -175,19 +177,27 @@ def post_request(
     )
 
 
-async def sse_events(
-    chunks: AsyncIterator[bytes], last: Callable[[bytes], bool] | None = None
-) -> AsyncIterator[list[bytes]]:
-    """Yield the data of the SSE events (joined `data:` lines) completed by each chunk
-    read, as a list per read; stops at `[DONE]`, or after the event `last` says ends the
-    stream (APIs that send no `[DONE]`). A body that ends before either was cut short:
-    after its last complete event, `UpstreamFailure` is raised."""
+def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """An OpenAI stream's event payloads (each checked to be JSON), up to `[DONE]`."""
+    return parsed_sse_events(chunks, json_payload)
+
+
+async def parsed_sse_events(
+    chunks: AsyncIterator[bytes],
+    parse: Callable[[bytes], Event | None],
+    last: Callable[[Event], bool] | None = None,
+) -> AsyncIterator[list[Event]]:
+    """Yield the SSE events (their joined `data:` lines, as `parse` reads them: the one
+    parse of each) completed by each chunk read, as a list per read; stops at `[DONE]`,
+    or after the event `last` says ends the stream (APIs that send no `[DONE]`). A body
+    that ends before either was cut short, and one whose event `parse` finds no JSON
+    (None) is broken: after its last good event, `UpstreamFailure` is raised."""
     buffer = b""
     data: list[bytes] = []
     async for chunk in chunks:
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
-        events: list[bytes] = []
+        events: list[Event] = []
         for raw_line in lines:
             line = raw_line.rstrip(b"\r")
             if line.startswith(b"data:"):
@@ -199,13 +209,14 @@ async def sse_events(
                     if events:
                         yield events
                     return
-                if not _is_json(payload):
+                event = parse(payload)
+                if event is None:
                     # Relayed, it would break the client's parser, not raise an API error.
                     if events:
                         yield events
                     raise UpstreamFailure("the upstream stream sent an event that is not JSON")
-                events.append(payload)
-                if last is not None and last(payload):
+                events.append(event)
+                if last is not None and last(event):
                     yield events
                     return
         if events:
@@ -215,12 +226,14 @@ async def sse_events(
     raise UpstreamFailure(f"the upstream stream ended {ended}")
 
 
-def _is_json(payload: bytes) -> bool:
+def json_payload(payload: bytes) -> bytes | None:
+    """`payload` if it is JSON (an OpenAI stream's chunks are read again only when they
+    report usage), else None."""
     try:
         orjson.loads(payload)
     except orjson.JSONDecodeError:
-        return False
-    return True
+        return None
+    return payload
 
 
 @contextmanager

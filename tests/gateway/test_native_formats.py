@@ -1,23 +1,29 @@
 """What the gateway reads of native replies and streams (`gateway.native`), and what it
 sends a native deployment, without a server: usage into token classes, the chat view
-the verifier reads, the body's caps, the Messages URL."""
+the verifier reads, the body's caps, the Messages URL, one parse per streamed event,
+and a buffered reply replayed as its API's stream."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from gateway.billing.pricing import UNPRICED
 from gateway.billing.usage import TokenClasses
 from gateway.native import NativeCall
-from gateway.native.formats import chat_usage, chat_view
-from gateway.native.upstream import messages_url, native_request
+from gateway.native.formats import NativeEvent, NativeSurface, chat_usage, chat_view, native_event
+from gateway.native.replay import replayed_stream
+from gateway.native.upstream import NativeClient, messages_url, native_request
 from gateway.pipeline.accounting import reported_usage
 from gateway.pipeline.native_streams import NativeTally
+from gateway.pipeline.streaming import StreamTally
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import UpstreamFailure, UpstreamTarget
+from gateway.upstreams.openai_impl import OpenAICompatibleClient
 
 
 def deployment(max_output_tokens: int | None = None) -> DeploymentRuntime:
@@ -147,8 +153,9 @@ def test_native_requests_carry_the_apis_credentials() -> None:
     assert messages.headers["anthropic-beta"] == "b" and "authorization" not in messages.headers
 
 
-def events(*payloads: dict[str, Any]) -> list[bytes]:
-    return [orjson.dumps(p) for p in payloads]
+def events(*payloads: dict[str, Any]) -> list[NativeEvent]:
+    """The events as the SSE reader yields them: parsed."""
+    return [e for p in payloads if (e := native_event(orjson.dumps(p))) is not None]
 
 
 def test_a_messages_stream_tally_merges_start_and_delta_usage() -> None:
@@ -178,3 +185,146 @@ def test_a_responses_stream_tally_reads_the_completed_usage_and_numbers_its_erro
     usage = {"input_tokens": 4, "output_tokens": 2}
     tally.frame(events({"type": "response.completed", "response": {"usage": usage}}))
     assert tally.usage is not None and tally.usage.completion_tokens == 2
+
+
+def test_a_messages_stream_usage_is_final_only_with_message_delta() -> None:
+    """`message_start` says 1 output token: what a stream cut short before
+    `message_delta` reported is its prompt, not its answer's length."""
+    tally = NativeTally("messages")
+    start = {"input_tokens": 7, "cache_read_input_tokens": 3, "output_tokens": 1}
+    tally.frame(
+        events(
+            {"type": "message_start", "message": {"usage": start}},
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "a b c"}},
+        )
+    )
+    assert tally.usage is None and tally.early is not None
+    assert (tally.early.prompt_tokens, tally.early.completion_tokens) == (10, 1)
+    assert tally.early.classes == TokenClasses(cache_read=3)
+    assert tally.texts() == ["a b c"]
+
+
+def counting_loads(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every `orjson.loads` from here on, by its argument."""
+    parsed: list[bytes] = []
+    loads = orjson.loads
+
+    def counted(data: Any) -> Any:
+        parsed.append(bytes(data))
+        return loads(data)
+
+    monkeypatch.setattr(orjson, "loads", counted)
+    return parsed
+
+
+class Body(httpx.AsyncByteStream):
+    """A response body read as a stream (httpx reads `content=` at once)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+
+async def upstream_stream(body: bytes, surface: NativeSurface | None) -> list[list[Any]]:
+    """The batches a native stream (or, `surface` None, a chat stream) of `body` yields."""
+    http = OpenAICompatibleClient(transport="httpcore")
+    http._transport = httpx.MockTransport(lambda _: httpx.Response(200, stream=Body(body)))
+    target = deployment().target
+    if surface is None:
+        return [batch async for batch in http.stream(target, "chat", {})]
+    stream = NativeClient(http).stream(target, surface, {}, {})
+    return [batch async for batch in stream]
+
+
+async def test_a_native_stream_parses_each_event_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One parse, in the SSE reader: the terminal check, the relay's event names, the
+    usage and the text read it."""
+    payloads = events(
+        {"type": "message_start", "message": {"usage": {"input_tokens": 4, "output_tokens": 1}}},
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}},
+        {"type": "ping"},
+        {"type": "message_delta", "usage": {"output_tokens": 2}},
+        {"type": "message_stop"},
+    )
+    body = b"".join(f"event: {e.kind}\ndata: ".encode() + e.payload + b"\n\n" for e in payloads)
+    parsed = counting_loads(monkeypatch)
+    tally = NativeTally("messages")
+    framed = b"".join([tally.frame(batch) for batch in await upstream_stream(body, "messages")])
+    assert framed == body  # relayed as it came, each event named by its type
+    assert tally.usage is not None and tally.usage.completion_tokens == 2
+    assert tally.texts() == ["hi"]
+    assert parsed == [e.payload for e in payloads]
+
+
+async def test_a_chat_stream_parses_usage_chunks_only_once_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": None},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+    ]
+    body = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    parsed = counting_loads(monkeypatch)
+    tally = StreamTally(wants_usage=True)
+    for batch in await upstream_stream(body, None):
+        tally.frame(batch)
+    assert tally.usage is not None and tally.usage.prompt_tokens == 3
+    assert len(parsed) == len(chunks) + 1  # the reader's check, then the usage chunk
+
+
+def replayed(surface: NativeSurface, reply: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The (event name, data) pairs of a replayed stream."""
+    frames = replayed_stream(surface, reply).split(b"\n\n")[:-1]
+    pairs = []
+    for frame in frames:
+        name, data = frame.split(b"\n")
+        pairs.append((name.removeprefix(b"event: ").decode(), orjson.loads(data[6:])))
+    assert all(name == data["type"] for name, data in pairs)
+    return pairs
+
+
+def test_a_buffered_response_replays_as_its_stream_with_its_ids() -> None:
+    call = {"id": "fc_1", "type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": []}
+    text = {"type": "output_text", "text": "Hi.", "annotations": []}
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "content": [text]}
+    reply = {"id": "resp_9", "status": "incomplete", "output": [reasoning, message, call]}
+    pairs = replayed("responses", reply)
+    assert [data["sequence_number"] for _, data in pairs] == list(range(len(pairs)))
+    assert pairs[0][1]["response"]["id"] == "resp_9" and pairs[0][1]["response"]["output"] == []
+    assert pairs[-1] == ("response.incomplete", {**pairs[-1][1], "response": reply})
+    by_name = {name: data for name, data in pairs}
+    assert by_name["response.output_text.delta"]["delta"] == "Hi."
+    assert by_name["response.output_text.delta"]["item_id"] == "msg_1"
+    assert by_name["response.function_call_arguments.done"]["arguments"] == "{}"
+    done = [data["item"] for name, data in pairs if name == "response.output_item.done"]
+    assert done == [reasoning, message, call]
+
+
+def test_a_buffered_message_replays_as_anthropics_stream() -> None:
+    usage = {"input_tokens": 5, "output_tokens": 7}
+    content = [
+        {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+        {"type": "text", "text": "Hi."},
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}},
+    ]
+    reply = {"id": "msg_9", "type": "message", "content": content, "stop_reason": "tool_use"}
+    pairs = replayed("messages", {**reply, "usage": usage})
+    start = pairs[0][1]["message"]
+    assert start["id"] == "msg_9" and start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"] == {"input_tokens": 5, "output_tokens": 0}
+    deltas = [data["delta"] for name, data in pairs if name == "content_block_delta"]
+    assert deltas == [
+        {"type": "thinking_delta", "thinking": "hmm"},
+        {"type": "signature_delta", "signature": "sig"},
+        {"type": "text_delta", "text": "Hi."},
+        {"type": "input_json_delta", "partial_json": '{"a":1}'},
+    ]
+    assert pairs[-2][1] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+        "usage": usage,
+    }
+    assert pairs[-1][0] == "message_stop"

@@ -84,6 +84,7 @@ routes:
     deployments: [chat-cheap, native-premium]
     verify_threshold: 0.5
     max_escalations: 1
+  claude-careful: {{strategy: cascade, deployments: [claude], verify_threshold: 0.5}}
 keys:
   k: {{secret: "${{GATEWAY_TEST_KEY}}"}}
 """

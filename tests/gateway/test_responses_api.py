@@ -179,6 +179,7 @@ def test_a_streamed_tool_call_and_a_json_schema_format(base: str, fake_openai: F
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"store": True}, "store"),
         ({"conversation": "conv_1"}, "conversation"),
+        ({"background": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),

@@ -111,6 +111,7 @@ class Translation:
     surface: ClassVar[str]  # the API's name, for messages
     wire: ClassVar[NativeSurface]  # its wire format: the capability serving it natively
     input_field: ClassVar[str]  # the field that becomes `messages`
+    why_native = ""  # why its `required_by` field needs a native deployment, for the 400
 
     def __init__(self, lib: Library, body: dict[str, Any], request_id: str) -> None:
         self.lib, self.body, self.request_id = lib, body, request_id
@@ -317,9 +318,10 @@ async def bridge(
         field = native.required_by
         if field is None or error.param != field:
             raise
+        why = f"; {translation.why_native}" if translation.why_native else ""
         raise CapabilityUnavailable(
             f"'{field}' needs a deployment that serves the {kind.surface} natively "
-            f"(capability '{kind.wire}'): {error.message}",
+            f"(capability '{kind.wire}'{why}): {error.message}",
             param=field,
         ) from None
     if answered_natively(response, native, runtime):
@@ -328,9 +330,7 @@ async def bridge(
 
 
 def answered_natively(response: Response, native: NativeCall, runtime: Runtime) -> bool:
-    """Is `response` a native deployment's answer, as it came? A cascade's buffered
-    stream is not: the pipeline sends it as chat events, which the bridge translates."""
+    """Is `response` a native deployment's answer, in the API's own format? Streamed,
+    buffered, or a cascade's buffered stream (its events replayed from the reply)."""
     deployment = runtime.deployments.get(response.headers.get("x-cascade-deployment", ""))
-    if deployment is None or not native.serves(deployment):
-        return False
-    return isinstance(response, StreamingResponse) or response.media_type != SSE
+    return deployment is not None and native.serves(deployment)

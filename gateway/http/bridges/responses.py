@@ -2,11 +2,13 @@
 litellm's Responses <-> chat translation (`gateway.http.bridges.base`), or sent as it is to
 deployments that serve it natively (capability `responses`, `gateway.native`).
 
-The bridge is stateless: `previous_response_id`, `conversation`, `store: true`,
-`background: true` and stored `prompt`s need a server that keeps responses, which the
-gateway is not. A request using them goes to the route's native deployments only; a
-route with none refuses it with a 400 naming the field. Only function tools are
-bridged.
+The bridge is stateless: `previous_response_id`, `conversation`, `store: true` and
+stored `prompt`s need a server that keeps responses, which the gateway is not. A request
+using them goes to the route's native deployments only; a route with none refuses it
+with a 400 naming the field. So does one with tools other than functions (hosted tools)
+or input items other than messages and function calls, which the bridge does not
+translate. `background: true` is refused everywhere: its answer comes later, unpriced,
+from an endpoint the gateway does not serve.
 """
 
 from __future__ import annotations
@@ -50,10 +52,12 @@ STATEFUL: Mapping[str, Check] = {
     "previous_response_id": lambda v: v is not None,
     "conversation": lambda v: v is not None,
     "store": lambda v: v is True,
-    "background": lambda v: v is True,
     "prompt": lambda v: v is not None,
 }
+# Sent to native deployments only, never to litellm's translation.
+NATIVE_FIELDS = ("background", *STATEFUL)
 FIELDS: Mapping[str, tuple[Check, str]] = {
+    "background": (optional(lambda v: isinstance(v, bool)), "a boolean"),
     "instructions": (optional(lambda v: isinstance(v, str)), "a string"),
     "max_output_tokens": (optional(is_token_limit), MAX_TOKENS_FORM),
     "temperature": (between(0, 2), "a number in [0, 2]"),
@@ -72,7 +76,8 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
 }
 ROLES = ("user", "assistant", "system", "developer")
 FORMATS = ("text", "json_object", "json_schema")
-# input item type -> its string fields
+# input item type -> its string fields: the items the bridge translates (others, as
+# tools other than functions, need a native deployment)
 ITEM_FIELDS: Mapping[str, tuple[str, ...]] = {
     "message": ("role",),
     "function_call": ("call_id", "name", "arguments"),
@@ -91,19 +96,30 @@ class ResponsesTranslation(Translation):
         self.input = self.body["input"]
         # The optional parameters, as litellm's translation reads (and echoes) them;
         # stored state is for native deployments, never looked up by litellm.
-        self.params = {k: v for k, v in self.body.items() if k not in ("model", "input", *STATEFUL)}
+        self.params = {
+            k: v for k, v in self.body.items() if k not in ("model", "input", *NATIVE_FIELDS)
+        }
         self.id = "resp_" + self.request_id.removeprefix("req_")
+        self.required_by: str | None = stateful_field(self.body)
+        if self.required_by is None and (unbridged := unbridged_field(self.body)) is not None:
+            self.required_by, self.why_native = unbridged
+            # The chat form only routes and holds budget: what the bridge translates.
+            self.input, self.params = bridged_only(self.input, self.params)
 
     def native_call(self, headers: Mapping[str, str]) -> NativeCall:
-        return NativeCall(self.wire, self.body, required_by=stateful_field(self.body))
+        return NativeCall(self.wire, self.body, required_by=self.required_by)
 
     @staticmethod
     def check(body: dict[str, Any]) -> None:
         check_fields(body, FIELDS)
+        if body.get("background") is True:  # answered later, unpriced, by GET /responses/{id}
+            raise refuse("background", "the gateway does not run background responses")
         _check_input(body)
         for i, tool in enumerate(body.get("tools") or []):
-            if tool.get("type") != "function":
-                raise refuse(f"tools[{i}].type", "only function tools are bridged to chat")
+            kind = tool.get("type")
+            expect(isinstance(kind, str), f"tools[{i}].type", "a string", kind)
+            if kind != "function":
+                continue  # a hosted tool: for native deployments (`unbridged_field`)
             expect(
                 is_function_name(tool.get("name")),
                 f"tools[{i}].name",
@@ -165,6 +181,34 @@ def stateful_field(body: Mapping[str, Any]) -> str | None:
     return next((name for name, uses in STATEFUL.items() if uses(body.get(name))), None)
 
 
+def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first tool or input item the bridge does not translate, and why."""
+    for i, tool in enumerate(body.get("tools") or []):
+        if tool["type"] != "function":
+            return f"tools[{i}].type", "only function tools are bridged to chat"
+    items = body["input"]
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        if (kind := item.get("type", "message")) not in ITEM_FIELDS:
+            return f"input[{i}].type", f"'{kind}' items are not bridged to chat"
+    return None
+
+
+def bridged_only(items: Any, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The input and parameters without what the bridge does not translate."""
+    if isinstance(items, list):
+        items = [i for i in items if i.get("type", "message") in ITEM_FIELDS] or ""
+    tools = [t for t in params.get("tools") or [] if t["type"] == "function"]
+    choice = params.get("tool_choice")
+    params = {k: v for k, v in params.items() if k not in ("tools", "tool_choice")}
+    if tools:
+        params["tools"] = tools
+        if choice is not None and (
+            not isinstance(choice, dict) or choice.get("type") == "function"
+        ):
+            params["tool_choice"] = choice  # not one naming a hosted tool
+    return items, params
+
+
 def _check_input(body: dict[str, Any]) -> None:
     if "input" not in body:
         raise InvalidRequest("'input' is required", param="input")
@@ -176,9 +220,8 @@ def _check_input(body: dict[str, Any]) -> None:
     )
     for i, item in enumerate(items):
         kind = item.get("type", "message")
-        if not isinstance(kind, str) or kind not in ITEM_FIELDS:
-            raise refuse(f"input[{i}].type", f"'{kind}' items are not bridged to chat")
-        for name in ITEM_FIELDS[kind]:
+        expect(isinstance(kind, str), f"input[{i}].type", "a string", kind)
+        for name in ITEM_FIELDS.get(kind, ()):  # others: for native deployments
             expect(
                 isinstance(item.get(name), str), f"input[{i}].{name}", "a string", item.get(name)
             )
