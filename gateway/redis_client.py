@@ -16,7 +16,9 @@ stores read `str` replies, the breakers `bytes`.
 
 With `cluster=True` (`CASCADE_REDIS_CLUSTER`) the client is a Redis Cluster client
 (`gateway.redis_cluster`) that finds every node from the one `url` names, with the same
-options per caller: the limit per node, the wait for a free connection, what is retried.
+options per caller: the connection limit (per node; a caller that waits for a free
+connection also has at most that many calls in flight across the cluster), the wait for
+a free connection, what is retried.
 Callers name options, never client or pool classes; every key they use carries a hash
 tag, so that each script touches one slot. `RedisClient` is either kind.
 """
@@ -49,7 +51,7 @@ def redis_client(
     cluster: bool = False,
 ) -> RedisClient:
     """A client for `url` with at most `max_connections` open connections (on a
-    cluster: to each node).
+    cluster: to each node, and with `pool_timeout` that many calls in flight in all).
 
     With `pool_timeout` a call waits that long for a free connection; without it a full
     pool raises `redis.ConnectionError` at once. An error in `retry_on` is retried once,

@@ -25,8 +25,16 @@ from gateway.health.sla import build_guard
 from gateway.http import admin, bridges, endpoints, openapi, spend_api
 from gateway.http.dashboard import dashboard_routes
 from gateway.http.services import Services, counted_models, log_unserved
-from gateway.ledger import CostLedger, LedgerStore, MemoryStore, RedisStore, Spool
-from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, check_installed
+from gateway.ledger import (
+    CostLedger,
+    LedgerLayoutError,
+    LedgerStore,
+    LedgerUnavailable,
+    MemoryStore,
+    RedisStore,
+    Spool,
+)
+from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, build_exporter, check_installed
 from gateway.limits import Limiter, RedisLimitStore
 from gateway.metrics import Metrics
 from gateway.pipeline.accounting import Accountant
@@ -114,17 +122,25 @@ def start_archive(
     if not isinstance(store, RedisStore):
         log.warning("CASCADE_LEDGER_ARCHIVE_DIR is set without REDIS_URL: nothing is archived")
         return None
-    streams = store.event_stream_keys()
-    exporter = ArchiveExporter(
-        store.client,
-        streams,
-        settings.ledger_archive_dir,
-        ArchiveOptions(flush_s=settings.ledger_archive_flush_s),
-        metrics=metrics.archive,
-        stream_cap=-(-settings.ledger_stream_maxlen // len(streams)),  # each shard's MAXLEN
-    )
+    options = ArchiveOptions(flush_s=settings.ledger_archive_flush_s)
+    exporter = build_exporter(store, settings.ledger_archive_dir, options, metrics.archive)
     exporter.start()
     return exporter
+
+
+async def check_ledger_layout(store: LedgerStore) -> None:
+    """Refuse to start on a ledger laid out over another shard count (every write would
+    fail); a Redis that does not answer yet is the ledger's outage, spooled as ever."""
+    if not isinstance(store, RedisStore):
+        return
+    try:
+        await store.check_layout()
+    except LedgerUnavailable as exc:
+        log.warning("cannot check the ledger's layout at startup (%s); checked on first use", exc)
+    except LedgerLayoutError as exc:
+        log.critical("refusing to start: %s", exc)
+        await store.close()
+        raise
 
 
 async def start_services(settings: Settings) -> Services:
@@ -135,6 +151,7 @@ async def start_services(settings: Settings) -> Services:
         await asyncio.to_thread(sandbox.available)  # its probe child, off the event loop
     metrics = Metrics()
     store = make_store(settings)
+    await check_ledger_layout(store)
     ledger = CostLedger(store, Spool(settings.spool_path, settings.ledger_dedupe_window_s))
     ledger.start()
     # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.

@@ -33,7 +33,7 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.http.services import Services, services_of
-from gateway.ledger import LedgerUnavailable
+from gateway.ledger import LedgerLayoutError, LedgerUnavailable
 from gateway.runtime import Runtime
 from gateway.spend import budgets as budget_report
 from gateway.spend import sla as sla_report
@@ -86,6 +86,10 @@ def ledger_errors() -> Iterator[None]:
     except LedgerUnavailable as exc:
         raise UpstreamUnavailable(
             f"the spend ledger cannot be read now: {exc}", code="ledger_unavailable"
+        ) from exc
+    except LedgerLayoutError as exc:  # the gateway's shard count is not the ledger's
+        raise UpstreamUnavailable(
+            f"the spend ledger cannot be read: {exc}", code="ledger_layout_mismatch"
         ) from exc
 
 

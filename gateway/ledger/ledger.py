@@ -7,6 +7,8 @@ because the store is down: the records go to the spool, the ledger turns `degrad
 and stops trying the store (so an outage costs no per-request timeouts); a background
 task pings the store every interval and, once it answers, goes back to writing through
 and replays the spool. Outages and recoveries are logged once each, not per request.
+A ledger laid out over another shard count (`LedgerLayoutError`, which the gateway
+checks at startup too) is handled as an outage: spooled, logged once, retried.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from datetime import date
 
 from gateway.ledger.record import AggregateRow, SpendRecord
+from gateway.ledger.shards import LedgerLayoutError
 from gateway.ledger.spool import Spool
 from gateway.ledger.store import LedgerStore, LedgerUnavailable
 
@@ -129,7 +132,7 @@ class CostLedger:
                 await self._store.record_many(batch)
                 self._written_at = time.monotonic()
                 return
-            except LedgerUnavailable as exc:
+            except (LedgerUnavailable, LedgerLayoutError) as exc:
                 self._enter_outage(exc)
         await self._to_spool(batch)
 
@@ -210,7 +213,7 @@ class CostLedger:
         self._store_down = False
         try:
             replayed = await self._spool.replay(self._store)
-        except LedgerUnavailable as exc:
+        except (LedgerUnavailable, LedgerLayoutError) as exc:
             self._enter_outage(exc)
             return 0
         if replayed:
@@ -220,10 +223,13 @@ class CostLedger:
             log.warning("ledger store is reachable again; spend is written through")
         return replayed
 
-    def _enter_outage(self, exc: LedgerUnavailable) -> None:
+    def _enter_outage(self, exc: LedgerUnavailable | LedgerLayoutError) -> None:
         self._store_down = True
         if not self._in_episode:
             self._in_episode = True
-            log.warning(
-                "ledger store unreachable (%s); spooling spend to %s", exc, self._spool.path
-            )
+            if isinstance(exc, LedgerLayoutError):  # a misconfiguration, not an outage
+                log.error("ledger store refused (%s); spooling spend to %s", exc, self._spool.path)
+            else:
+                log.warning(
+                    "ledger store unreachable (%s); spooling spend to %s", exc, self._spool.path
+                )

@@ -179,13 +179,14 @@ def _coerce(name: str, value: Any) -> Any:
     if name in ("ttft_ms", "score", "verifier_score", "predicted_quality", "quality_target"):
         return None if value in (None, "", "None") else float(value)
     if name == "stream":
-        return _truthy(value)
+        return truthy(value)
     if name == "sla_met":
-        return None if value in (None, "", "None") else _truthy(value)
+        return None if value in (None, "", "None") else truthy(value)
     return value
 
 
-def _truthy(value: Any) -> bool:
+def truthy(value: Any) -> bool:
+    """A flag as the stored forms write it (JSON `true`, the stream's "1"/"true")."""
     return value in (True, "1", "true", "True", 1)
 
 

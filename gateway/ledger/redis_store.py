@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import orjson
 from redis import exceptions as redis_errors
 
+from gateway.ledger.archive.layout import parse_id
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
 from gateway.ledger.shards import ShardKeys, check_layout, day_ordinal, shard_of
@@ -129,6 +130,8 @@ class RedisStore:
             cluster=cluster,
         )
         self._where = address(self._client)
+        self._url = url
+        self._cluster = cluster
         self._script = self._client.register_script(_RECORD_LUA)
         self._prefix = prefix
         self._shards = [ShardKeys(prefix, k, shards) for k in range(shards)]
@@ -259,7 +262,7 @@ class RedisStore:
                     pipe.xrevrange(shard.events, count=count)
                 found: list[list[tuple[str, dict[str, str]]]] = await pipe.execute()
         records = [
-            (_entry_time(entry_id), SpendRecord.from_dict(orjson.loads(fields["json"])))
+            (parse_id(entry_id), SpendRecord.from_dict(orjson.loads(fields["json"])))
             for stream in found
             for entry_id, fields in stream
         ]
@@ -278,9 +281,28 @@ class RedisStore:
 
     @property
     def client(self) -> RedisClient:
-        """The store's Redis client (a cluster client on a cluster), shared with the
-        archive exporter."""
+        """The store's Redis client (a cluster client on a cluster)."""
         return self._client
+
+    @property
+    def url(self) -> str:
+        """The URL the store was made with (the archive exporter's own client uses it)."""
+        return self._url
+
+    @property
+    def cluster(self) -> bool:
+        return self._cluster
+
+    @property
+    def shard_maxlen(self) -> int:
+        """Each event stream's MAXLEN: the N shards' streams hold about `stream_maxlen`."""
+        return self._shard_maxlen
+
+    async def check_layout(self) -> None:
+        """Raise `LedgerLayoutError` if the ledger was written with another shard count
+        (`LedgerUnavailable` if Redis does not answer); at startup, to fail fast."""
+        with self._translate():
+            await self._check_layout()
 
     async def ping(self) -> bool:
         """True if Redis (a cluster's every master) answers; never raises for a
@@ -308,12 +330,6 @@ class RedisStore:
             yield
         except _UNREACHABLE as exc:
             raise LedgerUnavailable(f"redis at {self._where} is unreachable: {exc}") from exc
-
-
-def _entry_time(entry_id: str) -> tuple[int, int]:
-    """A stream entry id (`<ms>-<seq>`) as a sortable pair."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq)
 
 
 T = TypeVar("T")

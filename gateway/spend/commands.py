@@ -223,12 +223,16 @@ def cmd_spend_export(args: argparse.Namespace) -> int:
     return asyncio.run(_export(args, settings))
 
 
+# The sidecar shares its event loop with nothing: it reads larger pages than a gateway.
+SIDECAR_READ_COUNT = 1000
+
+
 async def _export(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
     from redis.exceptions import RedisError
 
-    from gateway.ledger import RedisStore
-    from gateway.ledger.archive import ArchiveBusy, ArchiveExporter, ArchiveOptions
+    from gateway.ledger import LedgerUnavailable, RedisStore
+    from gateway.ledger.archive import ArchiveBusy, ArchiveOptions, build_exporter
     from gateway.metrics import ArchiveMetrics
 
     assert settings.redis_url is not None
@@ -242,18 +246,15 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
     registry = CollectorRegistry()
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, addr=settings.host, registry=registry)
-    streams = store.event_stream_keys()
-    exporter = ArchiveExporter(
-        store.client,
-        streams,
-        args.archive,
-        ArchiveOptions(
-            batch_max=args.batch_max, flush_s=args.flush_interval, lease_ttl_s=args.lease_ttl
-        ),
-        ArchiveMetrics(registry),
-        stream_cap=-(-settings.ledger_stream_maxlen // len(streams)),
+    options = ArchiveOptions(
+        batch_max=args.batch_max,
+        read_count=SIDECAR_READ_COUNT,
+        flush_s=args.flush_interval,
+        lease_ttl_s=args.lease_ttl,
     )
+    exporter = build_exporter(store, args.archive, options, ArchiveMetrics(registry))
     try:
+        await store.check_layout()  # another shard count: other streams than the gateways'
         if args.once:
             archived = await exporter.drain()
             print(f"archived {archived} record(s) into {args.archive}")
@@ -266,8 +267,9 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
         await stop.wait()
         await exporter.stop()
         return 0
-    except (ArchiveBusy, RedisError, OSError) as exc:
+    except (ArchiveBusy, LedgerUnavailable, ValueError, RedisError, OSError) as exc:
         print(f"spend export: {exc}", file=sys.stderr)
         return 1
     finally:
+        await exporter.close()
         await store.close()

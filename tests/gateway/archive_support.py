@@ -66,7 +66,7 @@ _CHILD = """
 import asyncio, os, signal, sys
 from pathlib import Path
 from gateway.ledger import RedisStore
-from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, files, stream_export
+from gateway.ledger.archive import ArchiveOptions, build_exporter, files, stream_export
 
 url, prefix, root, point = sys.argv[1:5]
 
@@ -83,7 +83,7 @@ elif point == "mid-file":
 async def main():
     store = RedisStore(url, prefix=prefix)
     options = ArchiveOptions(flush_s=0.1, poll_s=0.05, lease_ttl_s=1.0)
-    await ArchiveExporter(store.client, store.event_stream_keys(), Path(root), options).drain()
+    await build_exporter(store, Path(root), options).drain()
 
 asyncio.run(main())
 """

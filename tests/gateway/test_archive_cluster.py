@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.ledger import RedisStore
-from gateway.ledger.archive import ArchiveExporter
+from gateway.ledger.archive import build_exporter
 from gateway.settings import CLUSTER_LEDGER_SHARDS
 from gateway.spend.archive_report import ArchiveAggregates
 from tests.cluster import LocalCluster, redis_cluster
@@ -37,7 +37,7 @@ async def test_a_sharded_cluster_ledger_is_archived_once_per_record(
     await store.record_many(recs)
     streams = store.event_stream_keys()
     assert len(streams) == CLUSTER_LEDGER_SHARDS
-    exporter = ArchiveExporter(store.client, streams, tmp_path, FAST)
+    exporter = build_exporter(store, tmp_path, FAST)  # its own cluster client, as deployed
     assert await exporter.drain() == 800
     for stream in exporter.streams:
         stats = await stream.stats()
@@ -48,5 +48,6 @@ async def test_a_sharded_cluster_ledger_is_archived_once_per_record(
         assert await ArchiveAggregates(tmp_path).aggregate(*days, group_by) == (
             await store.aggregate(*days, group_by)
         )
+    await exporter.close()
     await store.close()
     assert_exactly_once(tmp_path, {rec.record_id for rec in recs})

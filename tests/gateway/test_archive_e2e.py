@@ -69,7 +69,7 @@ async def test_the_gateway_archives_what_it_serves_exactly_once(
 async def test_a_configured_archive_without_its_dependencies_stops_startup(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "duckdb", None)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
     settings = Settings(ledger_archive_dir=tmp_path, spool_path=tmp_path / "spool")
     with pytest.raises(ArchiveDependencyMissing, match=r"cascade-gateway\[archive\]"):
         await start_services(settings)

@@ -9,8 +9,12 @@ promise of every name, and with it the coverage test, true.
 
 Why a batch's uncovered entries of a day are all the entries of that day within the
 run's range that will ever be read: a batch is either the exporter's own pending
-entries (all of them, in id order) or consecutive new entries; entries acked before are
-deleted from the stream in the same step as their ack, and entry ids only grow.
+entries (all of them, in id order) or consecutive new entries, and then exactly its
+pending entries (checked before the commit: a read whose reply was lost delivered a
+page that no batch holds, and the batch is dropped for the pending ones); entries
+acked before are deleted from the stream in the same step as their ack, and entry ids
+only grow. The batch is the holder's alone: a lease that lapsed drops it, even when
+its holder takes the lease straight back, since another may have claimed its entries.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.archive.files import directory_lock, write_durably
+from gateway.ledger.archive.files import LockNotTaken, directory_lock, write_durably
 from gateway.ledger.archive.layout import (
     Range,
     StreamId,
@@ -56,8 +60,6 @@ class Entry:
 
 @dataclass
 class Outcome:
-    files: list[Path] = field(default_factory=list)
-    written: int = 0  # entries written to new files
     covered: int = 0  # entries found archived already (a commit cut short before its ack)
     lost: int = 0  # entries whose content was gone
 
@@ -85,26 +87,34 @@ def plan_runs(entries: Sequence[Entry], existing: dict[str, list[Range]]) -> lis
 
 
 def commit(
-    root: Path, slug: str, entries: Sequence[Entry], still_leased: Callable[[], bool]
+    root: Path,
+    slug: str,
+    entries: Sequence[Entry],
+    still_leased: Callable[[], bool],
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Outcome:
     """Write `entries` that are not archived yet; blocking (run it in a thread).
 
-    `still_leased` is asked before each file appears: a lease lost mid-commit stops it
-    (LeaseLost), so an exporter that was paused past its lease does not write what its
-    successor may be writing."""
+    `still_leased` is asked while waiting for the directory lock and before each file
+    appears: a lease lost mid-commit stops it (LeaseLost), so an exporter that was paused
+    past its lease does not write what its successor may be writing. `stopping` ends the
+    wait for the lock too (`LockNotTaken`): the entries stay pending."""
     outcome = Outcome(lost=sum(1 for e in entries if e.row is None))
     days = {e.day for e in entries if e.row is not None}
-    with directory_lock(root):
-        existing = {day: ranges_in(day_dir(root, day), slug) for day in days}
-        runs = plan_runs(entries, existing)
-        outcome.covered = len(entries) - outcome.lost - sum(len(run) for run in runs)
-        for run in runs:
-            if not still_leased():
-                raise LeaseLost(f"lease lost while committing {len(entries)} entries")
-            path = day_dir(root, run[0].day) / file_name(slug, run[0].sid, run[-1].sid)
-            write_durably(path, [entry.row for entry in run if entry.row is not None])
-            outcome.files.append(path)
-            outcome.written += len(run)
+    try:
+        with directory_lock(root, lambda: still_leased() and not stopping()):
+            existing = {day: ranges_in(day_dir(root, day), slug) for day in days}
+            runs = plan_runs(entries, existing)
+            outcome.covered = len(entries) - outcome.lost - sum(len(run) for run in runs)
+            for run in runs:
+                if not still_leased():
+                    raise LeaseLost(f"its lease was lost committing {len(entries)} entries")
+                path = day_dir(root, run[0].day) / file_name(slug, run[0].sid, run[-1].sid)
+                write_durably(path, [entry.row for entry in run if entry.row is not None])
+    except LockNotTaken:  # only the wait for the lock raises it
+        if not still_leased():
+            raise LeaseLost(f"its lease ran out waiting for {root}'s lock") from None
+        raise
     return outcome
 
 

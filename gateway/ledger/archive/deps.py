@@ -12,7 +12,7 @@ INSTALL_HINT = f"pip install 'cascade-gateway[{EXTRA}]'"
 
 
 class ArchiveDependencyMissing(RuntimeError):
-    """pyarrow or duckdb is not installed, and the archive needs it."""
+    """pyarrow (to export) or duckdb (to report) is not installed, and is needed."""
 
 
 def require(*modules: str) -> list[ModuleType]:
@@ -31,5 +31,7 @@ def require(*modules: str) -> list[ModuleType]:
 
 
 def check_installed() -> None:
-    """Fail fast, at startup, when the archive is configured but cannot run."""
-    require("pyarrow", "pyarrow.parquet", "duckdb")
+    """Fail fast, at startup, when the archive is configured but cannot run. The
+    exporter writes with pyarrow alone: DuckDB, for reports (`spend report --archive`),
+    is not loaded into every gateway worker."""
+    require("pyarrow", "pyarrow.parquet")

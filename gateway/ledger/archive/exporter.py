@@ -3,11 +3,12 @@
 Any number may run (each gateway worker, replicas, a `spend export` sidecar); per
 stream, the one holding the stream's lease exports and the others wait, reading the
 backlog figures, and take over within a lease's ttl when it stops or dies. Errors (Redis
-away, a full disk) are logged once per episode and retried; `run` never raises for them.
+away, a full disk) are logged once per episode and retried; the background export never
+raises for them.
 
->>> exporter = ArchiveExporter(store.client, store.event_stream_keys(), Path("/archive"))
+>>> exporter = build_exporter(store, Path("/archive"))   # its own client (`build`)
 >>> exporter.start(); ...; await exporter.stop()     # in a running service
->>> archived = await exporter.drain()                 # or: what is there now, then return
+>>> archived = await exporter.drain(); await exporter.close()   # or: what is there now
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import TYPE_CHECKING
 from redis import exceptions as redis_errors
 
 from gateway.ledger.archive.commit import LeaseLost
+from gateway.ledger.archive.lease import Claim
 from gateway.ledger.archive.stream_export import ArchiveOptions, StreamExport, pause
+from gateway.ledger.archive.worker import FileWorker
 from gateway.redis_client import RedisClient
 
 if TYPE_CHECKING:
@@ -41,6 +44,8 @@ class ArchiveBusy(Exception):
 
 
 class ArchiveExporter:
+    """`client` is closed by `close` (and `stop`) only when `owns_client`."""
+
     def __init__(
         self,
         client: RedisClient,
@@ -49,12 +54,18 @@ class ArchiveExporter:
         options: ArchiveOptions | None = None,
         metrics: ArchiveMetrics | None = None,
         stream_cap: int | None = None,
+        *,
+        owns_client: bool = False,
     ) -> None:
         self.root = root
         self.options = options or ArchiveOptions()
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.client = client
+        self._owns_client = owns_client
+        self._worker = FileWorker()
         self.streams = [
-            StreamExport(client, key, root, self.options, self.token) for key in streams
+            StreamExport(client, key, root, self.options, self.token, self._worker)
+            for key in streams
         ]
         self._metrics = metrics
         self._stopping = asyncio.Event()
@@ -70,44 +81,56 @@ class ArchiveExporter:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._export(stream)) for stream in self.streams]
 
-    async def run(self) -> None:
-        """Export until `stop` is called (from a signal handler, say)."""
-        self.start()
-        await asyncio.gather(*self._tasks)
-
     async def stop(self) -> None:
         """Finish the batch in hand (written and acked, or left pending for the next
-        holder), then hand the leases back."""
+        holder), hand the leases back, then `close`."""
         self._stopping.set()
+        self._worker.halt()  # a commit waiting for the directory lock gives up
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.close()
+
+    async def close(self) -> None:
+        """End the file thread, and close the client if it is the exporter's own."""
+        self._worker.close()
+        if self._owns_client:
+            self._owns_client = False  # closed once, whoever calls
+            await self.client.aclose()
 
     async def drain(self, wait_s: float | None = None) -> int:
         """Archive every stream's entries up to now; returns how many were archived.
         Waits up to `wait_s` (default: a lease's ttl) for a stream another exporter holds,
         then raises `ArchiveBusy`."""
-        total = 0
         wait_s = self.options.lease_ttl_s + 1 if wait_s is None else wait_s
+        total = 0
         for stream in self.streams:
-            deadline = time.monotonic() + wait_s
-            while not await stream.lease.claim():
-                if time.monotonic() > deadline:
-                    owner = await stream.lease.owner()
-                    raise ArchiveBusy(f"{stream.key} is being exported by {owner}")
-                await asyncio.sleep(self.options.poll_s)
             try:
-                await stream.take_over()
                 caught_up = False
                 while not caught_up:
-                    archived, caught_up = await stream.step(
-                        self._stopping, functools.partial(self._observe, stream), drain=True
-                    )
+                    if not stream.holding:
+                        await self._wait_for_lease(stream, wait_s)
+                        await stream.take_over()
+                    tick = functools.partial(self._observe, stream)
+                    try:
+                        archived, caught_up = await stream.step(self._stopping, tick, drain=True)
+                    except LeaseLost as exc:  # the batch is dropped; wait or take over again
+                        log.warning("archiving %s: %s", stream.key, exc)
+                        stream.holding = False
+                        continue
                     total += self._count(stream, archived)
                 await self._observe(stream, force=True)
             finally:
                 stream.holding = False
                 await stream.lease.release()
         return total
+
+    async def _wait_for_lease(self, stream: StreamExport, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while not await stream.lease.claim():
+            if time.monotonic() > deadline:
+                owner = await stream.lease.owner()
+                raise ArchiveBusy(f"{stream.key} is being exported by {owner}")
+            await asyncio.sleep(self.options.poll_s)
 
     async def _export(self, stream: StreamExport) -> None:
         trouble = False
@@ -120,9 +143,11 @@ class ArchiveExporter:
                         trouble = False
                 except LeaseLost as exc:
                     stream.holding = False
-                    log.warning("%s; another exporter takes over", exc)
+                    log.warning("archiving %s: %s", stream.key, exc)
                 except Exception as exc:  # the gateway must outlive any failure here
                     stream.holding = False  # take over afresh: Redis may have lost the group
+                    if self._stopping.is_set():
+                        break  # e.g. a commit that gave up waiting for the lock
                     if not trouble:
                         unreachable = isinstance(exc, redis_errors.ConnectionError | OSError)
                         log.error(
@@ -141,8 +166,11 @@ class ArchiveExporter:
 
     async def _turn(self, stream: StreamExport) -> None:
         """One batch while holding the lease; else one wait for it."""
-        if await stream.lease.claim():
-            if not stream.holding:
+        claim = await stream.lease.claim()
+        if claim:
+            # Taken afresh while we thought we held it: it lapsed, and another may have
+            # claimed our entries meanwhile; take over again either way.
+            if not stream.holding or claim is Claim.TAKEN:
                 log.info("exporting %s to %s as %s", stream.key, self.root, self.token)
                 await stream.take_over()
             tick = functools.partial(self._observe, stream)

@@ -4,7 +4,9 @@ once it has appeared; one committer at a time per archive directory.
 `write_durably` writes a temporary file, fsyncs it, renames it over its final name (an
 atomic step) and fsyncs the directory, so after it returns the file is on disk under
 its name, and a crash before leaves at most a temporary file (`remove_temps` clears
-them). `directory_lock` is an exclusive `flock` on `DIR/.lock`, taken around each commit.
+them). `directory_lock` is an exclusive `flock` on `DIR/.lock`, taken around each commit;
+it is polled (LOCK_NB), never waited on, so a stopping exporter's thread is not parked
+behind another process's commit.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,11 @@ from gateway.ledger.archive.layout import LOCK_NAME, stale_temps, temp_name
 from gateway.ledger.archive.schema import table_of
 
 COMPRESSION = "zstd"
+LOCK_POLL_S = 0.05
+
+
+class LockNotTaken(Exception):
+    """`directory_lock` gave up waiting: its caller no longer wanted it."""
 
 
 def write_durably(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -67,12 +75,20 @@ def remove_temps(root: Path) -> int:
 
 
 @contextlib.contextmanager
-def directory_lock(root: Path) -> Iterator[None]:
-    """Exclusive use of `root` for a commit (blocks until it is free)."""
+def directory_lock(root: Path, keep_waiting: Callable[[], bool]) -> Iterator[None]:
+    """Exclusive use of `root` for a commit: waits while it is busy and `keep_waiting()`
+    says so, else raises `LockNotTaken`."""
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / LOCK_NAME, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not keep_waiting():
+                    raise LockNotTaken(f"gave up waiting for {root / LOCK_NAME}") from None
+                time.sleep(LOCK_POLL_S)
         yield
     finally:
         os.close(fd)  # closing releases the lock

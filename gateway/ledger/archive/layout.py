@@ -13,8 +13,9 @@ So an entry is archived exactly when some file of its day and stream covers its 
 that is how a restarted exporter acks, without writing them again, entries it had
 archived before it was killed. Files of one stream and day never overlap.
 
-A file being written is `.<name>.<token>.tmp` in the same directory (never matched by
-`*.parquet`); it becomes the file by an atomic rename, after an fsync.
+A file being written is `.<name>.<random>.tmp` in the same directory (never matched by
+`*.parquet`; `<random>` is new for each file written, so two writers never share one);
+it becomes the file by an atomic rename, after an fsync.
 """
 
 from __future__ import annotations

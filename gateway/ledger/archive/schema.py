@@ -11,12 +11,16 @@ to the record is archived without a change here. Four columns follow them:
                   them), null when there are none: nothing a record carried is dropped
 
 A record is read as the gateway reads it (`SpendRecord.from_dict`: fields written
-before they existed take their defaults). One that does not parse is kept as far as it
-goes: each known field converted if it can be, null if not.
+before they existed take their defaults), then every field is converted to its column's
+type, parsed or not: a string column takes any other value as its JSON ("team": 123 ->
+"123"), a number column a number or a string of one; a value that converts to none (a
+number that does not parse, or past int64) is null, and kept as written in `extra`.
+So one odd record never fails its file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -29,7 +33,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.ledger.archive.deps import require
-from gateway.ledger.record import SpendRecord, utc_day
+from gateway.ledger.record import SpendRecord, truthy, utc_day
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,9 @@ def arrow_schema() -> Any:
 
 
 def row_of(stream: str, entry_id: str, fields: Mapping[str, str]) -> dict[str, Any]:
-    """One archive row from a stream entry's fields (`id`, `json`)."""
+    """One archive row from a stream entry's fields (`id`, `json`); never raises, so one
+    odd entry cannot hold up its batch."""
+    extra: dict[str, Any]
     try:
         data = orjson.loads(fields["json"])
         if not isinstance(data, dict):
@@ -89,20 +95,21 @@ def row_of(stream: str, entry_id: str, fields: Mapping[str, str]) -> dict[str, A
         data, extra = {}, dict(fields)
     else:
         extra = {name: value for name, value in data.items() if name not in _KNOWN}
-    try:
-        rec = SpendRecord.from_dict(data)
-        row = {name: getattr(rec, name) for name in RECORD_FIELDS}
-        day = rec.day
-    except (TypeError, ValueError) as exc:
-        if data:
-            log.warning("archiving stream entry %s of %s as it is (%s)", entry_id, stream, exc)
-        row = {name: _convert(data.get(name), column_kinds()[name]) for name in RECORD_FIELDS}
-        day = _day_of(row["ts"], entry_id)
+    values, day = _values_of(data, stream, entry_id)
+    kinds = column_kinds()
+    row: dict[str, Any] = {}
+    for name in RECORD_FIELDS:
+        # Every value through `_convert`: a record can parse and still hold a wrong type
+        # ("team": 123), which pyarrow would refuse for the whole file.
+        row[name] = _convert(values.get(name), kinds[name])
+        if row[name] is UNREADABLE:
+            row[name] = None
+            extra[name] = data.get(name)  # as it was written: nothing is dropped
     row.update(
-        day=day,
+        day=day or _day_of(row["ts"], entry_id),
         event_stream=stream,
         event_id=entry_id,
-        extra=orjson.dumps(extra).decode() if extra else None,
+        extra=orjson.dumps(extra, default=str).decode() if extra else None,
     )
     return row
 
@@ -111,28 +118,70 @@ def table_of(rows: Sequence[Mapping[str, Any]]) -> Any:
     """The rows as a `pyarrow.Table` in the archive's schema."""
     [pa] = require("pyarrow")
     schema = arrow_schema()
-    columns = {name: [row[name] for row in rows] for name in schema.names}
-    return pa.Table.from_pydict(columns, schema=schema)
+    columns = [_column(pa, [row[field.name] for row in rows], field) for field in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _values_of(
+    data: dict[str, Any], stream: str, entry_id: str
+) -> tuple[dict[str, Any], str | None]:
+    """The record's fields as the gateway reads them, and its day; failing that (it does
+    not parse), its fields as they are, and no day."""
+    try:
+        rec = SpendRecord.from_dict(data)
+        return {name: getattr(rec, name) for name in RECORD_FIELDS}, rec.day
+    except (TypeError, ValueError, OverflowError, OSError) as exc:
+        if data:
+            log.warning("archiving stream entry %s of %s as it is (%s)", entry_id, stream, exc)
+        return data, None
+
+
+UNREADABLE: Any = object()  # a value its column cannot hold: null, and kept in `extra`
+_INT64 = range(-(2**63), 2**63)
 
 
 def _convert(value: Any, kind: KindType) -> Any:
-    if value is None or value == "":
+    """`value` as its column holds it: a string column takes anything else as JSON, a
+    number column a number or a string of one; otherwise `UNREADABLE`."""
+    if value is None:
         return None
+    if kind == "string":
+        return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    if value == "":
+        return None
+    if kind == "bool":
+        return truthy(value)
     try:
-        if kind == "int64":
-            return int(value)
         if kind == "float64":
             return float(value)
-        if kind == "bool":
-            return value in (True, 1, "1", "true", "True")
-        return value if isinstance(value, str) else orjson.dumps(value).decode()
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return UNREADABLE
+    return number if number in _INT64 else UNREADABLE
+
+
+def _column(pa: Any, values: list[Any], field: Any) -> Any:
+    """One column; a value it cannot hold (`row_of` makes none) becomes null rather
+    than failing the file, and with it the batch, again and again."""
+    try:
+        return pa.array(values, type=field.type)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        log.error("archive column %s: %s; writing null for what it cannot hold", field.name, exc)
+        return pa.array([_held(pa, value, field.type) for value in values], type=field.type)
+
+
+def _held(pa: Any, value: Any, type_: Any) -> Any:
+    try:
+        pa.scalar(value, type=type_)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return None
+    return value
 
 
 def _day_of(ts: float | None, entry_id: str) -> str:
     """The record's day; failing that, the day its entry reached the stream."""
-    if ts is not None:
-        return utc_day(int(ts // 86400))
+    with contextlib.suppress(TypeError, ValueError, OverflowError, OSError):
+        if ts is not None:
+            return utc_day(int(ts // 86400))
     ms = int(entry_id.partition("-")[0])
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d")
