@@ -68,8 +68,8 @@ class Settings(BaseSettings):
     embedding_threads: int | None = Field(default=None, ge=1)
     # Seconds to wait for in-flight ledger writes on shutdown.
     shutdown_grace_s: float = 10.0
-    # Serve the OpenAPI schema of the FastAPI routes at /openapi.json (off: it maps
-    # the admin surface for anyone who can reach the port).
+    # Serve the OpenAPI document at /openapi.json (off: it maps the admin surface for
+    # anyone who can reach the port).
     openapi: bool = False
 
     @property

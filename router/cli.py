@@ -18,17 +18,24 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import RoutingError
 from router.rows import Row, each, finite, print_lines, read_rows, score_rows
-from router.training.training_commands import (
-    run_eval,
-    run_eval_quality,
-    run_train,
-    run_train_quality,
-    run_train_verifier,
-)
 
 if TYPE_CHECKING:
     from router.classifier import RequestClassifier
     from router.code_examples import ExampleRun
+
+
+def training(name: str) -> Callable[[argparse.Namespace], int]:
+    """A command of `router.training.training_commands`, imported when it runs: a
+    process that only serves never loads training code."""
+
+    def run(args: argparse.Namespace) -> int:
+        from router.training import training_commands
+
+        command: Callable[[argparse.Namespace], int] = getattr(training_commands, name)
+        return command(args)
+
+    return run
+
 
 # Optional request fields a score row may carry, with their JSON type.
 REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
@@ -78,7 +85,7 @@ def add_router_commands(
         help="rebuild the embedding classifier (routes' `classifier: minilm`) instead; "
         "needs the embeddings extra",
     )
-    train.set_defaults(func=run_train)
+    train.set_defaults(func=training("run_train"))
 
     train_verifier = commands.add_parser(
         "train-verifier", help="rebuild the shipped cascade verifier and its card"
@@ -97,7 +104,7 @@ def add_router_commands(
         help="retrain only the open-ended answers' model (arena chat), keeping the "
         "closed-form part of the artifact",
     )
-    train_verifier.set_defaults(func=run_train_verifier)
+    train_verifier.set_defaults(func=training("run_train_verifier"))
 
     calibrate = commands.add_parser(
         "calibrate", help="tier thresholds that give each tier a target share of a sample"
@@ -136,7 +143,7 @@ def add_router_commands(
         action="store_false",
         help="do not run the code answers' examples (in a sandbox): no 'examples run' rows",
     )
-    evaluate.set_defaults(func=run_eval)
+    evaluate.set_defaults(func=training("run_eval"))
     _add_quality_commands(commands)
 
 
@@ -414,7 +421,7 @@ def _add_quality_commands(
     )
     train_quality.add_argument("--data", type=Path, default=None, help="routing data directory")
     train_quality.add_argument("--out", type=Path, default=None, help="model path (.json)")
-    train_quality.set_defaults(func=run_train_quality)
+    train_quality.set_defaults(func=training("run_train_quality"))
 
     eval_quality = commands.add_parser(
         "eval-quality",
@@ -424,7 +431,7 @@ def _add_quality_commands(
     eval_quality.add_argument(
         "--plot", type=Path, default=None, help="directory for quality-vs-cost PNG plots"
     )
-    eval_quality.set_defaults(func=run_eval_quality)
+    eval_quality.set_defaults(func=training("run_eval_quality"))
 
 
 def run_predict(args: argparse.Namespace) -> int:

@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gateway.errors import InvalidRequest
 from gateway.health.breaker import STATE_VALUES
-from gateway.http.services import Services, get_services
+from gateway.http.services import Services, services_of
 from gateway.metrics import CONTENT_TYPE
 from policies import PolicyError
 
-router = APIRouter()
-ServicesDep = Annotated[Services, Depends(get_services)]
 
-
-@router.get("/healthz")
-async def healthz() -> Response:
+async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/readyz")
-async def readyz(services: ServicesDep) -> Response:
+async def readyz(request: Request) -> Response:
     """Ready when some deployment is usable. A down ledger store does not make the
     gateway unready: spend is spooled locally and replayed."""
+    services = services_of(request)
     runtime = services.runtime
     available = [d.name for d in runtime.deployments.values() if d.unavailable_reason is None]
     body = {
@@ -38,9 +34,9 @@ async def readyz(services: ServicesDep) -> Response:
     return JSONResponse(body, status_code=200 if available else 503)
 
 
-@router.get("/metrics")
-async def metrics(request: Request, services: ServicesDep) -> Response:
+async def metrics(request: Request) -> Response:
     """Prometheus text; open unless the policy lists `metrics_keys`."""
+    services = services_of(request)
     services.runtime.keys.authenticate_metrics(request.headers.get("authorization"))
     m = services.metrics
     m.ledger_degraded.set(1 if services.ledger.degraded else 0)
@@ -84,8 +80,8 @@ def _policy_gauges(services: Services) -> None:
         m.child(m.breaker_state, name).set(STATE_VALUES[breakers.state(name)])
 
 
-@router.post("/admin/reload")
-async def reload_policy(request: Request, services: ServicesDep) -> Response:
+async def reload_policy(request: Request) -> Response:
+    services = services_of(request)
     services.runtime.keys.authenticate_admin(request.headers.get("authorization"))
     if services.reloader is None:
         raise InvalidRequest("this gateway was started without a reloadable policy file")
@@ -99,8 +95,8 @@ async def reload_policy(request: Request, services: ServicesDep) -> Response:
     return JSONResponse({"status": "reloaded", "digest": loaded.digest})
 
 
-@router.get("/admin/policy")
-async def policy_status(request: Request, services: ServicesDep) -> Response:
+async def policy_status(request: Request) -> Response:
+    services = services_of(request)
     runtime = services.runtime
     runtime.keys.authenticate_admin(request.headers.get("authorization"))
     deployments: dict[str, Any] = {
@@ -125,3 +121,12 @@ async def policy_status(request: Request, services: ServicesDep) -> Response:
             "ledger": {"degraded": services.ledger.degraded},
         }
     )
+
+
+ROUTES = [
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/admin/reload", reload_policy, methods=["POST"]),
+    Route("/admin/policy", policy_status, methods=["GET"]),
+]

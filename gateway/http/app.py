@@ -13,17 +13,18 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 
 from gateway.billing import tokens
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
 from gateway.health.sla import build_guard
 from gateway.http import admin, bridges, endpoints, openapi, spend_api
 from gateway.http.dashboard import dashboard_routes
+from gateway.http.openapi_schemas import Schema
 from gateway.http.services import Services, counted_models, log_unserved
 from gateway.ledger import (
     CostLedger,
@@ -54,14 +55,25 @@ log = logging.getLogger(__name__)
 STOP_MARGIN_S = 5.0  # beyond shutdown_grace_s, for a component's own flush timeout
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class GatewayApp(Starlette):
+    """The gateway's ASGI app: plain Starlette routes, and its OpenAPI document."""
+
+    def openapi(self) -> Schema:
+        return openapi.document()
+
+
+async def openapi_json(request: Request) -> Response:
+    return JSONResponse(openapi.document())
+
+
+def create_app(settings: Settings | None = None) -> GatewayApp:
     settings = settings or Settings()
     # Set here, in every worker process (uvicorn's workers do not inherit the CLI's setup).
     decisions_level = logging.INFO if settings.log_decisions else logging.WARNING
     logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         services = await start_services(settings)
         app.state.services = services
         # Everything allocated so far lives as long as the process: keep it out of
@@ -72,28 +84,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await stop_services(services)
 
+    routes: list[BaseRoute] = [
+        *endpoints.ROUTES,
+        *bridges.ROUTES,
+        *spend_api.ROUTES,
+        *dashboard_routes(),
+        *admin.ROUTES,
+    ]
     # The schema is served only when asked for (CASCADE_OPENAPI); `app.openapi()` builds
     # it either way.
-    openapi_url = "/openapi.json" if settings.openapi else None
-    app = FastAPI(
-        title="cascade-gateway",
-        lifespan=lifespan,
-        openapi_url=openapi_url,
-        docs_url=None,
-        redoc_url=None,
-    )
-    app.router.routes.extend(endpoints.ROUTES)
-    app.router.routes.extend(bridges.ROUTES)
-    app.router.routes.extend(spend_api.ROUTES)
-    app.router.routes.extend(dashboard_routes())
-    app.include_router(admin.router)
-    app.add_exception_handler(GatewayError, gateway_error_handler)  # type: ignore[arg-type]
-    app.add_exception_handler(HTTPException, http_error_handler)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, validation_error_handler)  # type: ignore[arg-type]
-    app.add_exception_handler(RoutingError, routing_error_handler)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, unexpected_error_handler)
-    openapi.install(app)
-    return app
+    if settings.openapi:
+        routes.append(Route("/openapi.json", openapi_json, methods=["GET"]))
+    handlers = {
+        GatewayError: gateway_error_handler,
+        HTTPException: http_error_handler,
+        RoutingError: routing_error_handler,
+        Exception: unexpected_error_handler,
+    }
+    return GatewayApp(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
 
 
 def make_store(settings: Settings) -> LedgerStore:
@@ -265,12 +273,6 @@ async def http_error_handler(request: Request, exc: HTTPException) -> Response:
         error = InvalidRequest(str(exc.detail), code=f"http_{exc.status_code}", headers=headers)
         error.status = exc.status_code  # type: ignore[misc]
     return error_response(request, error)
-
-
-async def validation_error_handler(request: Request, exc: RequestValidationError) -> Response:
-    first = exc.errors()[0] if exc.errors() else {}
-    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-    return error_response(request, InvalidRequest(str(first.get("msg", exc)), param=param))
 
 
 async def routing_error_handler(request: Request, exc: RoutingError) -> Response:

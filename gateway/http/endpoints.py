@@ -1,9 +1,8 @@
 """The OpenAI-compatible surface: /v1/chat/completions, /v1/completions,
 /v1/embeddings, /v1/models and /v1/models/{model}.
 
-These are plain Starlette routes, not FastAPI path operations: they take no
-parameters FastAPI could validate (the body is checked by `gateway.http.validation`), and
-FastAPI's per-request dependency solving costs more than the rest of the proxying.
+Plain Starlette routes, as every route of the gateway: the body is checked by
+`gateway.http.validation`, without a framework's per-request dependency solving.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
-"""The gateway's OpenAPI 3.1 document, served as `app.openapi()`.
+"""The gateway's OpenAPI 3.1 document, served as `app.openapi()` (and at /openapi.json
+when CASCADE_OPENAPI is on).
 
-FastAPI only describes its own path operations (the admin router); the OpenAI surface
-and the spend API are plain Starlette routes. Their operations are written here by
-hand, over the schemas of `gateway.http.openapi_schemas`, and merged over FastAPI's paths,
-so one document covers every endpoint. Every error has OpenAI's shape, `Error`:
+Every route is a plain Starlette route, so every operation is written here by hand, over
+the schemas of `gateway.http.openapi_schemas`. Every error has OpenAI's shape, `Error`:
 
-    install(app)                 # in `create_app`
-    app.openapi()["paths"]["/v1/chat/completions"]["post"]["requestBody"]
+    document()["paths"]["/v1/chat/completions"]["post"]["requestBody"]
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import re
 from collections.abc import Iterable, Mapping
-
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 
 from gateway.http.bridges import schema as bridged
 from gateway.http.openapi_schemas import COMPONENTS, EVENT, TEXT, Schema, obj, ref
@@ -35,6 +29,16 @@ DESCRIPTION = (
     '"param", "code"}}`. A policy with `auth.anonymous_team` also admits key-less '
     "callers on the gateway's own machine."
 )
+VERSION = "0.1.0"
+# The ids the admin operations had while FastAPI served them: generated SDKs name their
+# methods after them.
+ADMIN_OPERATION_IDS = {
+    ("get", "/healthz"): "healthz_healthz_get",
+    ("get", "/readyz"): "readyz_readyz_get",
+    ("get", "/metrics"): "metrics_metrics_get",
+    ("post", "/admin/reload"): "reload_policy_admin_reload_post",
+    ("get", "/admin/policy"): "policy_status_admin_policy_get",
+}
 # status -> (name under `components/responses`, what it means)
 ERRORS: Mapping[int, tuple[str, str]] = {
     400: (
@@ -115,10 +119,13 @@ def operation(
     parameters: Iterable[Schema] = (),
     ok_status: str = "200",
     others: Mapping[str, Schema] | None = None,
+    description: str | None = None,
 ) -> Schema:
     """One operation: its success reply, the errors it can answer, who may call it."""
     responses = {ok_status: ok, **(others or {}), **{str(s): error_ref(s) for s in errors}}
     op: Schema = {"summary": summary, "security": security, "responses": responses}
+    if description is not None:
+        op["description"] = description
     if body is not None:
         op["requestBody"] = {"required": True, "content": {JSON: {"schema": ref(body)}}}
     if parameters:
@@ -234,6 +241,10 @@ PATHS: Mapping[str, Mapping[str, Schema]] = {
             (405,),
             PUBLIC,
             others={"503": reply("No deployment is usable.", {JSON: ref("Readiness")})},
+            description=(
+                "Ready when some deployment is usable. A down ledger store does not make "
+                "the gateway unready: spend is spooled locally and replayed."
+            ),
         )
     },
     "/metrics": {
@@ -242,6 +253,7 @@ PATHS: Mapping[str, Mapping[str, Schema]] = {
             reply("The exposition.", {"text/plain": TEXT}),
             (401, 405),
             METRICS,
+            description="Prometheus text; open unless the policy lists `metrics_keys`.",
         )
     },
     "/admin/reload": {
@@ -284,33 +296,26 @@ PATHS: Mapping[str, Mapping[str, Schema]] = {
 }
 
 
-def merge(generated: Schema, paths: Mapping[str, Mapping[str, Schema]]) -> Schema:
-    """FastAPI's document with `paths` laid over it: an operation FastAPI knows keeps its
-    operationId and description (ours get `post_v1_chat_completions` and the like);
-    `paths` wins for everything else."""
-    merged_paths = {path: dict(ops) for path, ops in generated.get("paths", {}).items()}
-    for path, ops in paths.items():
-        known = merged_paths.setdefault(path, {})
-        for method, op in ops.items():
-            fallback_id = f"{method}_{re.sub(r'[^a-zA-Z0-9]+', '_', path).strip('_')}"
-            known[method] = {"operationId": fallback_id, **known.get(method, {}), **op}
-    components = dict(generated.get("components", {}))
-    components["schemas"] = {**components.get("schemas", {}), **COMPONENTS}
-    components["responses"] = {name: error_response(s) for s, (name, _) in ERRORS.items()}
-    components["securitySchemes"] = {**SECURITY_SCHEMES, "anthropicKey": bridged.API_KEY}
-    return {**generated, "paths": merged_paths, "components": components}
+def operation_id(method: str, path: str) -> str:
+    """`post_v1_chat_completions` and the like; the admin operations keep the ids the
+    document gave them when FastAPI served them (`ADMIN_OPERATION_IDS`)."""
+    return ADMIN_OPERATION_IDS.get((method, path)) or (
+        f"{method}_{re.sub(r'[^a-zA-Z0-9]+', '_', path).strip('_')}"
+    )
 
 
-def document(app: FastAPI) -> Schema:
-    """The gateway's OpenAPI document, built once per app (a copy: it is the caller's)."""
-    if app.openapi_schema is None:
-        generated = get_openapi(
-            title=app.title, version=app.version, description=DESCRIPTION, routes=app.routes
-        )
-        app.openapi_schema = copy.deepcopy(merge(generated, PATHS))
-    return app.openapi_schema
+def _identified(path: str, ops: Mapping[str, Schema]) -> dict[str, Schema]:
+    return {method: {"operationId": operation_id(method, path), **op} for method, op in ops.items()}
 
 
-def install(app: FastAPI) -> None:
-    """Make `app.openapi()` (and FastAPI's /openapi.json, where enabled) serve `document`."""
-    app.openapi = functools.partial(document, app)  # type: ignore[method-assign]
+@functools.cache
+def document() -> Schema:
+    """The gateway's OpenAPI document, built once per process."""
+    paths = {path: _identified(path, ops) for path, ops in PATHS.items()}
+    components = {
+        "schemas": dict(COMPONENTS),
+        "responses": {name: error_response(s) for s, (name, _) in ERRORS.items()},
+        "securitySchemes": {**SECURITY_SCHEMES, "anthropicKey": bridged.API_KEY},
+    }
+    info = {"title": "cascade-gateway", "description": DESCRIPTION, "version": VERSION}
+    return {"openapi": "3.1.0", "info": info, "paths": paths, "components": components}

@@ -94,9 +94,3 @@ def log_changes(serving: Policy, loaded: LoadedPolicy) -> None:
 def services_of(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
-
-
-async def get_services(request: Request) -> Services:
-    """FastAPI dependency. Async on purpose: FastAPI runs a plain `def` dependency in
-    a worker thread, which costs more than the whole proxying of a request."""
-    return services_of(request)
