@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,7 +87,6 @@ def add_spend_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:
-    from gateway.ledger import LedgerUnavailable, read_ledger
     from gateway.settings import Settings
 
     query = _report_query(args)
@@ -104,21 +104,7 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
     async def report(store: RedisStore) -> str:
         return await _render_report(store, query, args.format)
 
-    try:
-        print(
-            read_ledger(
-                settings.redis_url,
-                settings.redis_prefix,
-                report,
-                cluster=settings.redis_cluster,
-                shards=settings.ledger_shard_count,
-            ),
-            end="",
-        )
-    except (ValueError, LedgerUnavailable) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
+    return _print_from_ledger(settings, report)
 
 
 def _report_query(args: argparse.Namespace) -> SpendQuery | None:
@@ -159,8 +145,28 @@ def _archive_report(root: Path, query: SpendQuery, fmt: FormatType) -> int:
     return 0
 
 
-def cmd_spend_budgets(args: argparse.Namespace) -> int:
+def _print_from_ledger(settings: Settings, read: Callable[[RedisStore], Awaitable[str]]) -> int:
+    """Print what `read` renders from the Redis ledger the settings name; 1 (and why)
+    when it cannot be read."""
     from gateway.ledger import LedgerUnavailable, read_ledger
+
+    assert settings.redis_url is not None  # the commands check it first, with a message
+    try:
+        text = read_ledger(
+            settings.redis_url,
+            settings.redis_prefix,
+            read,
+            cluster=settings.redis_cluster,
+            shards=settings.ledger_shard_count,
+        )
+    except (ValueError, LedgerUnavailable) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(text, end="")
+    return 0
+
+
+def cmd_spend_budgets(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
     from gateway.spend import budget_statuses, render_budgets
 
@@ -187,21 +193,7 @@ def cmd_spend_budgets(args: argparse.Namespace) -> int:
         statuses = await budget_statuses(store, policy.budgets, datetime.now(UTC))
         return render_budgets(statuses, args.format)
 
-    try:
-        print(
-            read_ledger(
-                settings.redis_url,
-                settings.redis_prefix,
-                budgets,
-                cluster=settings.redis_cluster,
-                shards=settings.ledger_shard_count,
-            ),
-            end="",
-        )
-    except (ValueError, LedgerUnavailable) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
+    return _print_from_ledger(settings, budgets)
 
 
 def cmd_spend_export(args: argparse.Namespace) -> int:
