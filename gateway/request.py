@@ -1,14 +1,23 @@
 """What a request body asks of the gateway, read the same way by validation, budgets,
 the selector and the upstream calls: output tokens per answer, the answers billed, and
-the fields that cap an answer's length."""
+the fields that cap an answer's length; and the `Call`, the request object the pipeline
+passes from the proxy to the cascade, the accounting and the stream it relays."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from gateway.billing.tokens import prompt_list
+from gateway.billing.tokens import PromptCounts, prompt_list
 from gateway.upstreams.base import EndpointType
+
+if TYPE_CHECKING:  # types only: the pipeline and the native room are above this module
+    from gateway.ledger import SpendRecord
+    from gateway.ledger.record import SurfaceType
+    from gateway.native import NativeCall
+    from gateway.runtime import RouteRuntime
+    from router.target_selection import Choice
 
 # The most output tokens one request may ask for: per choice, and over all its choices
 # (prompts x n or best_of x max tokens). Beyond any model's context, far inside int64.
@@ -43,3 +52,41 @@ def choices_of(endpoint: EndpointType, body: Mapping[str, Any]) -> int:
         return int(n)
     best_of = body.get("best_of") or 1
     return max(int(n), int(best_of)) * len(prompt_list(body.get("prompt")))
+
+
+@dataclass(slots=True)
+class Call:
+    """One request as the pipeline carries it: who asked (`team`, `key`), what (the
+    `endpoint` and its validated `body`), of which route, by when (`deadline_s`), and
+    what the plan made of it. Its first fields are the fixed part of every record.
+
+    Set once after it is built, by the proxy, in this order: `choice` (a `select`
+    route's plan), `deadline_s` (the time left once the plan is made), and `body`,
+    replaced by the capped copy admission returns (`admission.cap`: the upstreams are
+    asked for no more output than was held). A cascade's upstreams get the body
+    without its stream fields (its answer is verified whole, then replayed)."""
+
+    request_id: str
+    team: str
+    key: str
+    route: RouteRuntime
+    stream: bool
+    started: float  # time.perf_counter() at arrival
+    score: float | None = None  # the router's complexity score, on scored routes
+    choice: Choice | None = None  # a `select` route's predicted qualities and target
+    surface: SurfaceType = "chat"  # the API the client called, for its records
+    # A bridged API's request as the client sent it, for deployments serving its wire
+    # format natively (`gateway.native`); None: every deployment gets the chat form.
+    native: NativeCall | None = None
+    endpoint: EndpointType = field(kw_only=True)
+    body: dict[str, Any] = field(kw_only=True)  # what the upstreams are sent
+    # Seconds the upstreams have, from when the plan was made (0.0: not set yet).
+    deadline_s: float = field(default=0.0, kw_only=True)
+    prompt: PromptCounts = field(default_factory=PromptCounts)  # counted once per encoding
+    # Every attempt priced so far (escalations and hedges too): what budgets settle.
+    records: list[SpendRecord] = field(default_factory=list)
+
+    @property
+    def cost_nanos(self) -> int:
+        """What the request has paid for so far: every attempt priced (`records`)."""
+        return sum(r.cost_nanos for r in self.records)

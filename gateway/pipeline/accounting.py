@@ -2,7 +2,7 @@
 
 Usage comes from the upstream when it reports it; otherwise it is counted with
 the tokenizer (`usage_source="counted"`), which also covers streams cut short. The
-prompt is counted once per encoding per request (`Call.prompt`, which admission's
+prompt is counted once per encoding per request (`gateway.request.Call.prompt`, which admission's
 count fills too). Settling never awaits, since a cancelled request must still be
 priced, so the paths that settle first `await count_unreported(...)`: it counts a
 long prompt off the event loop (cut short, settling counts it on the loop).
@@ -16,21 +16,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from gateway.billing.pricing import TokenPrice
 from gateway.billing.tokens import PromptCounts, count_text
 from gateway.billing.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_classes, token_count
 from gateway.ledger import CostLedger, SpendRecord
-from gateway.ledger.record import StatusType, SurfaceType, UsageSourceType, usd
+from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
 from gateway.upstreams.base import EndpointType
 from router.target_selection import Choice
-
-if TYPE_CHECKING:
-    from gateway.native import NativeCall
 
 log = logging.getLogger(__name__)
 
@@ -173,32 +171,6 @@ def _record_id(request_id: str, attempt: int, label: str | None) -> str:
     return request_id if attempt == 0 else f"{request_id}:{attempt}"
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Who asked what of whom; the fixed part of every record of one request."""
-
-    request_id: str
-    team: str
-    key: str
-    route: RouteRuntime
-    stream: bool
-    started: float  # time.perf_counter() at arrival
-    score: float | None = None  # the router's complexity score, on scored routes
-    choice: Choice | None = None  # a `select` route's predicted qualities and target
-    surface: SurfaceType = "chat"  # the API the client called, for its records
-    # A bridged API's request as the client sent it, for deployments serving its wire
-    # format natively (`gateway.native`); None: every deployment gets the chat form.
-    native: NativeCall | None = None
-    prompt: PromptCounts = field(default_factory=PromptCounts)  # counted once per encoding
-    # Every attempt priced so far (escalations and hedges too): what budgets settle.
-    records: list[SpendRecord] = field(default_factory=list)
-
-    @property
-    def cost_nanos(self) -> int:
-        """What the request has paid for so far: every attempt priced (`records`)."""
-        return sum(r.cost_nanos for r in self.records)
-
-
 class OutputLengths:
     """Each route's typical answer length in tokens, from the answers priced: a moving
     mean in which each answer weighs `DECAY` (what `select` expects a request to cost)."""
@@ -313,14 +285,14 @@ class Accountant:
         usage = Usage(0, 0, "none")
         return self.settle(call, deployment, usage, status="error", missed_sla=missed_sla)
 
-    def cut_off_pricer(
-        self, call: Call, endpoint: EndpointType, request: Mapping[str, Any]
-    ) -> Callable[[DeploymentRuntime], None]:
-        """What prices an attempt of `call` that was sent and then timed out: its prompt,
-        as for a losing hedge (`<request id>:t<n>`, `partial`); the upstream had it."""
+    def cut_off_pricer(self, call: Call) -> Callable[[DeploymentRuntime], None]:
+        """What prices an attempt of `call` that was sent and then timed out: its prompt
+        (of `call.body` as it is then), as for a losing hedge (`<request id>:t<n>`,
+        `partial`); the upstream had it."""
 
         def price(deployment: DeploymentRuntime) -> None:
-            usage = counted_usage(deployment.target.model, endpoint, request, (), call.prompt)
+            model = deployment.target.model
+            usage = counted_usage(model, call.endpoint, call.body, (), call.prompt)
             prefix = f"{call.request_id}:t"
             n = 1 + sum(r.record_id.startswith(prefix) for r in call.records)
             self.settle(call, deployment, usage, status="partial", label=f"t{n}")

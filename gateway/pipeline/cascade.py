@@ -41,14 +41,15 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.ledger import SpendRecord
 from gateway.metrics import Metrics
-from gateway.pipeline.accounting import Accountant, Call, count_unreported, reply_usage
+from gateway.pipeline.accounting import Accountant, count_unreported, reply_usage
 from gateway.pipeline.code_runs import run_code
 from gateway.pipeline.executor import Completed, Executor
 from gateway.pipeline.judge import RUBRIC_VERSION, Judge
 from gateway.pipeline.opinions import SecondOpinions, worth_asking
 from gateway.pipeline.scoring import AnswerVerifier
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, tier_groups
-from gateway.upstreams.base import EndpointType, UpstreamReply
+from gateway.upstreams.base import UpstreamReply
 from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
@@ -93,29 +94,25 @@ class Cascade:
         self,
         call: Call,
         candidates: list[DeploymentRuntime],
-        endpoint: EndpointType,
-        body: dict[str, Any],
-        deadline_s: float,
         second_opinions: Sequence[DeploymentRuntime] = (),
         one_step_each: bool = False,
     ) -> CascadeResult:
-        """Climb the tiers of `candidates` (`one_step_each`: each candidate is a step,
-        a `select` route's chain); `second_opinions` are the deployments to ask
-        alongside the first step (those of the route that may be called now)."""
+        """Climb the tiers of `candidates` with `call.body`, by `call.deadline_s`
+        (`one_step_each`: each candidate is a step, a `select` route's chain);
+        `second_opinions` are the deployments to ask alongside the first step (those
+        of the route that may be called now)."""
         steps = [[d] for d in candidates] if one_step_each else tier_groups(candidates)
         groups = steps[: call.route.max_escalations + 1]
-        ends_at = time.monotonic() + deadline_s
+        ends_at = time.monotonic() + call.deadline_s
         opinions = None
-        if second_opinions and len(groups) > 1 and worth_asking(endpoint, body):
-            opinions = SecondOpinions(
-                self._executor, self._accountant, self._metrics, call, endpoint, body
-            )
-            opinions.ask(second_opinions, deadline_s)
+        if second_opinions and len(groups) > 1 and worth_asking(call.endpoint, call.body):
+            opinions = SecondOpinions(self._executor, self._accountant, self._metrics, call)
+            opinions.ask(second_opinions)
         records: list[SpendRecord] = []
         graded = _Graded()
         try:
             final, scores, escalations = await self._climb(
-                call, groups, endpoint, body, ends_at, opinions, records, graded
+                call, groups, ends_at, opinions, records, graded
             )
         finally:
             if opinions is not None:
@@ -132,8 +129,6 @@ class Cascade:
         self,
         call: Call,
         groups: list[list[DeploymentRuntime]],
-        endpoint: EndpointType,
-        body: dict[str, Any],
         ends_at: float,
         opinions: SecondOpinions | None,
         records: list[SpendRecord],
@@ -149,8 +144,9 @@ class Cascade:
         closing: asyncio.Task[None] | None = None  # the opinions' early close
         latest: _Answer | None = None  # the last answer, not priced yet
         delivered = False  # whether `latest` is the client's answer
+        endpoint, body = call.endpoint, call.body
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
-        cut_off = self._accountant.cut_off_pricer(call, endpoint, body)
+        cut_off = self._accountant.cut_off_pricer(call)
         try:
             for step, group in enumerate(groups):
                 verified = step < len(groups) - 1
@@ -187,25 +183,18 @@ class Cascade:
                 # The answer before, rejected, is not the client's now that another came.
                 rejected, latest = latest, _Answer(done, step, time.perf_counter())
                 if rejected is not None:
-                    records.append(
-                        self._settle(call, rejected, endpoint, body, len(records), delivered=False)
-                    )
+                    records.append(self._settle(call, rejected, len(records), delivered=False))
                 await count_unreported(
                     call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
                 )
                 if not verified:
                     delivered = True
                     break
-                samples, code_run = await self._evidence(
-                    call, endpoint, body, done.reply.body, ends_at, opinions
-                )
-                latest.judged = self._verify(
-                    call, endpoint, body, done.reply.body, samples, code_run
-                )
+                reply = done.reply.body
+                samples, code_run = await self._evidence(call, reply, ends_at, opinions)
+                latest.judged = self._verify(call, reply, samples, code_run)
                 if call.route.judge is not None:
-                    latest.judged = await self._graded(
-                        call, endpoint, body, done.reply.body, ends_at, graded, latest.judged
-                    )
+                    latest.judged = await self._graded(call, reply, ends_at, graded, latest.judged)
                 score = 0.0 if latest.judged is None else latest.judged  # broke: escalate
                 scores.append(score)
                 self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
@@ -217,9 +206,7 @@ class Cascade:
             # its answer is judged or escalated is priced all the same (and judged as
             # answered to nobody).
             if latest is not None:
-                records.append(
-                    self._settle(call, latest, endpoint, body, len(records), delivered=delivered)
-                )
+                records.append(self._settle(call, latest, len(records), delivered=delivered))
             if closing is not None:  # after the answer is priced: it is paid for
                 await _finished(closing)
         assert latest is not None  # the first group either answered or raised
@@ -229,8 +216,6 @@ class Cascade:
     async def _evidence(
         self,
         call: Call,
-        endpoint: EndpointType,
-        body: dict[str, Any],
         reply: dict[str, Any],
         ends_at: float,
         opinions: SecondOpinions | None,
@@ -245,7 +230,7 @@ class Cascade:
             return await samples(), None
 
         async def code_run() -> ExampleRun | None:
-            run, outcome = await run_code(endpoint, body, reply, ends_at)
+            run, outcome = await run_code(call.endpoint, call.body, reply, ends_at)
             self._metrics.child(self._metrics.code_runs, call.route.name, outcome).inc()
             return run
 
@@ -254,8 +239,6 @@ class Cascade:
     async def _graded(
         self,
         call: Call,
-        endpoint: EndpointType,
-        body: dict[str, Any],
         reply: dict[str, Any],
         ends_at: float,
         graded: _Graded,
@@ -263,7 +246,7 @@ class Cascade:
     ) -> float | None:
         """The judge's score of `reply` when it gives one, else the verifier's."""
         n = len(graded.scores) + 1
-        verdict = await self._judge.grade(call, endpoint, body, reply, ends_at, n, graded.records)
+        verdict = await self._judge.grade(call, reply, ends_at, n, graded.records)
         graded.scores.append(verdict.score)
         if decisions.isEnabledFor(logging.INFO):
             judge = call.route.judge.name if call.route.judge else None
@@ -285,8 +268,6 @@ class Cascade:
     def _verify(
         self,
         call: Call,
-        endpoint: EndpointType,
-        body: dict[str, Any],
         reply: dict[str, Any],
         samples: Sequence[str],
         code_run: ExampleRun | None = None,
@@ -295,7 +276,7 @@ class Cascade:
         rejected (escalate) rather than fail a request whose cheap answer is already
         paid for, and its record carries no verdict (it is none)."""
         try:
-            return self._verifier(endpoint, body, reply, samples, code_run)
+            return self._verifier(call.endpoint, call.body, reply, samples, code_run)
         except Exception:
             log.exception("verifier failed on %s; escalating", call.request_id)
             return None
@@ -304,8 +285,6 @@ class Cascade:
         self,
         call: Call,
         answer: _Answer,
-        endpoint: EndpointType,
-        body: dict[str, Any],
         attempt: int,
         *,
         delivered: bool,
@@ -314,7 +293,7 @@ class Cascade:
         `<request id>`), given by the `answer.step`-th tier (its escalations);
         `delivered`: it is the one the client gets."""
         done = answer.done
-        usage = reply_usage(done.deployment, endpoint, body, done.reply.body, call.prompt)
+        usage = reply_usage(done.deployment, call.endpoint, call.body, done.reply.body, call.prompt)
         return self._accountant.settle(
             call,
             done.deployment,

@@ -34,9 +34,10 @@ from gateway.billing.tokens import PromptCounts
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.ledger import SpendRecord
 from gateway.metrics import Metrics
-from gateway.pipeline.accounting import Accountant, Call, counted_usage, reply_usage
+from gateway.pipeline.accounting import Accountant, counted_usage, reply_usage
 from gateway.pipeline.executor import Completed, Executor
 from gateway.pipeline.scoring import answer_parts, prompt_text
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import EndpointType
 
@@ -125,7 +126,7 @@ def _logprob_grade(reply: Mapping[str, Any]) -> float | None:
 class Judge:
     """Grades cascade answers with a route's judge deployment.
 
-    verdict = await judge.grade(call, endpoint, body, reply, ends_at, n=1)
+    verdict = await judge.grade(call, reply, ends_at, n=1, records=records)
     score = verdict.score if verdict.score is not None else verifier_score
     """
 
@@ -136,14 +137,13 @@ class Judge:
     async def grade(
         self,
         call: Call,
-        endpoint: EndpointType,
-        body: Mapping[str, Any],
         reply: Mapping[str, Any],
         ends_at: float,
         n: int,
         records: list[SpendRecord],
     ) -> Verdict:
-        """The judge's verdict on `reply`, its call priced into `records` as `:j<n>`."""
+        """The judge's verdict on `reply` to `call`, its call priced into `records` as
+        `:j<n>`."""
         deployment = call.route.judge
         assert deployment is not None  # only routes with a judge ask
         if deployment.unavailable_reason is not None:
@@ -151,7 +151,7 @@ class Judge:
         if self._executor.ejected(deployment.name):  # down: no call, the verifier decides
             why = f"'{deployment.name}' is ejected by its circuit breaker"
             return self._fallback(call, "fallback_error", why)
-        request = judge_request(deployment, endpoint, body, reply)
+        request = judge_request(deployment, call.endpoint, call.body, reply)
         label = f"j{n}"
         wait_s = min(call.route.judge_timeout_s, max(0.001, (ends_at - time.monotonic()) / 2))
         once = dataclasses.replace(deployment, max_retries=0)  # a late grade is no use

@@ -27,13 +27,13 @@ from gateway.ledger.record import StatusType
 from gateway.metrics import Metrics
 from gateway.pipeline.accounting import (
     Accountant,
-    Call,
     count_unreported,
     counted_usage,
     reply_usage,
 )
 from gateway.pipeline.executor import Completed, Executor
 from gateway.pipeline.scoring import answer_parts, question_text
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.upstreams.base import EndpointType
 from router.answers import agrees, comparable
@@ -60,8 +60,8 @@ class SecondOpinions:
     """The second opinions of one request, from `ask` to `close` (which must run,
     however the request ends: it cancels what still runs and prices what answered).
 
-        opinions = SecondOpinions(executor, accountant, metrics, call, endpoint, body)
-        opinions.ask(deployments, deadline_s)
+        opinions = SecondOpinions(executor, accountant, metrics, call)
+        opinions.ask(deployments)  # call.body, by call.deadline_s
         try:
             samples = await opinions.samples(reply, ends_at)
         finally:
@@ -74,11 +74,9 @@ class SecondOpinions:
         accountant: Accountant,
         metrics: Metrics,
         call: Call,
-        endpoint: EndpointType,
-        body: dict[str, Any],
     ) -> None:
         self._executor, self._accountant, self._metrics = executor, accountant, metrics
-        self._call, self._endpoint, self._body = call, endpoint, body
+        self._call = call
         self._asked: dict[asyncio.Task[Completed], tuple[str, DeploymentRuntime]] = {}
         self._samples: tuple[str, ...] | None = None
         self._priced: set[str] = set()  # labels of the opinions priced
@@ -90,13 +88,15 @@ class SecondOpinions:
     def answered(self) -> int:
         return len(self._samples or ())
 
-    def ask(self, deployments: Sequence[DeploymentRuntime], deadline_s: float) -> None:
+    def ask(self, deployments: Sequence[DeploymentRuntime]) -> None:
+        """Send the call's body to each of `deployments`, by the call's deadline."""
+        call = self._call
         for n, deployment in enumerate(deployments, start=1):
             # One attempt, no retries: an opinion late from a backoff is no use, and a
             # task still running is then always a request the upstream has (see _price).
             once = dataclasses.replace(deployment, max_retries=0)
             task = asyncio.create_task(
-                self._executor.complete([once], self._endpoint, self._body, deadline_s)
+                self._executor.complete([once], call.endpoint, call.body, call.deadline_s)
             )
             self._asked[task] = (f"o{n}", deployment)
 
@@ -112,7 +112,7 @@ class SecondOpinions:
         return self._samples
 
     def _compare(self, answer: str) -> tuple[str, ...]:
-        question = question_text(self._endpoint, self._body)
+        question = question_text(self._call.endpoint, self._call.body)
         texts: list[str] = []
         for task, (_, deployment) in self._asked.items():
             outcome: OutcomeType = "failed"
@@ -131,9 +131,10 @@ class SecondOpinions:
         however it ends: a close cut short by a cancellation is finished then."""
         if self._closed:
             return
+        call = self._call
         pending = [(deployment, reply) for _, deployment, reply in self._unpriced()]
         try:  # prompts to charge are counted first, off the loop when long
-            await count_unreported(self._call.prompt, self._endpoint, self._body, pending)
+            await count_unreported(call.prompt, call.endpoint, call.body, pending)
         finally:
             # Priced however that wait ends (a cancelled request may not get past the next
             # await): one still running is charged its prompt, even if it answers later.
@@ -167,19 +168,17 @@ class SecondOpinions:
 
     def _price(self) -> None:
         """Price each opinion once: its answer's usage if it answered, else its prompt."""
-        prompt = self._call.prompt
+        call = self._call
         for label, deployment, reply in list(self._unpriced()):
             status: StatusType = "ok"
             if reply is not None:
-                usage = reply_usage(deployment, self._endpoint, self._body, reply, prompt)
+                usage = reply_usage(deployment, call.endpoint, call.body, reply, call.prompt)
             else:
                 model = deployment.target.model
-                usage = counted_usage(model, self._endpoint, self._body, (), prompt)
+                usage = counted_usage(model, call.endpoint, call.body, (), call.prompt)
                 status = "partial"
             self._priced.add(label)
-            record = self._accountant.settle(
-                self._call, deployment, usage, status=status, label=label
-            )
+            record = self._accountant.settle(call, deployment, usage, status=status, label=label)
             self.records.append(record)
 
 

@@ -6,7 +6,6 @@ Non-streaming replies forward the upstream's bytes unchanged; streams are relaye
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import secrets
@@ -24,7 +23,7 @@ from gateway.ledger.record import SurfaceType, usd
 from gateway.limits import UNLIMITED, Admission, Limiter
 from gateway.metrics import Metrics
 from gateway.native import NativeCall
-from gateway.pipeline.accounting import Accountant, Call, count_unreported, reply_usage
+from gateway.pipeline.accounting import Accountant, count_unreported, reply_usage
 from gateway.pipeline.capabilities import required, unserved
 from gateway.pipeline.cascade import Cascade, CascadeResult
 from gateway.pipeline.executor import Executor, Hedge, Loser
@@ -40,6 +39,7 @@ from gateway.pipeline.streaming import (
     loser_answer,
     loser_usage,
 )
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType, close_stream
 from router import SCORED_STRATEGIES
@@ -134,15 +134,17 @@ class Proxy:
             score,
             surface=surface or endpoint,
             native=native,
+            endpoint=endpoint,
+            body=body,
         )
         try:
-            planned, choice = self._candidates(runtime, call, strategy, endpoint, body, needs)
+            planned, choice = self._candidates(runtime, call, strategy, needs)
             candidates = self._select(route, planned, strategy)
         except GatewayError as error:  # nothing may serve it (unavailable, ejected, shed)
             self._fail(runtime, call, [], error)
             raise
         if choice is not None:  # its records carry the predicted quality and the target
-            call = dataclasses.replace(call, choice=choice)
+            call.choice = choice
             met = "true" if choice.meets(choice.chosen) else "false"
             self._metrics.child(self._metrics.select_choices, route.name, choice.chosen, met).inc()
         deadline_s = runtime.request_timeout_s
@@ -150,7 +152,7 @@ class Proxy:
             deadline_s = min(deadline_s, route.sla.timeout_s)
         # Time spent deciding counts: a request queued for the embedding classifier
         # has that much less for its upstreams.
-        deadline_s = max(0.001, deadline_s - (time.perf_counter() - started))
+        call.deadline_s = max(0.001, deadline_s - (time.perf_counter() - started))
         admission = await self._limits.admit(
             runtime,
             principal,
@@ -164,23 +166,21 @@ class Proxy:
             frozenset(needs),
         )
         response: Response | None = None
-        body = admission.cap(endpoint, body)  # upstreams asked for no more than was held
+        # The call's body becomes admission's capped copy: upstreams are asked for no
+        # more than was held (the one update of the body, besides a cascade's below).
+        call.body = admission.cap(call.endpoint, call.body)
         try:  # from here on the admission's budget hold is released however it ends
             if admission.candidates:  # a soft budget limit downgraded the request
                 candidates = self._select(route, admission.candidates, strategy)
             if strategy == "cascade":
-                response = await self._run_cascade(call, candidates, endpoint, body, deadline_s)
+                response = await self._run_cascade(call, candidates)
             elif call.choice is not None and route.verify and "tools" not in chat_needs:
                 chain = climb(call.choice, candidates)
-                response = await self._run_cascade(
-                    call, chain, endpoint, body, deadline_s, one_step_each=True
-                )
+                response = await self._run_cascade(call, chain, one_step_each=True)
             elif call.stream:
-                response = await self._stream(
-                    call, candidates, endpoint, body, deadline_s, admission
-                )
+                response = await self._stream(call, candidates, admission)
             else:
-                response = await self._complete(call, candidates, endpoint, body, deadline_s)
+                response = await self._complete(call, candidates)
         except GatewayError as error:
             self._fail(runtime, call, candidates, error)
             raise
@@ -223,8 +223,6 @@ class Proxy:
         runtime: Runtime,
         call: Call,
         strategy: str,
-        endpoint: EndpointType,
-        body: dict[str, Any],
         needs: Mapping[str, str],
     ) -> tuple[list[DeploymentRuntime], Choice | None]:
         """The plan's deployments, and a `select` route's choice among them."""
@@ -232,7 +230,7 @@ class Proxy:
         choice = None
         if strategy == "select":
             named = {name: runtime.deployments[name] for name in route.deployments}
-            choice = self.selector.choose(route, named, endpoint, body)
+            choice = self.selector.choose(route, named, call.endpoint, call.body)
         plan = runtime.plan(route, call.score, strategy, wanted, choice)
         if decisions.isEnabledFor(logging.INFO):
             decisions.info("%s %s", call.request_id, "; ".join(plan.reasons()))
@@ -245,30 +243,21 @@ class Proxy:
             )
         return [runtime.deployments[step.deployment] for step in plan.steps], plan.choice
 
-    async def _complete(
-        self,
-        call: Call,
-        candidates: list[DeploymentRuntime],
-        endpoint: EndpointType,
-        body: dict[str, Any],
-        deadline_s: float,
-    ) -> Response:
-        route = call.route
+    async def _complete(self, call: Call, candidates: list[DeploymentRuntime]) -> Response:
+        route, endpoint, body = call.route, call.endpoint, call.body
         done = await self._executor.complete(
             candidates,
             endpoint,
             body,
-            deadline_s,
+            call.deadline_s,
             hedge_of(route),
             priority_of(route),
-            cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
+            cut_off=self._accountant.cut_off_pricer(call),
             native=call.native,
         )
         reply = done.reply.body
         try:
-            await self._settle_hedges(
-                call, done.losers, endpoint, body, done.hedges, done.won_by_hedge
-            )
+            await self._settle_hedges(call, done.losers, done.hedges, done.won_by_hedge)
             await count_unreported(call.prompt, endpoint, body, [(done.deployment, reply)])
         finally:  # priced however these waits end (cut short: counted on the loop)
             usage = reply_usage(done.deployment, endpoint, body, reply, call.prompt)
@@ -283,19 +272,15 @@ class Proxy:
         self,
         call: Call,
         candidates: list[DeploymentRuntime],
-        endpoint: EndpointType,
-        body: dict[str, Any],
-        deadline_s: float,
         one_step_each: bool = False,
     ) -> Response:
-        """Verify before answering; a stream is verified whole, then sent as SSE.
-        `one_step_each`: each candidate is a step of the climb (a `select` route's
-        chain), not each tier."""
-        upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        """Verify before answering; a stream is verified whole, then sent as SSE, so
+        its upstreams get `call.body` without the stream fields. `one_step_each`: each
+        candidate is a step of the climb (a `select` route's chain), not each tier."""
+        body = call.body  # as the client asked (its stream options: the SSE it gets)
+        call.body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         opinions = self._second_opinions(call.route)
-        result = await self._cascade.run(
-            call, candidates, endpoint, upstream, deadline_s, opinions, one_step_each
-        )
+        result = await self._cascade.run(call, candidates, opinions, one_step_each)
         if call.choice is not None:
             self._learn(call.route, call.choice, result)
         final = result.final
@@ -315,7 +300,9 @@ class Proxy:
         if decisions.isEnabledFor(logging.INFO):
             decisions.info("%s %s", call.request_id, cascade_verdict(call.route, result))
         if call.stream:  # a native deployment's answer in its API's events, with its ids
-            events = buffered_events(call.native, final.deployment, final.reply, body, endpoint)
+            events = buffered_events(
+                call.native, final.deployment, final.reply, body, call.endpoint
+            )
             return Response(
                 events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
             )
@@ -345,29 +332,26 @@ class Proxy:
         self,
         call: Call,
         candidates: list[DeploymentRuntime],
-        endpoint: EndpointType,
-        body: dict[str, Any],
-        deadline_s: float,
         admission: Admission = UNLIMITED,
     ) -> Response:
-        options = body.get("stream_options") or {}
+        """Relay a stream; its upstream is always asked for usage (priced by
+        `call.body`, which is as the client sent it)."""
+        options = call.body.get("stream_options") or {}
         wants_usage = bool(options.get("include_usage"))
-        upstream = {**body, "stream_options": {**options, "include_usage": True}}
+        upstream = {**call.body, "stream_options": {**options, "include_usage": True}}
         route = call.route
         opened = await self._executor.open_stream(
             candidates,
-            endpoint,
+            call.endpoint,
             upstream,
-            deadline_s,
+            call.deadline_s,
             hedge_of(route),
             priority_of(route),
-            cut_off=self._accountant.cut_off_pricer(call, endpoint, body),
+            cut_off=self._accountant.cut_off_pricer(call),
             native=call.native,
         )
         try:
-            await self._settle_hedges(
-                call, opened.losers, endpoint, body, opened.hedges, opened.won_by_hedge
-            )
+            await self._settle_hedges(call, opened.losers, opened.hedges, opened.won_by_hedge)
         except BaseException:  # cancelled while closing a loser: release the winner too
             await close_stream(opened.rest)
             raise
@@ -377,7 +361,7 @@ class Proxy:
         )
         tally = native_tally(call.native, opened.deployment)  # None: a chat stream
         settlement = StreamSettlement(
-            self._accountant, self._observe, call, opened, endpoint, body, wants_usage, ttft, tally
+            self._accountant, self._observe, call, opened, wants_usage, ttft, tally
         )
         settlement.guard, settlement.admission = self._guard, admission
         headers = {**cascade_headers(call, opened.deployment, opened.attempts), **SSE_HEADERS}
@@ -389,8 +373,6 @@ class Proxy:
         self,
         call: Call,
         losers: list[Loser],
-        endpoint: EndpointType,
-        body: dict[str, Any],
         fired: int,
         won: bool,
     ) -> None:
@@ -403,10 +385,11 @@ class Proxy:
         if won:
             m.child(m.hedges, call.route.name, "won").inc()
         try:
-            await count_unreported(call.prompt, endpoint, body, map(loser_answer, losers))
+            answers = map(loser_answer, losers)
+            await count_unreported(call.prompt, call.endpoint, call.body, answers)
         finally:  # priced, then closed, however the wait ends (cut short: counted on the loop)
             for n, loser in enumerate(losers, start=1):
-                usage, status = loser_usage(loser, endpoint, body, call.prompt)
+                usage, status = loser_usage(loser, call)
                 self._accountant.settle(call, loser.deployment, usage, status=status, label=f"h{n}")
             for loser in losers:
                 if isinstance(loser.result, tuple):  # a stream that opened too late

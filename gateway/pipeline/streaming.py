@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.billing.tokens import PromptCounts, count_text
+from gateway.billing.tokens import count_text
 from gateway.errors import GatewayError
 from gateway.health.sla import SlaGuard
 from gateway.ledger.record import StatusType
@@ -29,7 +29,6 @@ from gateway.native.formats import NativeEvent, event_texts
 from gateway.native.replay import replayed_stream
 from gateway.pipeline.accounting import (
     Accountant,
-    Call,
     Usage,
     choice_texts,
     counted_usage,
@@ -37,6 +36,7 @@ from gateway.pipeline.accounting import (
     reported_usage,
 )
 from gateway.pipeline.executor import Loser, Opened, StreamEvents
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
 
@@ -55,15 +55,13 @@ class StreamSettlement:
         observe: Callable[[Call, DeploymentRuntime, str, float | None], None],
         call: Call,
         opened: Opened,
-        endpoint: EndpointType,
-        body: dict[str, Any],
         wants_usage: bool,
         ttft: float,
         tally: Tally[Any] | None = None,
     ) -> None:
         self.accountant, self.observe = accountant, observe
         self.call, self.opened = call, opened
-        self.endpoint, self.body, self.ttft = endpoint, body, ttft
+        self.ttft = ttft
         self.tally: Tally[Any] = tally or StreamTally(wants_usage)  # a native stream's own
         self.status: StatusType = "partial"
         self.finished = False
@@ -97,7 +95,7 @@ class StreamSettlement:
         stream cut short by its client is counted in `finish`, on the loop."""
         if self.tally.usage is None and self.tally.early is None:
             model = self.opened.deployment.target.model
-            await self.call.prompt.count(model, self.endpoint, self.body)
+            await self.call.prompt.count(model, self.call.endpoint, self.call.body)
 
     async def finish(self) -> None:
         if self.finished:
@@ -126,7 +124,8 @@ class StreamSettlement:
         early = self.tally.early
         if early is None:
             texts = self.tally.texts()
-            return counted_usage(model, self.endpoint, self.body, texts, self.call.prompt)
+            call = self.call
+            return counted_usage(model, call.endpoint, call.body, texts, call.prompt)
         completion = sum(count_text(model, text) for text in self.tally.texts())
         if completion <= early.completion_tokens:
             return early
@@ -211,11 +210,11 @@ def loser_answer(loser: Loser) -> tuple[DeploymentRuntime, dict[str, Any] | None
     return loser.deployment, result.body if isinstance(result, UpstreamReply) else None
 
 
-def loser_usage(
-    loser: Loser, endpoint: EndpointType, body: dict[str, Any], prompt: PromptCounts
-) -> tuple[Usage, StatusType]:
-    """What a losing hedge consumed: its answer's usage if it answered, else its prompt."""
+def loser_usage(loser: Loser, call: Call) -> tuple[Usage, StatusType]:
+    """What a losing hedge of `call` consumed: its answer's usage if it answered, else
+    its prompt."""
     model = loser.deployment.target.model
+    endpoint, body, prompt = call.endpoint, call.body, call.prompt
     result = loser.result
     if isinstance(result, UpstreamReply):
         return reply_usage(loser.deployment, endpoint, body, result.body, prompt), "ok"

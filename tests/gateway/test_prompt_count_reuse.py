@@ -20,9 +20,10 @@ from gateway.billing import tokens
 from gateway.billing.pricing import TokenPrice
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.metrics import Metrics
-from gateway.pipeline.accounting import Accountant, Call
+from gateway.pipeline.accounting import Accountant
 from gateway.pipeline.cascade import Cascade
 from gateway.pipeline.executor import Executor
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.upstreams.base import UpstreamReply, UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -262,8 +263,11 @@ async def test_a_cascade_cancelled_while_counting_prices_its_answer_once(
         Executor({"openai": client}, metrics), Accountant(ledger, metrics), None, metrics
     )  # type: ignore[arg-type]  # one tier: nothing is verified
     route = RouteRuntime("careful", "cascade", ("cheap",), "cheap-model", cheap.price)
-    call = Call("req_1", "team", "key", route, False, time.perf_counter())
-    run = asyncio.create_task(cascade.run(call, [cheap], "chat", {"messages": LONG}, 10.0))
+    call = Call(
+        "req_1", "team", "key", route, False, time.perf_counter(),
+        endpoint="chat", body={"messages": LONG}, deadline_s=10.0,
+    )  # fmt: skip
+    run = asyncio.create_task(cascade.run(call, [cheap]))
     await eventually_async(counting.is_set, 5, "the prompt counted in a worker thread")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -14,16 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import opinions as opinions_module
 from gateway.billing.pricing import TokenPrice
 from gateway.errors import GatewayError
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.limits.budgets import Output, worst_case_nanos
 from gateway.metrics import Metrics
-from gateway.pipeline.accounting import Accountant, Call
+from gateway.pipeline import opinions as opinions_module
+from gateway.pipeline.accounting import Accountant
 from gateway.pipeline.cascade import Cascade
 from gateway.pipeline.executor import Executor
 from gateway.pipeline.scoring import AnswerVerifier
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla, build_runtime
 from gateway.upstreams.base import EndpointType, UpstreamReply, UpstreamStatus, UpstreamTarget
 from policies import LoadedPolicy, Policy
@@ -386,10 +387,13 @@ async def run_cascade(
         verify_threshold=0.5, max_escalations=max_escalations, second_opinions=(JUDGE,),
         sla=sla,
     )  # fmt: skip
-    call = Call("req_1", "team", "key", route, False, time.perf_counter())
+    call = Call(
+        "req_1", "team", "key", route, False, time.perf_counter(),
+        endpoint="chat", body=MC_BODY, deadline_s=deadline_s,
+    )  # fmt: skip
     tiers = [CHEAP, MID, PREMIUM]
     try:
-        result: Any = await cascade.run(call, tiers, "chat", MC_BODY, deadline_s, [JUDGE])
+        result: Any = await cascade.run(call, tiers, [JUDGE])
     except GatewayError as error:
         result = error
     return result, ledger, verifier, client
@@ -463,8 +467,11 @@ async def test_a_verifier_that_breaks_escalates_and_records_no_verdict() -> None
     route = RouteRuntime(
         "careful", "cascade", ("cheap", "mid"), "mid-model", MID.price, max_escalations=1
     )
-    call = Call("req_1", "team", "key", route, False, time.perf_counter())
-    result = await cascade.run(call, [CHEAP, MID], "chat", MC_BODY, 10.0)
+    call = Call(
+        "req_1", "team", "key", route, False, time.perf_counter(),
+        endpoint="chat", body=MC_BODY, deadline_s=10.0,
+    )  # fmt: skip
+    result = await cascade.run(call, [CHEAP, MID])
     assert result.escalations == 1  # rejected, not failed
     assert [(r.record_id, r.verifier_score) for r in ledger] == [("req_1", None), ("req_1:1", None)]
 
@@ -684,8 +691,11 @@ async def test_an_opinion_is_asked_once_without_retries() -> None:
         "careful", "cascade", ("cheap", "mid"), "mid-model", MID.price,
         verify_threshold=0.5, max_escalations=1, second_opinions=(retrying,),
     )  # fmt: skip
-    call = Call("req_1", "team", "key", route, False, time.perf_counter())
-    result = await cascade.run(call, [CHEAP, MID], "chat", MC_BODY, 10.0, [retrying])
+    call = Call(
+        "req_1", "team", "key", route, False, time.perf_counter(),
+        endpoint="chat", body=MC_BODY, deadline_s=10.0,
+    )  # fmt: skip
+    result = await cascade.run(call, [CHEAP, MID], [retrying])
     assert client.calls.count("judge") == 1
     assert result.second_opinions == (0, 0) and verifier.samples[0] == ()
     assert not any(r.deployment == "judge" for r in ledger)

@@ -14,7 +14,8 @@ import pytest
 from gateway.billing.pricing import TokenPrice
 from gateway.ledger import RedisStore, SpendRecord
 from gateway.metrics import Metrics
-from gateway.pipeline.accounting import Accountant, Call
+from gateway.pipeline.accounting import Accountant
+from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime, RouteSla
 from gateway.upstreams.base import UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -383,7 +384,8 @@ def _failed_request_verdict(sla: RouteSla | None, missed: bool) -> bool | None:
     price = TokenPrice(1e-6, 1e-6, "policy")
     first = DeploymentRuntime("a", "t", "openai", target, price, 0, 0.0, None)
     route = RouteRuntime("chat", "fallback", ("a",), "m", first.price, sla=sla)
-    call = Call("req_1", "team", "key", route, False, time.perf_counter())
+    started = time.perf_counter()
+    call = Call("req_1", "team", "key", route, False, started, endpoint="chat", body={})
     Accountant(Sink(), Metrics()).settle_failure(call, first, missed)  # type: ignore[arg-type]
     [record] = ledger
     assert (record.status, record.cost_nanos, record.reference_cost_nanos) == ("error", 0, 0)
