@@ -9,6 +9,7 @@ the schemas of `gateway.http.openapi_schemas`. Every error has OpenAI's shape, `
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Iterable, Mapping
@@ -311,9 +312,10 @@ def _identified(path: str, ops: Mapping[str, Schema]) -> dict[str, Schema]:
 @functools.cache
 def document() -> Schema:
     """The gateway's OpenAPI document, built once per process."""
-    paths = {path: _identified(path, ops) for path, ops in PATHS.items()}
+    # A copy: callers may change the document without changing the module's constants.
+    paths = {path: _identified(path, ops) for path, ops in copy.deepcopy(PATHS).items()}
     components = {
-        "schemas": dict(COMPONENTS),
+        "schemas": copy.deepcopy(dict(COMPONENTS)),
         "responses": {name: error_response(s) for s, (name, _) in ERRORS.items()},
         "securitySchemes": {**SECURITY_SCHEMES, "anthropicKey": bridged.API_KEY},
     }

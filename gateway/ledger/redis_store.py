@@ -38,11 +38,11 @@ from typing import Any, TypeVar
 import orjson
 from redis import exceptions as redis_errors
 
-from gateway.ledger.archive.layout import parse_id
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
 from gateway.ledger.shards import ShardKeys, check_layout, day_ordinal, shard_of
 from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
+from gateway.ledger.stream_ids import parse_id
 from gateway.redis_client import RedisClient, address, redis_client
 
 # Errors that mean "no usable Redis there" (BusyLoadingError and auth failures are

@@ -19,9 +19,10 @@ from gateway.cli import main
 from gateway.ledger import CostLedger, RedisStore, SpendRecord, Spool
 from gateway.ledger.archive import ArchiveDependencyMissing, ArchiveExporter, check_installed
 from gateway.ledger.archive.commit import Entry, plan_runs
-from gateway.ledger.archive.layout import parse_id, stream_slug
+from gateway.ledger.archive.layout import stream_slug
 from gateway.ledger.archive.schema import COLUMNS, RECORD_FIELDS, column_kinds, kind_of
 from gateway.ledger.record import StatusType, utc_day
+from gateway.ledger.stream_ids import parse_id
 from tests.gateway.archive_support import FAST, archived_rows, assert_exactly_once, varied_record
 from tests.gateway.ledger_fixtures import DAY0, delete_prefix
 

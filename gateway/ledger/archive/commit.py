@@ -29,12 +29,12 @@ from typing import Any
 from gateway.ledger.archive.files import LockNotTaken, directory_lock, write_durably
 from gateway.ledger.archive.layout import (
     Range,
-    StreamId,
     covers,
     day_dir,
     file_name,
     ranges_in,
 )
+from gateway.ledger.stream_ids import StreamId
 
 _TOP: StreamId = (2**63, 2**63)
 

@@ -27,22 +27,14 @@ from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
-StreamId = tuple[int, int]
+from gateway.ledger.stream_ids import StreamId, format_id, parse_id
+
 Range = tuple[StreamId, StreamId]
 
 DAY_DIR = re.compile(r"day=(\d{4}-\d{2}-\d{2})")
 FILE_NAME = re.compile(r"([a-z0-9-]+)_(\d+-\d+)_(\d+-\d+)\.parquet")
 TEMP_GLOB = ".*.tmp"
 LOCK_NAME = ".lock"
-
-
-def parse_id(text: str) -> StreamId:
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def format_id(sid: StreamId) -> str:
-    return f"{sid[0]}-{sid[1]}"
 
 
 def stream_slug(key: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.ledger.archive.layout import parse_id
+from gateway.ledger.stream_ids import parse_id
 from gateway.redis_client import RedisClient
 
 

@@ -36,11 +36,12 @@ from gateway.ledger.archive.group import (
     pending_is,
     read_page,
 )
-from gateway.ledger.archive.layout import parse_id, stream_slug
+from gateway.ledger.archive.layout import stream_slug
 from gateway.ledger.archive.lease import Claim, Lease
 from gateway.ledger.archive.schema import row_of
 from gateway.ledger.archive.stats import StreamStats, baseline, stream_stats
 from gateway.ledger.archive.worker import FileWorker
+from gateway.ledger.stream_ids import parse_id
 from gateway.redis_client import RedisClient
 
 log = logging.getLogger(__name__)

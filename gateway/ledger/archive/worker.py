@@ -25,11 +25,14 @@ class FileWorker:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._stopping = threading.Event()  # read by work in the thread (lock waits)
+        self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the worker's thread (started on first use)."""
         if self._pool is None:
-            self._stopping.clear()
+            if self._closed:  # restarted after `close`; a `halt` before first use stays
+                self._stopping.clear()
+                self._closed = False
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledger-archive")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
@@ -46,6 +49,7 @@ class FileWorker:
         """`halt`, and let the thread end once its work is done (a later `run` starts a
         new one)."""
         self.halt()
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
