@@ -229,7 +229,7 @@ def test_without_the_embeddings_extra_the_400_says_what_to_install(
 ) -> None:
     """On the defaults installed with `[engine]` only, nothing serves embeddings: the
     gateway's answer says the embedded engine would, with the extra."""
-    from gateway import capabilities as module
+    from gateway.pipeline import capabilities as module
     from router import embeddings
 
     monkeypatch.setattr(embeddings, "missing", lambda: "it needs the extra (pip install x)")
