@@ -54,13 +54,7 @@ def ledger_scores(route: str, last: int, field: ScoreField = "score") -> list[fl
         return await recent_scores(store, route, last, field)
 
     try:
-        scores = read_ledger(
-            settings.redis_url,
-            settings.redis_prefix,
-            read,
-            cluster=settings.redis_cluster,
-            shards=settings.ledger_shard_count,
-        )
+        scores = read_ledger(settings, read)
     except LedgerUnavailable as exc:
         raise RoutingError(f"the ledger is unreachable: {exc}") from exc
     except LedgerLayoutError as exc:

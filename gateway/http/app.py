@@ -106,14 +106,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
 
 def make_store(settings: Settings) -> LedgerStore:
     if settings.redis_url:
-        return RedisStore(
-            settings.redis_url,
-            prefix=settings.redis_prefix,
-            stream_maxlen=settings.ledger_stream_maxlen,
-            dedupe_ttl_s=settings.ledger_dedupe_window_s,
-            cluster=settings.redis_cluster,
-            shards=settings.ledger_shard_count,
-        )
+        return RedisStore.from_settings(settings)
     log.warning("REDIS_URL is not set: the ledger is in memory and lost on restart")
     return MemoryStore(
         stream_maxlen=settings.ledger_stream_maxlen, dedupe_ttl_s=settings.ledger_dedupe_window_s

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import date
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from redis import exceptions as redis_errors
@@ -44,6 +44,9 @@ from gateway.ledger.shards import ShardKeys, check_layout, day_ordinal, shard_of
 from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
 from gateway.ledger.stream_ids import parse_id
 from gateway.redis_client import RedisClient, address, redis_client
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 # Errors that mean "no usable Redis there" (BusyLoadingError and auth failures are
 # ConnectionErrors; READONLY is what a demoted primary answers during failover;
@@ -140,6 +143,20 @@ class RedisStore:
         self._shard_maxlen = -(-stream_maxlen // shards)  # the N streams hold about as much
         self._dedupe_ttl_s = dedupe_ttl_s
         self._aggregate_ttl_s = aggregate_ttl_s
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RedisStore:
+        """The store the settings name (`REDIS_URL` set): the one place they map to it."""
+        if settings.redis_url is None:
+            raise ValueError("REDIS_URL is not set: there is no Redis ledger to use")
+        return cls(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            stream_maxlen=settings.ledger_stream_maxlen,
+            dedupe_ttl_s=settings.ledger_dedupe_window_s,
+            cluster=settings.redis_cluster,
+            shards=settings.ledger_shard_count,
+        )
 
     async def record(self, rec: SpendRecord) -> bool:
         """Add `rec` once; False (and no change) if its `record_id` was seen already."""
@@ -335,21 +352,14 @@ class RedisStore:
 T = TypeVar("T")
 
 
-def read_ledger(
-    url: str,
-    prefix: str,
-    read: Callable[[RedisStore], Awaitable[T]],
-    *,
-    cluster: bool = False,
-    shards: int = 1,
-) -> T:
-    """`read` run on the Redis ledger at `url`, for a command line tool: in its own
-    event loop, the connection closed after. Raises what `read` and `RedisStore` raise
-    (`LedgerUnavailable`; ValueError for a URL redis-py cannot parse, or a ledger laid
-    out over another number of shards)."""
+def read_ledger(settings: Settings, read: Callable[[RedisStore], Awaitable[T]]) -> T:
+    """`read` run on the Redis ledger the settings name, for a command line tool: in its
+    own event loop, the connection closed after. Raises what `read` and `RedisStore`
+    raise (`LedgerUnavailable`; ValueError for a URL redis-py cannot parse, or a ledger
+    laid out over another number of shards)."""
 
     async def run() -> T:
-        store = RedisStore(url, prefix=prefix, cluster=cluster, shards=shards)
+        store = RedisStore.from_settings(settings)
         try:
             return await read(store)
         finally:

@@ -150,15 +150,8 @@ def _print_from_ledger(settings: Settings, read: Callable[[RedisStore], Awaitabl
     when it cannot be read."""
     from gateway.ledger import LedgerUnavailable, read_ledger
 
-    assert settings.redis_url is not None  # the commands check it first, with a message
     try:
-        text = read_ledger(
-            settings.redis_url,
-            settings.redis_prefix,
-            read,
-            cluster=settings.redis_cluster,
-            shards=settings.ledger_shard_count,
-        )
+        text = read_ledger(settings, read)
     except (ValueError, LedgerUnavailable) as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -227,14 +220,7 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.ledger.archive import ArchiveBusy, ArchiveOptions, build_exporter
     from gateway.metrics import ArchiveMetrics
 
-    assert settings.redis_url is not None
-    store = RedisStore(
-        settings.redis_url,
-        prefix=settings.redis_prefix,
-        stream_maxlen=settings.ledger_stream_maxlen,
-        cluster=settings.redis_cluster,
-        shards=settings.ledger_shard_count,
-    )
+    store = RedisStore.from_settings(settings)
     registry = CollectorRegistry()
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, addr=settings.host, registry=registry)
