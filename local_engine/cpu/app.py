@@ -5,7 +5,9 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (both stream as OpenAI's SSE,
 with `stream_options.include_usage`), POST /v1/embeddings (MiniLM, with the
 `embeddings` extra), GET /v1/models, GET /health, GET /metrics.
-Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+Plain Starlette routes; bodies are read by `local_engine.cpu.validation`. Errors are
+OpenAI's `{"error": {"message", "type", "param", "code"}}`; an unknown path or method is
+vLLM's (and FastAPI's) `{"detail": "Not Found"}`.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ import json
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from local_engine.cpu.embeddings import DIMENSIONS, MODEL_NAME, SentenceEncoder
 from local_engine.cpu.errors import CpuEngineError, InvalidRequest, ModelNotFound
@@ -39,11 +43,11 @@ from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.sequence import Output
 from local_engine.cpu.sequence import Request as EngineRequest
 from local_engine.cpu.tokenizer import Tokenizer
+from local_engine.cpu.validation import read_body
 
 DROPPED = "the engine dropped the request (see the engine's log)"
 # The chat template knows system, user and assistant turns.
 ROLE_ALIASES = {"developer": "system", "tool": "user"}
-TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 # Builds one streamed chunk's `choices[0]` from (text, finish_reason, first chunk?).
 ChoiceBuilder = Callable[[str, str | None, bool], dict[str, Any]]
 
@@ -58,82 +62,93 @@ class EngineService:
     encoder: SentenceEncoder = field(default_factory=SentenceEncoder)
 
 
-def create_app(service: EngineService) -> FastAPI:
+def create_app(service: EngineService) -> Starlette:
+    """The app over `service`, whose engine thread runs as long as the app's lifespan."""
+
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         service.runner.start()
         try:
             yield
         finally:
             service.runner.stop()
 
-    app = FastAPI(title="cascade-gateway CPU engine", lifespan=lifespan)
-    _add_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200 if service.runner.is_alive() else 503)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {
-            "id": service.model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "cascade-gateway",
-            "root": service.model_root or service.model_name,
-            "parent": None,
-            "max_model_len": service.runner.engine.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionBody) -> Response:
-        _check_model(service, body)
-        messages = [
-            {"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()} for m in body.messages
-        ]
-        ids = service.tokenizer.encode(service.tokenizer.render_chat(messages))
-        request = _request("chatcmpl", ids, body.sampling_params(), service, "messages")
-        if body.stream:
-            return _sse(_chat_chunks(service, request, body))
-        text, last = await _collect(service, request)
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None}
-        return JSONResponse(_reply(service, request, "chat.completion", choice, last))
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionBody) -> Response:
-        _check_model(service, body)
-        ids = _completion_ids(service.tokenizer, body.prompt)
-        request = _request("cmpl", ids, body.sampling_params(), service, "prompt")
-        if body.stream:
-            return _sse(_completion_chunks(service, request, body))
-        text, last = await _collect(service, request)
-        choice = {"index": 0, "text": text, "logprobs": None}
-        return JSONResponse(_reply(service, request, "text_completion", choice, last))
-
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingBody) -> Response:
-        # The engine's own name (what the gateway's deployment asks for) or MiniLM's.
-        if body.model not in (service.model_name, MODEL_NAME):
-            raise ModelNotFound(f"The model `{body.model}` does not exist.")
-        if body.dimensions not in (None, DIMENSIONS):
-            message = f"dimensions is {body.dimensions}; {MODEL_NAME} has {DIMENSIONS}"
-            raise InvalidRequest(message, "dimensions")
-        vectors, tokens = await asyncio.to_thread(service.encoder.encode, body.texts)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
-            for i, v in enumerate(vectors)
-        ]
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return JSONResponse({"object": "list", "data": data, "model": MODEL_NAME, "usage": usage})
-
+    # Starlette types a handler as taking any Exception; each of these takes its own.
+    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=HANDLERS)  # type: ignore[arg-type]
+    app.state.service = service
     return app
+
+
+def _service(request: Request) -> EngineService:
+    service: EngineService = request.app.state.service
+    return service
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=200 if _service(request).runner.is_alive() else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def models(request: Request) -> Response:
+    service = _service(request)
+    card = {
+        "id": service.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "cascade-gateway",
+        "root": service.model_root or service.model_name,
+        "parent": None,
+        "max_model_len": service.runner.engine.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def chat(request: Request) -> Response:
+    service, body = _service(request), await read_body(request, ChatCompletionBody)
+    _check_model(service, body)
+    messages = [
+        {"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()} for m in body.messages
+    ]
+    ids = service.tokenizer.encode(service.tokenizer.render_chat(messages))
+    engine_request = _request("chatcmpl", ids, body.sampling_params(), service, "messages")
+    if body.stream:
+        return _sse(_chat_chunks(service, engine_request, body))
+    text, last = await _collect(service, engine_request)
+    message = {"role": "assistant", "content": text}
+    choice = {"index": 0, "message": message, "logprobs": None}
+    return JSONResponse(_reply(service, engine_request, "chat.completion", choice, last))
+
+
+async def completions(request: Request) -> Response:
+    service, body = _service(request), await read_body(request, CompletionBody)
+    _check_model(service, body)
+    ids = _completion_ids(service.tokenizer, body.prompt)
+    engine_request = _request("cmpl", ids, body.sampling_params(), service, "prompt")
+    if body.stream:
+        return _sse(_completion_chunks(service, engine_request, body))
+    text, last = await _collect(service, engine_request)
+    choice = {"index": 0, "text": text, "logprobs": None}
+    return JSONResponse(_reply(service, engine_request, "text_completion", choice, last))
+
+
+async def embeddings(request: Request) -> Response:
+    service, body = _service(request), await read_body(request, EmbeddingBody)
+    # The engine's own name (what the gateway's deployment asks for) or MiniLM's.
+    if body.model not in (service.model_name, MODEL_NAME):
+        raise ModelNotFound(f"The model `{body.model}` does not exist.")
+    if body.dimensions not in (None, DIMENSIONS):
+        message = f"dimensions is {body.dimensions}; {MODEL_NAME} has {DIMENSIONS}"
+        raise InvalidRequest(message, "dimensions")
+    vectors, tokens = await asyncio.to_thread(service.encoder.encode, body.texts)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return JSONResponse({"object": "list", "data": data, "model": MODEL_NAME, "usage": usage})
 
 
 def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -273,39 +288,35 @@ def _error(status: int, message: str, kind: str, param: str | None, code: Any) -
     return JSONResponse(_error_body(message, kind, param, code), status_code=status)
 
 
-def _param(loc: Sequence[Any]) -> str | None:
-    parts = [str(part) for part in loc if part != "body"]
-    path = ""
-    for part in parts:
-        path += f"[{part}]" if part.isdigit() else (f".{part}" if path else part)
-    return path or None
+async def _invalid_request(request: Request, exc: InvalidRequest) -> Response:
+    return _error(400, str(exc), "invalid_request_error", exc.param, None)
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        if first.get("type") == "json_invalid":
-            message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error')}"
-            return _error(400, message, "invalid_request_error", None, None)
-        loc = [part for part in first.get("loc", ()) if not _is_type_tag(part)]
-        param = _param(loc)
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return _error(400, message, "invalid_request_error", param, None)
-
-    @app.exception_handler(InvalidRequest)
-    async def invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
-        return _error(400, str(exc), "invalid_request_error", exc.param, None)
-
-    @app.exception_handler(CpuEngineError)
-    async def unavailable(request: Request, exc: CpuEngineError) -> JSONResponse:
-        return _error(503, str(exc), "server_error", None, None)
-
-    @app.exception_handler(ModelNotFound)
-    async def no_model(request: Request, exc: ModelNotFound) -> JSONResponse:
-        return _error(404, str(exc), "invalid_request_error", "model", "model_not_found")
+async def _unavailable(request: Request, exc: CpuEngineError) -> Response:
+    return _error(503, str(exc), "server_error", None, None)
 
 
-def _is_type_tag(part: Any) -> bool:
-    """Pydantic puts union members' type names (`str`, `list[int]`) in error locations."""
-    return isinstance(part, str) and (part in TYPE_TAGS or not part.isidentifier())
+async def _no_model(request: Request, exc: ModelNotFound) -> Response:
+    return _error(404, str(exc), "invalid_request_error", "model", "model_not_found")
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Unknown paths and methods, as FastAPI (and so vLLM) answers them: `{"detail"}`."""
+    return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+ROUTES = [
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/chat/completions", chat, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+]
+# Looked up along the exception's MRO: InvalidRequest and ModelNotFound before their base.
+HANDLERS = {
+    InvalidRequest: _invalid_request,
+    ModelNotFound: _no_model,
+    CpuEngineError: _unavailable,
+    HTTPException: _http_error,
+}

@@ -24,7 +24,6 @@ DEFERRED = {
     "transformers": "the embedding classifier (classifier: minilm)",
     "pyarrow": "the spend archive (CASCADE_LEDGER_ARCHIVE_DIR, spend export)",
     "duckdb": "spend report --archive",
-    "fastapi": "only the embedded CPU engine's server (local_engine.cpu)",
 }
 # Router modules that train or evaluate: never needed to serve a request.
 TRAINING = re.compile(r"router\.training(\.\w+)*")

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from local_engine.config import EngineConfig
 from local_engine.cpu.app import EngineService, create_app
@@ -51,7 +51,7 @@ VLLM_METRICS = (
 class Server:
     """uvicorn in a thread on an ephemeral loopback port."""
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: Starlette) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -189,6 +189,41 @@ def test_malformed_json_is_a_400(server: Server) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("the request body is not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "message"),
+    [
+        (b'{"model": "\xff"}', "application/json", "the request body is not valid JSON: 'utf-8'"),
+        (b"[" * 100_000, "application/json", "the request body is JSON nested too deeply"),
+        (b"[]", "application/json", "Input should be a valid dictionary"),
+        (b"", "application/json", "Field required"),
+        (b'{"model": "tiny-test", "prompt": "a"}', "text/plain", "Input should be a valid dict"),
+    ],
+)
+def test_unreadable_bodies_are_openai_400s(
+    server: Server, content: bytes, content_type: str, message: str
+) -> None:
+    headers = {"content-type": content_type}
+    response = httpx.post(server.url + "/v1/completions", content=content, headers=headers)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith(message)
+
+
+def test_unknown_paths_and_methods_answer_as_vllm(server: Server) -> None:
+    missing = httpx.get(server.url + "/v2/nothing")
+    assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
+    wrong = httpx.get(server.url + "/v1/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json() == {"detail": "Method Not Allowed"}
+
+
+def test_the_engine_server_imports_no_fastapi() -> None:
+    """Starlette serves the engine, as it serves the gateway: FastAPI is no dependency."""
+    code = "import sys, local_engine.cpu.server; print('fastapi' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False"]
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
