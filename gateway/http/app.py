@@ -73,14 +73,13 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Services]]:
         services = await start_services(settings)
-        app.state.services = services
         # Everything allocated so far lives as long as the process: keep it out of
         # the collector's scans, whose full passes would otherwise stall requests.
         gc.freeze()
         try:
-            yield
+            yield {"services": services}  # lifespan state: every request's `state`
         finally:
             await stop_services(services)
 
@@ -236,7 +235,7 @@ async def stop_services(services: Services) -> None:
 
 def error_response(request: Request, error: GatewayError) -> Response:
     request_id = getattr(request.state, "request_id", None) or new_request_id()
-    services: Services | None = getattr(request.app.state, "services", None)
+    services: Services | None = getattr(request.state, "services", None)
     if services is not None:
         route = str(getattr(request.state, "route", "-"))
         team = str(getattr(request.state, "team", "-"))

@@ -92,5 +92,5 @@ def log_changes(serving: Policy, loaded: LoadedPolicy) -> None:
 
 
 def services_of(request: Request) -> Services:
-    services: Services = request.app.state.services
+    services: Services = request.state.services
     return services

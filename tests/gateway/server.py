@@ -44,7 +44,8 @@ class GatewayServer:
 
     @property
     def services(self) -> Services:
-        services: Services = self.app.state.services
+        """The running app's services: its lifespan state, which uvicorn keeps."""
+        services: Services = self._server.lifespan.state["services"]
         return services
 
     def start(self) -> Self:
