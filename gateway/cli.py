@@ -12,7 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +202,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         + judge_reasons(route),
     }
     if choice is not None:
-        decision |= choice_summary(route, choice, plan)
+        decision |= choice_summary(route, choice, plan, needs)
     print(json.dumps(decision, indent=2))
     return 0
 
@@ -222,9 +222,13 @@ def select_choice(runtime: Runtime, route: RouteRuntime, body: dict[str, Any]) -
     return fresh_selector().choose(route, named, "chat", body)
 
 
-def choice_summary(route: RouteRuntime, choice: Choice, plan: Plan) -> dict[str, Any]:
+def choice_summary(
+    route: RouteRuntime, choice: Choice, plan: Plan, needs: Collection[str]
+) -> dict[str, Any]:
     """Every candidate's predicted quality and expected cost (those skipped too, and
     why), the target and, when the route verifies, the order it escalates in."""
+    from gateway.runtime import climbs
+
     skipped = dict(plan.skipped)
     candidates: dict[str, dict[str, Any]] = {}
     for name, e in choice.estimates.items():
@@ -240,7 +244,7 @@ def choice_summary(route: RouteRuntime, choice: Choice, plan: Plan) -> dict[str,
         "reference_profile": fresh_selector().reference_profile(route) or "the best candidate",
         "candidates": candidates,
     }
-    if route.verify and plan.choice is not None:
+    if plan.choice is not None and climbs(route, route.strategy, needs):
         summary["escalation_chain"] = list(plan.choice.chain())
     return summary
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gateway.auth import ANONYMOUS_KEY_ID, KeyTable, Principal
@@ -131,6 +131,15 @@ class RouteRuntime:
     quality_target: float = 0.95
     reference_profile: str | None = None
     verify: bool = False
+
+
+def climbs(route: RouteRuntime, strategy: str, needs: Collection[str]) -> bool:
+    """Whether a `select` request's answer is verified and climbs to the next candidate
+    when rejected: its route asks for it (`verify: true`) and the answer is text the
+    verifier can judge (a tool call's content is empty: every one would be rejected).
+    The proxy and `policy explain` ask this; budgets hold a climb for every request of
+    such a route, which errs high for tool requests, never low."""
+    return strategy == "select" and route.verify and "tools" not in needs
 
 
 def sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool | None:

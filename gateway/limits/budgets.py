@@ -79,7 +79,7 @@ def worst_case_nanos(
     steps = route.max_escalations + 1
     if strategy == "cascade":
         groups = tier_groups(list(candidates))[:steps]
-    elif strategy == "select" and route.verify:  # a climb of distinct candidates: the dearest
+    elif strategy == "select" and route.verify:  # may climb (`climbs`): the dearest, distinct
         groups = [[d] for d in sorted(candidates, key=answer, reverse=True)[:steps]]
     else:
         groups = [list(candidates)]

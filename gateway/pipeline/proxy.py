@@ -40,7 +40,7 @@ from gateway.pipeline.streaming import (
     loser_usage,
 )
 from gateway.request import Call
-from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, climbs
 from gateway.upstreams.base import EndpointType, close_stream
 from router import SCORED_STRATEGIES
 from router.target_selection import Choice
@@ -174,7 +174,7 @@ class Proxy:
                 candidates = self._select(route, admission.candidates, strategy)
             if strategy == "cascade":
                 response = await self._run_cascade(call, candidates)
-            elif call.choice is not None and route.verify and "tools" not in chat_needs:
+            elif call.choice is not None and climbs(route, strategy, chat_needs):
                 chain = climb(call.choice, candidates)
                 response = await self._run_cascade(call, chain, one_step_each=True)
             elif call.stream:
