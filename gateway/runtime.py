@@ -22,13 +22,14 @@ from gateway.billing.pricing import (
 )
 from gateway.errors import NotFound
 from gateway.upstreams.base import UpstreamTarget
+from local_engine.sentence_model import missing as embeddings_missing
 from policies import LoadedPolicy
 from policies.capabilities import OPENAI_SERVES, default_capabilities
 from policies.engines import EngineSpec
 from policies.keys import hash_key
 from policies.prices import litellm_price_map
 from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
-from router import DeploymentView, Plan, RouteSpec, Threshold, embeddings, plan_route, sandbox
+from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route, sandbox
 from router.target_selection import FLOOR_PROFILE, Choice, prior_profile
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ class Runtime:
 def build_runtime(loaded: LoadedPolicy) -> Runtime:
     policy = loaded.policy
     warnings: list[tuple[int, str]] = []
-    can_embed = embeddings.missing() is None  # the embedded engine's MiniLM
+    can_embed = embeddings_missing() is None  # the embedded engine's MiniLM
     deployments = {
         name: _deployment(name, spec, policy.engines, can_embed, warnings)
         for name, spec in policy.deployments.items()

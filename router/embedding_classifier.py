@@ -40,9 +40,10 @@ from router.features import (
     extract_body,
     message_text,
 )
+from router.installed import MINILM_CLASSIFIER_PATH, minilm_classifier_missing
 
 FORMAT = "cascade-gateway/embedding-classifier"
-DEFAULT_PATH = Path(__file__).resolve().parent / "models" / "classifier-minilm.json"
+DEFAULT_PATH = MINILM_CLASSIFIER_PATH
 
 
 def conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -138,12 +139,7 @@ class EmbeddingClassifier:
         return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
 
 
-def missing() -> str | None:
-    """Why the shipped model cannot run here (the extra, the weights, the file), or None;
-    loads nothing heavy (policy validation calls it)."""
-    if not DEFAULT_PATH.is_file():
-        return f"the embedding classifier {DEFAULT_PATH} is missing"
-    return embeddings.missing()
+missing = minilm_classifier_missing  # loads nothing heavy (policy validation calls it)
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from typing import Any
 from gateway.errors import CapabilityUnavailable
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
-from router import embeddings
+from local_engine.sentence_model import missing as embeddings_missing
 
 TOOL_FIELDS = ("tools", "functions", "tool_choice", "function_call")
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
@@ -65,7 +65,7 @@ def unserved(
             "; no deployment in the policy does: add one, or declare what a deployment "
             "serves with its `capabilities`"
         )
-    if "embeddings" in lacking and (why := embeddings.missing()) is not None:
+    if "embeddings" in lacking and (why := embeddings_missing()) is not None:
         message += f"; the embedded CPU engine would serve embeddings, but {why}"
     return CapabilityUnavailable(message, param=needs[lacking[0]])
 

@@ -1,10 +1,10 @@
 """The router's models applied to request and reply bodies: the complexity score of a
 request (classifier routes) and the acceptability of an answer (cascade routes).
 
-The shipped models are loaded on first use (routes that need neither never pay for
-them) and kept; both score in well under a millisecond, so they run inline. The
-embedding classifier (a route's `classifier: minilm`) takes tens of milliseconds, so it
-runs in a worker thread (`RequestScorer.score`), never on the event loop.
+The shipped models (and numpy, which they need) are loaded on first use (routes that
+need neither never pay for them) and kept; both score in well under a millisecond, so
+they run inline. The embedding classifier (a route's `classifier: minilm`) takes tens of
+milliseconds, so it runs in a worker thread (`RequestScorer.score`), never on the event loop.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ClassifierUnavailable
 from gateway.pipeline.selector import profile_problems
@@ -22,11 +23,14 @@ from gateway.runtime import RouteRuntime
 from gateway.upstreams.base import EndpointType
 from policies.document import FieldPath
 from policies.sections import Sections
-from router import embedding_classifier, embeddings
-from router.classifier import Classifier, RequestClassifier
+from router import SCORED_STRATEGIES
 from router.code_examples import ExampleRun
 from router.errors import RoutingError
+from router.installed import minilm_classifier_missing
 from router.verifier import Verifier
+
+if TYPE_CHECKING:
+    from router.classifier import Classifier, RequestClassifier
 
 
 def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -61,7 +65,7 @@ class RequestScorer:
         self, endpoint: EndpointType, body: Mapping[str, Any], classifier: str = "features"
     ) -> float:
         model: RequestClassifier = (
-            embedding_classifier.shipped()
+            shipped_embedding_classifier()
             if classifier == "minilm"
             else self._classifier or shipped_classifier()
         )
@@ -92,7 +96,7 @@ class RequestScorer:
 def classifier_problem(name: str) -> str | None:
     """Why the route classifier `name` cannot run in this install, or None; loads
     nothing heavy."""
-    return embedding_classifier.missing() if name == "minilm" else None
+    return minilm_classifier_missing() if name == "minilm" else None
 
 
 def install_problems(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
@@ -106,19 +110,41 @@ def install_problems(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
 
 
 def warm(routes: Iterable[RouteRuntime], threads: int | None = None) -> Future[None] | None:
-    """Load the embedding classifier in its thread, off the event loop, when a route
-    uses it: a policy (re)load then never blocks, and the first request waits only for
-    what is left. `threads`: the CPU threads it may use (`Settings.embedding_threads`).
-    A failure is logged here and answered 503 on the route's requests."""
+    """Load the models the routes use in threads, off the event loop: a policy (re)load
+    then never blocks, and the first request waits only for what is left. The shipped
+    classifier, verifier and quality predictor (and numpy) load in a daemon thread; the embedding
+    classifier in its own thread, whose future is returned. `threads`: the CPU threads
+    it may use (`Settings.embedding_threads`). A failure is logged here and answered 503
+    on the route's requests."""
+    routes = list(routes)
+    verifies = any(route.strategy == "cascade" or route.verify for route in routes)
+    selects = any(route.strategy == "select" for route in routes)
+    if verifies or selects or any(route.strategy in SCORED_STRATEGIES for route in routes):
+        threading.Thread(target=_load_shipped, args=(verifies, selects), daemon=True).start()
     if any(route.classifier == "minilm" for route in routes):
         return _EMBEDDING_THREAD.submit(_load_embedding_classifier, threads)
     return None
 
 
+def _load_shipped(verifier: bool, predictor: bool) -> None:
+    try:
+        shipped_classifier()
+        if verifier:
+            shipped_verifier()
+        if predictor:
+            from router.quality import shipped
+
+            shipped()
+    except RoutingError as exc:  # the first request that needs them reports it
+        log.error("the router's shipped models cannot load: %s", exc)
+
+
 def _load_embedding_classifier(threads: int | None) -> None:
+    from router import embeddings
+
     try:
         embeddings.load(threads)
-        embedding_classifier.shipped()
+        shipped_embedding_classifier()
     except RoutingError as exc:
         log.error("the embedding classifier (classifier: minilm) cannot load: %s", exc)
 
@@ -206,7 +232,15 @@ class AnswerVerifier:
 
 @functools.cache
 def shipped_classifier() -> Classifier:
+    from router.classifier import Classifier
+
     return Classifier.load()
+
+
+def shipped_embedding_classifier() -> RequestClassifier:
+    from router import embedding_classifier
+
+    return embedding_classifier.shipped()  # cached there
 
 
 @functools.cache

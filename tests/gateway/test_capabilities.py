@@ -229,10 +229,14 @@ def test_without_the_embeddings_extra_the_400_says_what_to_install(
 ) -> None:
     """On the defaults installed with `[engine]` only, nothing serves embeddings: the
     gateway's answer says the embedded engine would, with the extra."""
+    import gateway.runtime
     from gateway.pipeline import capabilities as module
-    from router import embeddings
 
-    monkeypatch.setattr(embeddings, "missing", lambda: "it needs the extra (pip install x)")
+    def missing() -> str:
+        return "it needs the extra (pip install x)"
+
+    monkeypatch.setattr(gateway.runtime, "embeddings_missing", missing)
+    monkeypatch.setattr(module, "embeddings_missing", missing)
     runtime = build_runtime(load_policy(DEFAULT_POLICY_PATH, env={}))
     route = runtime.routes["auto"]
     error = module.unserved(runtime, route, {"embeddings": "model"})
