@@ -1,18 +1,21 @@
-"""Where every Redis client is built. The ledger, the limits and the shared circuit
-breakers each ask `redis_client` for one, with the options their work needs:
+"""Where every Redis client is built. The ledger, the limits, the shared circuit
+breakers and select routes' shared learning each ask `redis_client` for one, with the
+options their work needs:
 
     caller                    timeouts: socket  connect  pool wait  pool  retried once
     ledger (RedisStore)                 1 s     0.5 s    1 s        64    dropped, timed out
     limits (RedisLimitStore)            5 s     5 s      5 s        64    dropped
     breakers (sla.build_guard)          1 s     1 s      none       100   nothing
+    select learning (shared_profiles)   1 s     1 s      none       32    nothing
 
 The ledger writes off the request path and spools what Redis will not take, so it
 gives up within about a second. An admission is on the request path, but its usual
 bound is the limit store's own silence timer (0.5 s without any reply); redis-py's 5 s
 is only the outer bound, so a burst queued on a busy Redis is not taken for an outage,
-and a timeout is not retried (the script may have run). The breakers' sync loop polls
-every 0.5 s: a silent Redis must not stall it, and the next poll is the retry. The
-stores read `str` replies, the breakers `bytes`.
+and a timeout is not retried (the script may have run). The breakers' and the select
+learning's sync loops poll every 0.5 s: a silent Redis must not stall them, and the
+next poll is the retry (a select observation Redis did not take is only logged). The
+stores read `str` replies, the breakers and the select learning `bytes`.
 
 With `cluster=True` (`CASCADE_REDIS_CLUSTER`) the client is a Redis Cluster client
 (`gateway.redis_cluster`) that finds every node from the one `url` names, with the same

@@ -42,6 +42,8 @@ from gateway.pipeline.accounting import Accountant
 from gateway.pipeline.executor import Executor
 from gateway.pipeline.proxy import DECISIONS_LOGGER, Proxy, new_request_id
 from gateway.pipeline.scoring import install_problems, warm
+from gateway.pipeline.selector import TrafficProfiles
+from gateway.pipeline.shared_profiles import SharedTrafficProfiles
 from gateway.runtime import build_runtime, log_new_warnings
 from gateway.settings import Settings
 from gateway.upstreams.base import UpstreamClient
@@ -128,6 +130,22 @@ def start_archive(
     return exporter
 
 
+def traffic_profiles(settings: Settings, metrics: Metrics) -> TrafficProfiles:
+    """What select routes learn from traffic: shared through Redis when it is set."""
+
+    def on_change(deployment: str, offset: float) -> None:
+        metrics.child(metrics.select_offset, deployment).set(offset)
+
+    if not settings.redis_url:
+        return TrafficProfiles(on_change)
+    return SharedTrafficProfiles.connect(
+        settings.redis_url,
+        settings.redis_prefix,
+        cluster=settings.redis_cluster,
+        on_change=on_change,
+    )
+
+
 async def check_ledger_layout(store: LedgerStore) -> None:
     """Refuse to start on a ledger laid out over another shard count (every write would
     fail); a Redis that does not answer yet is the ledger's outage, spooled as ever."""
@@ -189,7 +207,14 @@ async def start_services(settings: Settings) -> Services:
         store=store,
         ledger=ledger,
         accountant=accountant,
-        proxy=Proxy(executor, accountant, metrics, guard=guard, limits=limits),
+        proxy=Proxy(
+            executor,
+            accountant,
+            metrics,
+            guard=guard,
+            limits=limits,
+            traffic=traffic_profiles(settings, metrics),
+        ),
         guard=guard,
         limits=limits,
         clients=clients,
@@ -207,6 +232,7 @@ async def start_services(settings: Settings) -> Services:
     )
     services.reloader.start()
     guard.start(lambda: services.runtime)
+    services.proxy.selector.traffic.start(lambda: services.runtime)
     limits.watch(lambda: services.runtime)
     return services
 
@@ -219,6 +245,7 @@ async def stop_services(services: Services) -> None:
     steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
         *reloader,
         ("SLA guard", services.guard.stop),
+        ("select routes' learning", services.proxy.selector.traffic.stop),
         ("limits", lambda: services.limits.stop(grace)),
         ("ledger", lambda: services.ledger.stop(grace)),
         *([("ledger archive", services.archive.stop)] if services.archive else []),

@@ -30,7 +30,7 @@ from gateway.pipeline.executor import Executor, Hedge, Loser
 from gateway.pipeline.native_streams import native_tally
 from gateway.pipeline.opinions import configured
 from gateway.pipeline.scoring import AnswerVerifier, RequestScorer
-from gateway.pipeline.selector import QualitySelector
+from gateway.pipeline.selector import QualitySelector, TrafficProfiles
 from gateway.pipeline.streaming import (
     SSE_HEADERS,
     RelayedStream,
@@ -79,6 +79,7 @@ class Proxy:
         verifier: AnswerVerifier | None = None,
         guard: SlaGuard | None = None,
         limits: Limiter | None = None,
+        traffic: TrafficProfiles | None = None,
     ) -> None:
         self._executor = executor
         self._guard = guard
@@ -88,7 +89,7 @@ class Proxy:
         self._scorer = scorer or RequestScorer()
         verifier = verifier or AnswerVerifier(scorer=self._scorer)
         self._cascade = Cascade(executor, accountant, verifier, metrics)
-        self.selector = QualitySelector(accountant.output_lengths)
+        self.selector = QualitySelector(accountant.output_lengths, traffic=traffic)
         self.request_ids = RequestIds()
 
     async def handle(
@@ -316,8 +317,6 @@ class Proxy:
             if (score := record.verifier_score) is not None:
                 accepted = score >= route.verify_threshold
                 self.selector.learn(choice, record.deployment, accepted)
-                offset = self.selector.traffic.offset(record.deployment)
-                self._metrics.child(self._metrics.select_offset, record.deployment).set(offset)
 
     def _second_opinions(self, route: RouteRuntime) -> list[DeploymentRuntime]:
         """The route's second opinions that may be asked now: configured (their env

@@ -13,25 +13,33 @@ graded, else the verifier's) passed the route's `verify_threshold`, else 0, the 
 of the predictor's "share of answers that are right". A deployment's offset from the
 predictor moves `LEARNING_RATE` of the way to each observation's residual and is
 bounded by `MAX_SHIFT`: 7 answers move it about halfway (0.9^7 ~ 1/2), 22 answers 90%
-of the way, and no run of answers moves a deployment by more than 0.25. The offsets
-live in this process (each worker learns on its own) and start at 0 on a restart.
+of the way, and no run of answers moves a deployment by more than 0.25.
+
+Without Redis, `TrafficProfiles` keeps the offsets in this process: each worker learns
+on its own and starts at 0 on a restart. With Redis the gateway uses
+`shared_profiles.SharedTrafficProfiles`: each observation, wherever it was made, moves
+the one shared offset of its deployment by the rule above (so the speeds above count
+the answers of every worker and replica), the others adopt it within 0.5 s (their poll),
+and a restart keeps it; while Redis is down, learning is local again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.billing.tokens import estimate_prompt_tokens, prompt_list
 from gateway.pipeline.accounting import OutputLengths
 from gateway.request import asked_tokens
-from gateway.runtime import DeploymentRuntime, RouteRuntime
+from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
 from policies.document import FieldPath
 from policies.sections import Sections
-from router.quality import STRONG_MODEL, QualityPredictor, UnknownModelError, shipped
 from router.target_selection import Choice, Estimate, choose
+
+if TYPE_CHECKING:
+    from router.quality import QualityPredictor
 
 DEFAULT_OUTPUT_TOKENS = 256
 LEARNING_RATE = 0.1
@@ -40,15 +48,25 @@ MAX_SHIFT = 0.25
 
 @dataclass(slots=True)
 class Profile:
+    """A deployment's learning: its offset from the predictor, from `observations`."""
+
     offset: float = 0.0
     observations: int = 0
 
 
-class TrafficProfiles:
-    """Per deployment, how far live answers put it from the predictor (bounded)."""
+def stepped(held: Profile, predicted: float, observed: float) -> Profile:
+    """`held` moved by one observation (`shared_profiles.OBSERVE_LUA` is the same rule)."""
+    moved = held.offset + LEARNING_RATE * (observed - predicted - held.offset)
+    return Profile(min(MAX_SHIFT, max(-MAX_SHIFT, moved)), held.observations + 1)
 
-    def __init__(self) -> None:
+
+class TrafficProfiles:
+    """Per deployment, how far live answers put it from the predictor (bounded), in this
+    process; `on_change(deployment, offset)` is told of every offset set (metrics)."""
+
+    def __init__(self, on_change: Callable[[str, float], None] | None = None) -> None:
         self._profiles: dict[str, Profile] = {}
+        self._on_change = on_change
 
     def offset(self, deployment: str) -> float:
         profile = self._profiles.get(deployment)
@@ -60,23 +78,47 @@ class TrafficProfiles:
 
     def observe(self, deployment: str, predicted: float, observed: float) -> None:
         """One live answer scored `observed`; the predictor (alone) said `predicted`."""
-        profile = self._profiles.setdefault(deployment, Profile())
-        moved = profile.offset + LEARNING_RATE * (observed - predicted - profile.offset)
-        profile.offset = min(MAX_SHIFT, max(-MAX_SHIFT, moved))
-        profile.observations += 1
+        self.adopt(
+            deployment, stepped(self._profiles.get(deployment, Profile()), predicted, observed)
+        )
+
+    def adopt(self, deployment: str, profile: Profile) -> None:
+        """From now on `deployment`'s profile is `profile` (a step, or what Redis shows)."""
+        self._profiles[deployment] = profile
+        if self._on_change is not None:
+            self._on_change(deployment, profile.offset)
+
+    def start(self, runtime: Callable[[], Runtime]) -> None:
+        """Background work for the serving `runtime`: none here (the shared kind polls)."""
+
+    async def stop(self) -> None:
+        """Done serving: nothing to close here."""
+
+
+def select_deployments(runtime: Runtime) -> list[str]:
+    """The deployments whose learning `runtime`'s select routes use."""
+    routes = runtime.routes.values()
+    return sorted({d for r in routes if r.strategy == "select" for d in r.deployments})
 
 
 class QualitySelector:
     """Estimates for a `select` route's candidates (see the module docstring)."""
 
-    def __init__(self, lengths: OutputLengths, predictor: QualityPredictor | None = None) -> None:
+    def __init__(
+        self,
+        lengths: OutputLengths,
+        predictor: QualityPredictor | None = None,
+        traffic: TrafficProfiles | None = None,
+    ) -> None:
         self._lengths = lengths
         self._predictor = predictor
-        self.traffic = TrafficProfiles()
+        self.traffic = TrafficProfiles() if traffic is None else traffic
 
     @property
     def predictor(self) -> QualityPredictor:
-        if self._predictor is None:  # a JSON file, read once, when a select route asks
+        if self._predictor is None:  # a JSON file (and numpy), when a select route asks
+            from router.quality import shipped
+
             self._predictor = shipped()
         return self._predictor
 
@@ -109,6 +151,8 @@ class QualitySelector:
     def reference_profile(self, route: RouteRuntime) -> str | None:
         """What the target is relative to: the reference's profile; a reference model
         the predictor does not know (gpt-4o, say) counts as the strongest it knows."""
+        from router.quality import STRONG_MODEL, UnknownModelError
+
         name = route.reference_profile
         if name is None:
             return None
@@ -157,6 +201,8 @@ def profile_problems(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
     }
     if not named:
         return
+    from router.quality import UnknownModelError, shipped
+
     predictor = shipped()
     for name, profile in named.items():
         try:

@@ -3,7 +3,8 @@ upstreams at different prices standing in for five models: each request goes to 
 cheapest candidate whose predicted quality meets the route's target, priced, with the
 prediction and the target in its ledger record; a verified selection escalates a
 rejected answer to the next candidate predicted to do better, and what it learns from
-the rejections moves later requests off the deployment that failed them."""
+the rejections moves later requests off the deployment that failed them, on every
+gateway sharing its Redis."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gateway.runtime import build_runtime
 from policies import load_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
+from tests.support import eventually
 
 # Cheapest first, whatever the answer's length: each is dearer in input and output.
 PRICES = {
@@ -193,3 +195,42 @@ async def test_a_verified_selection_escalates_and_learns_from_rejections(
     assert traffic.observations("mistral") == asked_mistral
     ask(server.url, "careful", "hi")
     assert len(fakes["mistral"].requests) == asked_mistral  # no longer asked
+
+
+def test_what_one_gateway_learned_moves_the_others_through_redis(
+    start_gateway: StartGateway, fakes: dict[str, FakeOpenAI]
+) -> None:
+    """Two replicas on one Redis: the first learns that mistral refuses; the second,
+    which never asked mistral, adopts the offset at its next poll and starts elsewhere,
+    as does a replica started afterwards (a restart keeps what was learned)."""
+    good, poor = verifier_score(GREETING), verifier_score(REFUSAL)
+    for fake in fakes.values():
+        fake.reply_text = GREETING
+    fakes["mistral"].reply_text = REFUSAL
+    careful = policy(verified_route(round((good + poor) / 2, 4)))
+    env = {f"{name.upper()}_URL": fake.url for name, fake in fakes.items()}
+    first, second = start_gateway(careful, **env), start_gateway(careful, **env)
+    learned, pupil = first.services.proxy.selector.traffic, second.services.proxy.selector.traffic
+    for _ in range(12):
+        if ask(first.url, "careful", "hi").headers["x-cascade-escalations"] == "0":
+            break
+    else:
+        pytest.fail(f"the first gateway still starts at mistral ({learned.offset('mistral')})")
+    asked_mistral = len(fakes["mistral"].requests)
+    eventually(
+        lambda: pupil.observations("mistral") == learned.observations("mistral") == asked_mistral,
+        3,
+        "the second gateway's poll",
+    )
+    offset = learned.offset("mistral")
+    assert -MAX_SHIFT <= offset < 0 and pupil.offset("mistral") == offset
+    gauge = f'cascade_select_quality_offset{{deployment="mistral"}} {offset}'
+    assert gauge in httpx.get(f"{second.url}/metrics").text
+    third = start_gateway(careful, **env)
+    restarted = third.services.proxy.selector.traffic
+    eventually(lambda: restarted.offset("mistral") == offset, 3, "a new gateway's first poll")
+    for base in (second.url, third.url):
+        response = ask(base, "careful", "hi")
+        assert response.headers["x-cascade-escalations"] == "0"
+        assert response.headers["x-cascade-deployment"] != "mistral"
+    assert len(fakes["mistral"].requests) == asked_mistral  # neither asked it

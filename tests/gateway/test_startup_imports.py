@@ -24,6 +24,9 @@ DEFERRED = {
     "transformers": "the embedding classifier (classifier: minilm)",
     "pyarrow": "the spend archive (CASCADE_LEDGER_ARCHIVE_DIR, spend export)",
     "duckdb": "spend report --archive",
+    "numpy": "the router's models, for routes that score, verify or select (loaded by a "
+    "thread once serving: gateway.pipeline.scoring.warm)",
+    "aiohttp": "the upstream transport, imported by a thread it starts",
 }
 # Router modules that train or evaluate: never needed to serve a request.
 TRAINING = re.compile(r"router\.training(\.\w+)*")

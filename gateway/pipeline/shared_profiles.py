@@ -1,0 +1,179 @@
+"""What `select` routes learned from traffic, shared through Redis by every worker and
+replica, so that each learns from all of their answers and a restart keeps what was
+learned. The local kind, `selector.TrafficProfiles`, is what runs without Redis.
+
+    P{select}:profile:<deployment>   hash  `offset` (what live verdicts moved its
+                                           predicted quality by), `observations`;
+                                           expires PROFILE_TTL_S after the last write
+
+An observation moves the worker's copy at once (the local rule, `selector.stepped`) and
+runs `OBSERVE_LUA`, the same rule on the shared offset, whose result the worker then
+adopts: observations from any number of workers compose as if one worker had made them
+all, in Redis's order. Every `SYNC_S` each worker adopts the shared profiles of the
+select routes' deployments (one round trip: the `{select}` tag keeps every key in one
+slot of a Redis Cluster). While Redis is down each worker learns on its own, as the
+local kind does; when it is back, the shared offsets take over again. A key Redis lost
+(a restart without persistence) is seeded by the next observation with what Redis last
+showed its worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+
+from redis.exceptions import RedisError
+
+from gateway.pipeline.selector import (
+    LEARNING_RATE,
+    MAX_SHIFT,
+    Profile,
+    TrafficProfiles,
+    select_deployments,
+    stepped,
+)
+from gateway.redis_client import RedisClient, redis_client
+from gateway.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+PROFILE_TTL_S = 30 * 86400  # a deployment nobody used for a month starts afresh
+SYNC_S = 0.5  # how often workers adopt each other's learning, as the breakers' poll
+
+# ARGV: predicted, observed, learning rate, max shift, seed offset, seed observations,
+# TTL (s). The offset goes back as text: Redis truncates a Lua number to an integer.
+OBSERVE_LUA = """
+local stored = redis.call('HMGET', KEYS[1], 'offset', 'observations')
+local offset = tonumber(stored[1] or ARGV[5])
+local seen = tonumber(stored[2] or ARGV[6]) + 1
+local moved = offset + tonumber(ARGV[3]) * (tonumber(ARGV[2]) - tonumber(ARGV[1]) - offset)
+local bound = tonumber(ARGV[4])
+local text = string.format('%.17g', math.min(bound, math.max(-bound, moved)))
+redis.call('HSET', KEYS[1], 'offset', text, 'observations', seen)
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+return {text, seen}
+"""
+
+
+class SharedTrafficProfiles(TrafficProfiles):
+    """`TrafficProfiles` shared through Redis (see the module docstring). Redis errors
+    are logged, never raised: learning must not fail a request.
+
+    >>> traffic = SharedTrafficProfiles.connect("redis://localhost:6379/0", "cg:")
+    >>> traffic.start(lambda: services.runtime)  # in the lifespan; `await traffic.stop()`
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        prefix: str = "cg:",
+        on_change: Callable[[str, float], None] | None = None,
+    ) -> None:
+        super().__init__(on_change)
+        self._client = client
+        self._base = f"{prefix}{{select}}:profile:"
+        self._script = client.register_script(OBSERVE_LUA)
+        self._pending: set[asyncio.Task[None]] = set()
+        self._poll: asyncio.Task[None] | None = None
+        self._failing = False  # an outage is warned of once, not on every answer
+        self._confirmed: dict[str, Profile] = {}  # what Redis last showed of each
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        prefix: str,
+        *,
+        cluster: bool = False,
+        on_change: Callable[[str, float], None] | None = None,
+    ) -> SharedTrafficProfiles:
+        # The breakers' options (gateway.redis_client): a silent Redis must not stall
+        # the poll, whose next round is the retry; a failed write is only logged.
+        client = redis_client(
+            url, socket_timeout=1.0, connect_timeout=1.0, max_connections=32, cluster=cluster
+        )
+        return cls(client, prefix, on_change)
+
+    def key(self, deployment: str) -> str:
+        return self._base + deployment
+
+    def observe(self, deployment: str, predicted: float, observed: float) -> None:
+        held = Profile(self.offset(deployment), self.observations(deployment))
+        self.adopt(deployment, stepped(held, predicted, observed))  # until Redis answers
+        # The seed, should Redis have lost the key: what it last showed, not this copy,
+        # which counts observations in flight that may have reached it already.
+        seed = self._confirmed.get(deployment, Profile())
+        task = asyncio.ensure_future(self._publish(deployment, predicted, observed, seed))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _publish(
+        self, deployment: str, predicted: float, observed: float, seed: Profile
+    ) -> None:
+        args = [predicted, observed, LEARNING_RATE, MAX_SHIFT]
+        args += [seed.offset, seed.observations, PROFILE_TTL_S]
+        try:
+            offset, seen = await self._script(keys=[self.key(deployment)], args=args)
+        except (RedisError, OSError) as exc:
+            self._failed(f"could not share an observation of '{deployment}': {exc}")
+            return
+        self._failing = False
+        self._adopt_shared(deployment, Profile(float(offset), int(seen)))
+
+    def _adopt_shared(self, deployment: str, profile: Profile) -> None:
+        # Replies to observations in flight together may come back in any order, and a
+        # poll may read what a reply already showed: the shared count only grows.
+        confirmed = self._confirmed.get(deployment)
+        if confirmed is None or profile.observations >= confirmed.observations:
+            self._confirmed[deployment] = profile
+            self.adopt(deployment, profile)
+
+    def _failed(self, message: str) -> None:
+        if self._failing:
+            log.debug("%s", message)
+        else:
+            log.warning("%s; learning locally until Redis answers", message)
+        self._failing = True
+
+    async def sync(self, deployments: Sequence[str]) -> None:
+        """Adopt the shared profiles of `deployments` (one round trip)."""
+        if not deployments:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for deployment in deployments:
+            pipe.hmget(self.key(deployment), ["offset", "observations"])
+        for deployment, (offset, seen) in zip(deployments, await pipe.execute(), strict=True):
+            if offset is not None and seen is not None:  # None: nothing learned yet
+                self._adopt_shared(deployment, Profile(float(offset), int(seen)))
+
+    async def run_sync(self, deployments: Callable[[], Sequence[str]], interval_s: float) -> None:
+        """Poll the shared profiles until cancelled; Redis errors are logged, not fatal."""
+        while True:
+            try:
+                await self.sync(deployments())
+            except (RedisError, OSError, ValueError) as exc:
+                log.debug("select profile sync failed: %s", exc)
+            await asyncio.sleep(interval_s)
+
+    def start(self, runtime: Callable[[], Runtime]) -> None:
+        """Poll for the deployments of the serving `runtime`'s select routes."""
+
+        def deployments() -> list[str]:  # the policy's of the moment: reloads change them
+            return select_deployments(runtime())
+
+        self._poll = asyncio.create_task(self.run_sync(deployments, SYNC_S))
+
+    async def stop(self) -> None:
+        """Stop polling, let the observations in flight land, close the client."""
+        if self._poll is not None:
+            self._poll.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._poll
+        await self.flush()
+        await self._client.aclose()
+
+    async def flush(self) -> None:
+        """Wait for the observations in flight to land (or fail, logged)."""
+        await asyncio.gather(*self._pending, return_exceptions=True)
