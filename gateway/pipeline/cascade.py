@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
 from gateway.ledger import SpendRecord
@@ -50,7 +50,9 @@ from gateway.pipeline.scoring import AnswerVerifier
 from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, tier_groups
 from gateway.upstreams.base import UpstreamReply
-from router.code_examples import ExampleRun
+
+if TYPE_CHECKING:
+    from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
 decisions = logging.getLogger("gateway.decisions")  # the proxy's decisions log

@@ -15,13 +15,14 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.pipeline.scoring import answer_parts, prompt_text, question_text
 from gateway.upstreams.base import EndpointType
 from router import sandbox
-from router.code_examples import ExampleRun
-from router.verifier import code_job
+
+if TYPE_CHECKING:
+    from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ def _run_before(
     """In the worker: reading the answer is text work (kept off the event loop), and
     the time left is taken when the run's turn comes, not when it was queued."""
     text, _, _ = answer_parts(reply)
+    from router.verifier import code_job  # with the verifier's text checks
+
     job = code_job(prompt_text(endpoint, body), text, question_text(endpoint, body))
     seconds = ends_at - time.monotonic()
     if job is None or seconds < MIN_RUN_SECONDS:

@@ -36,7 +36,6 @@ from gateway.pipeline.scoring import answer_parts, question_text
 from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.upstreams.base import EndpointType
-from router.answers import agrees, comparable
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +52,8 @@ def worth_asking(endpoint: EndpointType, body: dict[str, Any]) -> bool:
     final answer, code by how alike it is) get second opinions: on any other prompt
     one is paid for and says nothing. The kind is the user's question's: a system
     prompt that mentions code fences does not make every question on its route code."""
+    from router.answers import comparable  # routes with second opinions only
+
     return comparable(question_text(endpoint, body))
 
 
@@ -112,6 +113,8 @@ class SecondOpinions:
         return self._samples
 
     def _compare(self, answer: str) -> tuple[str, ...]:
+        from router.answers import agrees
+
         question = question_text(self._call.endpoint, self._call.body)
         texts: list[str] = []
         for task, (_, deployment) in self._asked.items():

@@ -24,13 +24,13 @@ from gateway.upstreams.base import EndpointType
 from policies.document import FieldPath
 from policies.sections import Sections
 from router import SCORED_STRATEGIES
-from router.code_examples import ExampleRun
 from router.errors import RoutingError
 from router.installed import minilm_classifier_missing
-from router.verifier import Verifier
 
 if TYPE_CHECKING:
     from router.classifier import Classifier, RequestClassifier
+    from router.code_examples import ExampleRun
+    from router.verifier import Verifier
 
 
 def request_messages(endpoint: EndpointType, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -245,4 +245,6 @@ def shipped_embedding_classifier() -> RequestClassifier:
 
 @functools.cache
 def shipped_verifier() -> Verifier:
+    from router.verifier import Verifier
+
     return Verifier.load()

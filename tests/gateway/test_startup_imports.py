@@ -27,6 +27,8 @@ DEFERRED = {
     "numpy": "the router's models, for routes that score, verify or select (loaded by a "
     "thread once serving: gateway.pipeline.scoring.warm)",
     "aiohttp": "the upstream transport, imported by a thread it starts",
+    "router.verifier": "cascades and verified select routes (warmed by the same thread)",
+    "router.classifier": "routes that score (warmed by the same thread)",
 }
 # Router modules that train or evaluate: never needed to serve a request.
 TRAINING = re.compile(r"router\.training(\.\w+)*")
