@@ -16,6 +16,9 @@ Each repetition launches, one after the other on the same CPU:
 It polls every few milliseconds from the moment of `Popen`, records the wall time and
 the child's CPU time at readiness, then stops the child.
 
+`--python` runs the Python targets on another interpreter: a venv with the gateway
+installed as the README installs it to serve (`pip install -e '.[engine]'`), without
+the dev extra's packages (rich, pygments: httpx imports them when they are there).
 Python children run with their bytecode cached (`PYTHONPYCACHEPREFIX` in a temporary
 directory, written by one unmeasured launch of each first), as an installed image runs:
 a checkout where PYTHONDONTWRITEBYTECODE is set would recompile the project's ~150
@@ -143,14 +146,14 @@ def _check_alive(child: Child, url: str, started: float) -> None:
         )
 
 
-def baseline_argv(port: int) -> list[str]:
+def baseline_argv(python: str, port: int) -> list[str]:
     app = "tests.benchmarks.startup:baseline_app"
-    return [sys.executable, "-m", "uvicorn", app, "--factory", "--port", str(port),
+    return [python, "-m", "uvicorn", app, "--factory", "--port", str(port),
             "--loop", "uvloop", "--http", "httptools", "--log-level", "warning"]  # fmt: skip
 
 
-def gateway_argv(port: int) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", "serve", "--policy", POLICY, "--port", str(port)]
+def gateway_argv(python: str, port: int) -> list[str]:
+    return [python, "-m", "gateway.cli", "serve", "--policy", POLICY, "--port", str(port)]
 
 
 def portkey_argv(script: Path, port: int) -> list[str]:
@@ -194,23 +197,25 @@ def ask_once(port: int) -> None:
         raise BenchmarkError(f"the gateway's first answer: {exc.code} {exc.read()!r}") from exc
 
 
-def import_seconds(statement: str, cpu: int | None, env: dict[str, str]) -> float:
+def import_seconds(python: str, statement: str, cpu: int | None, env: dict[str, str]) -> float:
     """Wall seconds of a fresh interpreter running `statement`, less a bare one's."""
-    return _python_seconds(statement, cpu, env) - _python_seconds("pass", cpu, env)
+    return _python_seconds(python, statement, cpu, env) - _python_seconds(python, "pass", cpu, env)
 
 
-def _python_seconds(statement: str, cpu: int | None, env: dict[str, str]) -> float:
+def _python_seconds(python: str, statement: str, cpu: int | None, env: dict[str, str]) -> float:
     pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", statement], cwd=REPO, check=True, preexec_fn=pin, env=env)
+    subprocess.run([python, "-c", statement], cwd=REPO, check=True, preexec_fn=pin, env=env)
     return time.perf_counter() - started
 
 
-def costliest_imports(statement: str, count: int, env: dict[str, str]) -> list[tuple[float, str]]:
+def costliest_imports(
+    python: str, statement: str, count: int, env: dict[str, str]
+) -> list[tuple[float, str]]:
     """`python -X importtime`: the `count` top-level modules with the most cumulative
     time (ms), outermost first within each tree."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", statement],
+        [python, "-X", "importtime", "-c", statement],
         cwd=REPO, capture_output=True, text=True, check=True, env=env,
     )  # fmt: skip
     rows = []
@@ -259,15 +264,15 @@ def report(launches: dict[str, list[Launch]], imports: dict[str, float]) -> bool
 
 
 def run(args: argparse.Namespace, tmp: Path, ledger: RedisLedger | None) -> bool:
-    cpu, env = args.cpu, python_env(tmp)
+    cpu, env, python = args.cpu, python_env(tmp), args.python
     with FakeOpenAI() as upstream:
         gateway_env_ = gateway_launch_env(tmp, ledger, upstream.url)
         targets: dict[str, Callable[[int], Launch]] = {
             "baseline": lambda port: time_to_ready(
-                "baseline", baseline_argv(port), env, port, cpu, tmp
+                "baseline", baseline_argv(python, port), env, port, cpu, tmp
             ),
             "gateway": lambda port: time_to_ready(
-                "gateway", gateway_argv(port), gateway_env_, port, cpu, tmp, ask=ask_once
+                "gateway", gateway_argv(python, port), gateway_env_, port, cpu, tmp, ask=ask_once
             ),
         }
         if args.portkey is not None:
@@ -285,15 +290,15 @@ def run(args: argparse.Namespace, tmp: Path, ledger: RedisLedger | None) -> bool
                 f"{name} {runs[-1].wall_s:.3f} s" for name, runs in launches.items()
             ))  # fmt: skip
     imports = {
-        "baseline": median([import_seconds(BASELINE_IMPORT, cpu, env) for _ in range(args.reps)]),
-        "gateway": median([import_seconds(GATEWAY_IMPORT, cpu, env) for _ in range(args.reps)]),
+        name: median([import_seconds(python, statement, cpu, env) for _ in range(args.reps)])
+        for name, statement in (("baseline", BASELINE_IMPORT), ("gateway", GATEWAY_IMPORT))
     }
     met = report(launches, imports)
     if args.importtime:
         print(
             f"\n== python -X importtime -c {GATEWAY_IMPORT!r}: cumulative ms, top {args.importtime}"
         )
-        for ms, name in costliest_imports(GATEWAY_IMPORT, args.importtime, env):
+        for ms, name in costliest_imports(python, GATEWAY_IMPORT, args.importtime, env):
             print(f"{ms:8.1f}  {name}")
     return met
 
@@ -321,6 +326,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu", type=int, default=0, help="the CPU every launch is pinned to")
     p.add_argument("--no-redis", action="store_true", help="in-memory ledger instead of Redis")
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/4")
+    p.add_argument("--python", default=sys.executable,
+                   help="the Python targets' interpreter (a serving install's venv)")  # fmt: skip
     p.add_argument("--portkey", type=Path, default=None, metavar="START_SERVER_JS",
                    help="also launch Portkey's gateway (node) and judge against it")  # fmt: skip
     p.add_argument("--importtime", type=int, default=0, metavar="N",
