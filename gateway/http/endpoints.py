@@ -8,6 +8,7 @@ Plain Starlette routes, as every route of the gateway: the body is checked by
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -15,7 +16,7 @@ from starlette.routing import Route
 
 from gateway.auth import Origin, Principal
 from gateway.errors import NotFound, PayloadTooLarge
-from gateway.http.services import services_of
+from gateway.http.services import Services, services_of
 from gateway.http.validation import parse_body
 from gateway.runtime import Runtime
 from gateway.upstreams.base import EndpointType
@@ -67,22 +68,44 @@ ROUTES = [
 
 
 async def _proxy(request: Request, endpoint: EndpointType) -> Response:
+    came = await arrival(request)
+    body = parse_body(came.raw, endpoint, lambda model: label_route(request, came.runtime, model))
+    return await came.services.proxy.handle(
+        came.runtime, came.principal, endpoint, body, came.request_id, len(came.raw), came.started
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """What every proxied request (OpenAI's endpoints and the bridged APIs) starts
+    with: its id and arrival time, one snapshot of the runtime for the whole request
+    (even across a reload), the caller, and the body's bytes."""
+
+    services: Services
+    runtime: Runtime
+    principal: Principal
+    raw: bytes
+    request_id: str
+    started: float
+
+
+async def arrival(request: Request, authorization: str | None = None) -> Arrival:
+    """Authenticate and read a proxied request, noting on `request.state` what the
+    error handler and metrics need (id, start, team). `authorization`: as `authenticate`."""
     services = services_of(request)
     request.state.started = started = time.perf_counter()
     request.state.request_id = request_id = services.proxy.request_ids.next()
-    runtime = services.runtime  # one snapshot for the whole request, even across a reload
-    principal = authenticate(request, runtime)
+    runtime = services.runtime
+    principal = authenticate(request, runtime, authorization)
     request.state.team = principal.team  # a policy name: error metrics stay bounded
     raw = await read_body(request, runtime.max_body_bytes)
+    return Arrival(services, runtime, principal, raw, request_id, started)
 
-    def label_route(model: str) -> None:  # only known names: metric labels stay bounded
-        if model in runtime.routes or model in runtime.deployments:
-            request.state.route = model
 
-    body = parse_body(raw, endpoint, label_route)
-    return await services.proxy.handle(
-        runtime, principal, endpoint, body, request_id, len(raw), started
-    )
+def label_route(request: Request, runtime: Runtime, model: str) -> None:
+    """Name the request's route on its metrics: only known names, so labels stay bounded."""
+    if model in runtime.routes or model in runtime.deployments:
+        request.state.route = model
 
 
 def authenticate(request: Request, runtime: Runtime, authorization: str | None = None) -> Principal:

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import importlib
 import logging
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -28,8 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import CapabilityUnavailable, InvalidRequest, UpstreamError
-from gateway.http.endpoints import authenticate, read_body
-from gateway.http.services import services_of
+from gateway.http.endpoints import arrival, label_route
 from gateway.http.validation import parse_body, parse_object
 from gateway.native import NativeCall, NativeSurface
 from gateway.runtime import Runtime
@@ -285,32 +283,26 @@ async def bridge(
     request: Request, kind: type[Translation], authorization: str | None = None
 ) -> Response:
     """Serve one request of a bridged API through the chat pipeline."""
-    services = services_of(request)
-    request.state.started = started = time.perf_counter()
-    request.state.request_id = request_id = services.proxy.request_ids.next()
-    runtime = services.runtime  # one snapshot for the whole request, even across a reload
-    principal = authenticate(request, runtime, authorization)
-    request.state.team = principal.team
-    raw = await read_body(request, runtime.max_body_bytes)
-    body = parse_object(raw)
+    came = await arrival(request, authorization)
+    runtime = came.runtime
+    body = parse_object(came.raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
-    if model in runtime.routes or model in runtime.deployments:
-        request.state.route = model  # only known names: metric labels stay bounded
+    label_route(request, runtime, model)
     kind.check(body)
-    translation = kind(await library(), body, request_id)
+    translation = kind(await library(), body, came.request_id)
     chat = translated_request(translation)
     native = translation.native_call(request.headers)
     try:
-        response = await services.proxy.handle(
+        response = await came.services.proxy.handle(
             runtime,
-            principal,
+            came.principal,
             "chat",
             chat,
-            request_id,
-            len(raw),
-            started,
+            came.request_id,
+            len(came.raw),
+            came.started,
             surface=kind.wire,
             native=native,
         )
