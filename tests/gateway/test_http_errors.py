@@ -193,3 +193,18 @@ async def test_rejected_requests_leave_the_ledger_empty(
     await wait_for_record(ledger_store, ok.headers["x-request-id"])
     events = await ledger_store.events()
     assert [e.request_id for e in events] == [ok.headers["x-request-id"]]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/v1/models", "/admin/policy"])
+def test_get_routes_answer_head_like_get_without_a_body(base: str, path: str) -> None:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"} if path.startswith("/admin") else AUTH
+    got = httpx.get(f"{base}{path}", headers=headers)
+    head = httpx.head(f"{base}{path}", headers=headers)
+    assert head.status_code == got.status_code == 200
+    assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+
+
+def test_a_wrong_method_is_405_with_allow(base: str) -> None:
+    response = httpx.delete(f"{base}/v1/models", headers=AUTH)
+    assert response.status_code == 405
+    assert set(response.headers["allow"].replace(" ", "").split(",")) == {"GET", "HEAD"}
