@@ -190,9 +190,9 @@ def test_hook_off_only_the_interpreter_s_own_files_are_shown() -> None:
     assert run(HOOK_OFF + "import os\n", *examples) == ExampleRun(len(examples), 0)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="mounts a file system in a mount namespace of its own: root only",
+@requires(
+    None if os.geteuid() == 0 and shutil.which("unshare") else "not root, or no unshare",
+    "root and unshare: it mounts a file system in a mount namespace of its own",
 )
 def test_hook_off_a_mount_nested_in_a_shown_directory_stays_out() -> None:
     """A writable file system mounted inside the standard library's directory (a tmpfs,
