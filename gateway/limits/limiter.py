@@ -53,7 +53,7 @@ from gateway.limits.rules import Calendar, RuleBook, Rules
 from gateway.limits.store import (
     Admitted,
     Ask,
-    Balance,
+    Balances,
     BudgetRefusal,
     Charge,
     LimitsStoreUnavailable,
@@ -451,9 +451,11 @@ class Limiter:
                         self._observe(charge, balances)
             self._metrics.limits_pending.set(0)
 
-    def _observe(self, charge: Charge, balances: tuple[Balance, ...]) -> None:
+    def _observe(self, charge: Charge, balances: Balances) -> None:
         m = self._metrics
         for budget, period, balance in zip(charge.budgets, charge.periods, balances, strict=True):
+            if balance is None:  # its slot had settled this charge before
+                continue
             labels = (budget.scope, budget.name, budget.period)
             soft = budget.soft_nanos
             before = balance.spent_nanos - charge.cost_nanos

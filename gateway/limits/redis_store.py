@@ -1,30 +1,32 @@
-"""Limits on Redis (standalone or Cluster): one script call to admit, one to settle.
+"""Limits on Redis (standalone or Cluster): one script call to admit, one to settle
+(one per slot on a cluster).
 
-Keys (`P` is the prefix, default `cg:`; every key carries the `{limits}` hash tag so a
-Redis Cluster keeps them in one slot and one script may touch them all):
+Keys (`P` is the prefix, default `cg:`; `T` the hash tag: `{limits}` on a standalone
+Redis, where one script may touch them all; on a Redis Cluster the rule's own
+`{limits:<scope>:<name>}`, so different teams, keys and routes spread over the masters
+(`gateway.limits.slots`)):
 
-    P{limits}:budget:<scope>:<name>:<period>       hash  `spent`, `reserved` (nano-USD) and
+    PT:budget:<scope>:<name>:<period>       hash  `spent`, `reserved` (nano-USD) and
                                                          `h:<request_id>` -> its held worst
                                                          case; <period> is YYYY-MM-DD or
                                                          YYYY-MM (UTC); expires a week
                                                          after the period ends
-    P{limits}:budget:<scope>:<name>:<period>:held  zset  request ids holding a reservation,
+    PT:budget:<scope>:<name>:<period>:held  zset  request ids holding a reservation,
                                                          score = expiry (ms, Redis clock)
-    P{limits}:rate:<scope>:<name>                  hash  `w` minute, `r`/`t` requests and
+    PT:rate:<scope>:<name>                  hash  `w` minute, `r`/`t` requests and
                                                          tokens in it, `pr`/`pt` in the one
                                                          before; expires after 2 idle minutes
-    P{limits}:settled:<request_id>                 string  the exactly-once marker of a
-                                                         settlement (1 day)
-    P{limits}:probe                                string  written by outage probes (60 s)
+    PT:settled:<request_id>                 string  the exactly-once marker of a
+                                                         settlement (1 day; on a cluster,
+                                                         one per slot the request touched)
+    PT:probe                                string  written by outage probes (60 s)
 
 <scope> is `key`, `team` or `route` (`key` or `team` for rates).
 
-On a Redis Cluster (`cluster=True`) all of it is still one slot, so one master serves
-every admission: an admission reserves against several budgets (key, team, route) and
-rate rules in one atomic script, which Redis runs only on keys of one slot. Spreading
-them (a tag per team, say) needs an admission that spans slots, e.g. a reservation
-per budget with compensation on refusal: the next step, not taken here. The ledger,
-the bulk of the writes, is spread (`gateway.ledger.shards`).
+On a Redis Cluster (`cluster=True`) an admission whose rules live in several slots runs
+one script per slot, together, and releases the others' reservations if one refuses;
+a settlement runs one script per slot, each exactly once by its own marker. The
+probe key keeps the `{limits}` tag.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ from typing import Any, TypeVar, cast
 from redis import exceptions as redis_errors
 
 from gateway.limits.rules import BudgetRule, Period
-from gateway.limits.scripts import ADMIT_LUA, SETTLE_LUA
+from gateway.limits.scripts import ADMIT_LUA, RELEASE_LUA, SETTLE_LUA
+from gateway.limits.slots import SlotGroup, first_downgrade, merged, slot_groups
 from gateway.limits.store import (
     Admitted,
     Ask,
     Balance,
+    Balances,
     BudgetRefusal,
     Charge,
     LimitsStoreUnavailable,
@@ -122,28 +126,113 @@ class RedisLimitStore:
         self._answered_at = -math.inf  # time.monotonic() of Redis's last reply
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
+        self._release = self._client.register_script(RELEASE_LUA)
+        self._prefix = prefix
         self._base = f"{prefix}{{limits}}:"
+        self._spread = cluster
+
+    def tagged(self, scope: str, name: str) -> str:
+        """The prefix of a rule's keys, hash tag included."""
+        return f"{self._prefix}{{limits:{scope}:{name}}}:" if self._spread else self._base
 
     def budget_key(self, scope: str, name: str, period: str) -> str:
-        return f"{self._base}budget:{scope}:{name}:{period}"
+        return f"{self.tagged(scope, name)}budget:{scope}:{name}:{period}"
 
     def rate_key(self, scope: str, name: str) -> str:
-        return f"{self._base}rate:{scope}:{name}"
+        return f"{self.tagged(scope, name)}rate:{scope}:{name}"
 
     async def admit(self, ask: Ask) -> Verdict:
-        keys = [self.rate_key(r.scope, r.name) for r in ask.rates]
-        args: list[Any] = [ask.request_id, ask.hold_ms, len(ask.rates), len(ask.budgets)]
-        args += [len(ask.options), ask.tokens, *ask.options]
-        for rate in ask.rates:
+        groups = slot_groups(ask.rates, ask.budgets)
+        if not self._spread or len(groups) <= 1:
+            everything = SlotGroup(
+                "", "", tuple(range(len(ask.rates))), tuple(range(len(ask.budgets)))
+            )
+            keys, args = self._admit_call(ask, everything, ask.options, ask.downgrades)
+            with self._translate():
+                reply = await self._patiently(self._admit(keys, args))
+            return _verdict(cast(list[int], reply), len(ask.rates), len(ask.budgets))
+        return await self._admit_spread(ask, groups)
+
+    def _admit_call(
+        self, ask: Ask, group: SlotGroup, options: Sequence[int], downgrades: Sequence[int]
+    ) -> tuple[list[str], list[Any]]:
+        """`ADMIT_LUA`'s keys and arguments for the group's rules of `ask`."""
+        keys = [self.rate_key(ask.rates[i].scope, ask.rates[i].name) for i in group.rates]
+        args: list[Any] = [ask.request_id, ask.hold_ms, len(group.rates), len(group.budgets)]
+        args += [len(options), ask.tokens, *options]
+        for i in group.rates:
+            rate = ask.rates[i]
             args += [rate.requests_per_minute or 0, rate.tokens_per_minute or 0]
-        for budget, period, down in zip(ask.budgets, ask.periods, ask.downgrades, strict=True):
+        for i in group.budgets:
+            budget, period = ask.budgets[i], ask.periods[i]
             key = self.budget_key(budget.scope, budget.name, period.id)
             keys += [key, key + ":held"]
             soft = -1 if budget.soft_nanos is None else budget.soft_nanos
+            down = downgrades[i] if downgrades else 0
             args += [budget.limit_nanos, soft, down, _expire_at(period.ends_at)]
+        return keys, args
+
+    async def _admit_spread(self, ask: Ask, groups: list[SlotGroup]) -> Verdict:
+        """One script per slot, together; a refusal (or a failure) releases the rest."""
+        forced = await self._plan(ask) if any(ask.downgrades) else None
+        options = ask.options if forced is None else (ask.options[forced],)
+        downgrades = () if forced is not None else ask.downgrades
+        calls = [self._admit_call(ask, group, options, downgrades) for group in groups]
         with self._translate():
-            reply = await self._patiently(self._admit(keys, args))
-        return _verdict(cast(list[int], reply), len(ask.rates), len(ask.budgets))
+            replies = await self._patiently(
+                asyncio.gather(*(self._admit(k, a) for k, a in calls), return_exceptions=True)
+            )
+        verdicts: list[Verdict | None] = [
+            None if isinstance(r, BaseException) else _verdict(r, len(g.rates), len(g.budgets))
+            for g, r in zip(groups, replies, strict=True)
+        ]
+        failed = next((r for r in replies if isinstance(r, BaseException)), None)
+        done = [v for v in verdicts if v is not None]
+        verdict = None if failed else merged(groups, done, len(ask.rates), len(ask.budgets), forced)
+        if not isinstance(verdict, Admitted):
+            await self._release_admitted(ask, groups, verdicts)
+        if failed is not None:
+            with self._translate():
+                raise failed
+        assert verdict is not None
+        return verdict
+
+    async def _plan(self, ask: Ask) -> int:
+        """The plan every slot admits: read the budgets that may downgrade, first."""
+        readable = [i for i, down in enumerate(ask.downgrades) if down > 0]
+        async with self._client.pipeline(transaction=False) as pipe:
+            for i in readable:
+                budget, period = ask.budgets[i], ask.periods[i]
+                pipe.hmget(
+                    self.budget_key(budget.scope, budget.name, period.id), ["spent", "reserved"]
+                )
+            with self._translate():
+                replies = await self._patiently(pipe.execute())
+        used: list[int | None] = [None] * len(ask.budgets)
+        for i, (spent, reserved) in zip(readable, replies, strict=True):
+            used[i] = int(spent or 0) + int(reserved or 0)
+        return first_downgrade(ask.budgets, ask.downgrades, used)
+
+    async def _release_admitted(
+        self, ask: Ask, groups: Sequence[SlotGroup], verdicts: Sequence[Verdict | None]
+    ) -> None:
+        """Undo the groups that admitted; one that fails to is logged (its holds expire
+        after `hold_ms`, its rate counts with the minute)."""
+        for group, verdict in zip(groups, verdicts, strict=True):
+            if not isinstance(verdict, Admitted):
+                continue
+            keys, _ = self._admit_call(ask, group, ask.options, ())
+            args: list[Any] = [
+                ask.request_id,
+                len(group.rates),
+                len(group.budgets),
+                verdict.window,
+                ask.tokens,
+            ]
+            try:
+                await self._patiently(self._release(keys, args))
+            except (*_UNAVAILABLE, TimeoutError) as exc:
+                log.warning("could not release the holds of %s: %s", ask.request_id, exc)
 
     async def probe(self) -> None:
         """Raise `LimitsStoreUnavailable` unless Redis takes a write now, within one
@@ -151,32 +240,48 @@ class RedisLimitStore:
         with self._translate():
             await self._patiently(self._client.set(self._base + "probe", "1", ex=PROBE_TTL_S))
 
-    async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
-        """Each charge's script call, pipelined in one round trip (each stays atomic).
+    async def settle_many(self, charges: Sequence[Charge]) -> list[Balances | None]:
+        """Each charge's script calls (one per slot it touches), pipelined in one round
+        trip (each stays atomic and counts once, by its own marker).
 
-        A charge Redis refuses for good (a script error, not a passing state such as OOM
+        A call Redis refuses for good (a script error, not a passing state such as OOM
         or LOADING, which raise `LimitsStoreUnavailable` so the batch is sent again) is
         logged and dropped alone: one bad charge must not hold the queue behind it."""
+        calls = [(n, group) for n, charge in enumerate(charges) for group in self._groups(charge)]
         with self._translate():
-            replies = await self._patiently(self._settle_batch(charges))
+            replies = await self._patiently(self._settle_batch(charges, calls))
             missing = [
                 i for i, r in enumerate(replies) if isinstance(r, redis_errors.NoScriptError)
             ]
             if missing:  # Redis restarted (or a cluster master never ran it): resend those
                 await self._client.script_load(SETTLE_LUA)
-                again = await self._patiently(self._settle_batch([charges[i] for i in missing]))
+                retry = [calls[i] for i in missing]
+                again = await self._patiently(self._settle_batch(charges, retry))
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
-        results: list[tuple[Balance, ...] | None] = []
-        for charge, reply in zip(charges, replies, strict=True):
+        results: list[list[Balance | None] | None] = [None] * len(charges)
+        for (n, group), reply in zip(calls, replies, strict=True):
+            charge = charges[n]
             if isinstance(reply, redis_errors.RedisError):
                 if isinstance(reply, TRANSIENT_ERRORS) or str(reply).startswith(TRANSIENT_REPLIES):
                     raise LimitsStoreUnavailable(f"redis cannot settle now: {reply}")
                 log.error("dropping the budget charge of %s: %s", charge.request_id, reply)
-                results.append(None)
-            else:
-                results.append(_balances(cast(list[int], reply)))
-        return results
+                continue
+            balances = _balances(cast(list[int], reply))
+            if balances is None:  # settled before
+                continue
+            if results[n] is None:
+                results[n] = [None] * len(charge.budgets)
+            for local, rule in enumerate(group.budgets):
+                results[n][rule] = balances[local]  # type: ignore[index]
+        return [None if r is None else tuple(r) for r in results]
+
+    def _groups(self, charge: Charge) -> list[SlotGroup]:
+        """The slots a charge touches: one group of everything off a cluster."""
+        if self._spread:
+            return slot_groups(charge.rates, charge.budgets)
+        everything = (tuple(range(len(charge.rates))), tuple(range(len(charge.budgets))))
+        return [SlotGroup("", "", *everything)]
 
     async def spent(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[int]:
         with self._translate():
@@ -216,23 +321,27 @@ class RedisLimitStore:
                 with contextlib.suppress(asyncio.CancelledError, *_UNAVAILABLE):
                     await task
 
-    async def _settle_batch(self, charges: Sequence[Charge]) -> list[Any]:
-        """Replies or, per charge, the error Redis answered (connection errors raise)."""
+    async def _settle_batch(
+        self, charges: Sequence[Charge], calls: Sequence[tuple[int, SlotGroup]]
+    ) -> list[Any]:
+        """Replies or, per call, the error Redis answered (connection errors raise)."""
         async with self._client.pipeline(transaction=False) as pipe:
-            for charge in charges:
-                keys, args = self._settle_call(charge)
-                # The raw command: a cluster pipeline refuses `evalsha()` (the keys share
-                # the `{limits}` slot).
+            for n, group in calls:
+                keys, args = self._settle_call(charges[n], group)
+                # The raw command: a cluster pipeline refuses `evalsha()` (each call's
+                # keys share one slot).
                 pipe.execute_command("EVALSHA", self._settle.sha, len(keys), *keys, *args)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             return replies
 
-    def _settle_call(self, charge: Charge) -> tuple[list[str], list[Any]]:
-        keys = [self._base + "settled:" + charge.request_id]
-        keys += [self.rate_key(r.scope, r.name) for r in charge.rates]
-        args: list[Any] = [charge.request_id, SETTLED_MARKER_TTL_S, len(charge.rates)]
-        args += [len(charge.budgets), charge.window, charge.token_delta, charge.cost_nanos]
-        for budget, period in zip(charge.budgets, charge.periods, strict=True):
+    def _settle_call(self, charge: Charge, group: SlotGroup) -> tuple[list[str], list[Any]]:
+        tagged = self.tagged(group.scope, group.name) if self._spread else self._base
+        keys = [tagged + "settled:" + charge.request_id]
+        keys += [self.rate_key(charge.rates[i].scope, charge.rates[i].name) for i in group.rates]
+        args: list[Any] = [charge.request_id, SETTLED_MARKER_TTL_S, len(group.rates)]
+        args += [len(group.budgets), charge.window, charge.token_delta, charge.cost_nanos]
+        for i in group.budgets:
+            budget, period = charge.budgets[i], charge.periods[i]
             key = self.budget_key(budget.scope, budget.name, period.id)
             keys += [key, key + ":held"]
             args.append(_expire_at(period.ends_at))

@@ -1,4 +1,5 @@
-"""The two Lua scripts behind limits: admission and settlement.
+"""The Lua scripts behind limits: admission, settlement, and the release of an admission
+that another slot refused (a Redis Cluster spreads a request's rules over slots).
 
 Time comes from Redis (`TIME`), so every gateway replica uses one clock for rate
 windows and hold expiry. Amounts of money are passed and stored as decimal strings
@@ -154,5 +155,35 @@ for b = 1, n_budget do
   out[#out + 1] = tonumber(s[2]) or 0
 end
 return out
+"""
+)
+
+# KEYS: the rate hashes (n_rate), then per budget its hash and its set of holds.
+# ARGV: 1 request id, 2 n_rate, 3 n_budget, 4 window, 5 tokens counted at admission.
+# Undoes what ADMIT_LUA reserved for the request: its holds, and its counts in the rate
+# windows if the minute has not turned (a turned minute has forgotten them anyway).
+RELEASE_LUA = (
+    _PRELUDE
+    + """
+local id = ARGV[1]
+local n_rate, n_budget, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local tokens = amount(ARGV[5])
+for i = 1, n_rate do
+  if tonumber(redis.call('HGET', KEYS[i], 'w')) == window then
+    local s = redis.call('HMGET', KEYS[i], 'r', 't')
+    redis.call('HSET', KEYS[i], 'r', int(math.max(0, (tonumber(s[1]) or 0) - 1)),
+               't', int(math.max(0, (tonumber(s[2]) or 0) - tokens)))
+  end
+end
+for b = 1, n_budget do
+  local hash, held = KEYS[n_rate + 2 * b - 1], KEYS[n_rate + 2 * b]
+  local amount = redis.call('HGET', hash, 'h:' .. id)
+  if amount then
+    if amount ~= '0' then redis.call('HINCRBY', hash, 'reserved', '-' .. amount) end
+    redis.call('HDEL', hash, 'h:' .. id)
+    redis.call('ZREM', held, id)
+  end
+end
+return 1
 """
 )

@@ -92,12 +92,17 @@ class Balance:
     reserved_nanos: int
 
 
+# Per budget of a charge, its state after the settlement; None for a budget whose slot
+# had settled the charge before (a cluster settles each slot by its own marker).
+Balances = tuple[Balance | None, ...]
+
+
 class LimitStore(Protocol):
     async def admit(self, ask: Ask) -> Verdict: ...
 
     async def probe(self) -> None: ...
 
-    async def settle_many(self, charges: Sequence[Charge]) -> list[tuple[Balance, ...] | None]:
+    async def settle_many(self, charges: Sequence[Charge]) -> list[Balances | None]:
         """Per charge: the balance of each of its budgets, or None if it was settled
         before."""
         ...

@@ -1,0 +1,174 @@
+"""Limits spread over a real 3-master Redis Cluster (tests/cluster.py): each rule's keys
+live in the slot of its scope and name, an admission runs one script per slot and
+releases the others' reservations when one refuses, a settlement counts once per slot,
+and concurrent admissions never overspend any budget."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.limits.redis_store import RedisLimitStore
+from gateway.limits.rules import BudgetRule, Period, RateRule
+from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge, RateRefusal
+from tests.cluster import LocalCluster, redis_cluster
+
+__all__ = ["redis_cluster"]
+
+PERIOD = Period("2031-01-31", time.time() + 86400)
+TEAM = BudgetRule("team", "research", "day", 1_000_000, None, None)
+KEY = BudgetRule("key", "k1", "day", 300_000, None, None)
+ROUTE = BudgetRule("route", "auto", "day", 10_000_000, None, None)
+KEY_RATE = RateRule("key", "k1", 1000, 1_000_000)
+
+
+@pytest.fixture
+def prefix(redis_cluster: LocalCluster) -> Iterator[str]:
+    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    redis_cluster.delete_prefix(prefix)
+
+
+@pytest.fixture
+async def store(redis_cluster: LocalCluster, prefix: str) -> AsyncIterator[RedisLimitStore]:
+    limits = RedisLimitStore(redis_cluster.url, prefix, cluster=True, socket_timeout=2.0)
+    yield limits
+    await limits.close()
+
+
+@pytest.fixture
+async def client(redis_cluster: LocalCluster) -> AsyncIterator[aioredis.RedisCluster]:
+    connection = aioredis.RedisCluster.from_url(redis_cluster.url, decode_responses=True)
+    yield connection
+    await connection.aclose()
+
+
+def ask(request_id: str, worst: int, *budgets: BudgetRule, **kw: Any) -> Ask:
+    fields: dict[str, Any] = {
+        "rates": (),
+        "budgets": budgets,
+        "periods": (PERIOD,) * len(budgets),
+        "options": (worst,),
+        "downgrades": (0,) * len(budgets),
+        "tokens": 0,
+        "hold_ms": 60_000,
+    }
+    fields.update(kw)
+    return Ask(request_id, **fields)
+
+
+def charge(request_id: str, cost: int, *budgets: BudgetRule, **kw: Any) -> Charge:
+    fields: dict[str, Any] = {"rates": (), "window": -1, "token_delta": 0}
+    fields.update(kw)
+    periods = (PERIOD,) * len(budgets)
+    return Charge(request_id, budgets=budgets, periods=periods, cost_nanos=cost, **fields)
+
+
+async def amounts(
+    client: aioredis.RedisCluster, store: RedisLimitStore, rule: BudgetRule
+) -> dict[str, str]:
+    return await client.hgetall(store.budget_key(rule.scope, rule.name, PERIOD.id))
+
+
+def test_each_scope_and_name_has_its_own_slot(
+    store: RedisLimitStore, redis_cluster: LocalCluster
+) -> None:
+    keys = [store.budget_key(r.scope, r.name, PERIOD.id) for r in (TEAM, KEY, ROUTE)]
+    masters = {redis_cluster.master_of_key(key) for key in keys}
+    assert len(masters) >= 2  # these three tags happen to reach two masters or more
+    # A rule's rate and budget keys share its slot: one script may touch both.
+    rate = store.rate_key("key", "k1")
+    assert redis_cluster.master_of_key(rate) == redis_cluster.master_of_key(keys[1])
+    assert "{limits:key:k1}" in rate and "{limits:key:k1}" in keys[1]
+
+
+async def test_an_admission_across_slots_reserves_in_each(
+    store: RedisLimitStore, client: aioredis.RedisCluster
+) -> None:
+    verdict = await store.admit(ask("a", 100_000, TEAM, KEY, ROUTE, rates=(KEY_RATE,), tokens=50))
+    assert verdict == Admitted(0, verdict.window, ((999, 999_950),), (False, False, False))
+    for rule in (TEAM, KEY, ROUTE):
+        assert (await amounts(client, store, rule))["reserved"] == "100000"
+    # Settled once per slot, however often it is sent.
+    for _ in range(2):
+        await store.settle_many([charge("a", 40_000, TEAM, KEY, ROUTE)])
+    for rule in (TEAM, KEY, ROUTE):
+        assert (await amounts(client, store, rule)) == {"spent": "40000", "reserved": "0"}
+
+
+async def test_a_refusal_in_one_slot_releases_the_others(
+    store: RedisLimitStore, client: aioredis.RedisCluster
+) -> None:
+    await store.settle_many([charge("before", 250_000, KEY)])  # the key's budget is nearly out
+    refused = await store.admit(ask("b", 100_000, TEAM, KEY, ROUTE, rates=(KEY_RATE,), tokens=500))
+    assert refused == BudgetRefusal(1, 250_000, 100_000, 0)  # the key's, by its index
+    for rule in (TEAM, ROUTE):  # admitted in their slots, then released
+        stored = await amounts(client, store, rule)
+        assert stored.get("reserved", "0") == "0" and "h:b" not in stored
+        held = store.budget_key(rule.scope, rule.name, PERIOD.id) + ":held"
+        assert await client.zrange(held, 0, -1) == []
+    # The key's rate window counted nothing of it either (it was released with the rest).
+    rate = await client.hgetall(store.rate_key("key", "k1"))
+    assert rate.get("r", "0") == "0" and rate.get("t", "0") == "0"
+
+
+async def test_a_rate_refusal_comes_first_and_releases_the_budgets(
+    store: RedisLimitStore, client: aioredis.RedisCluster
+) -> None:
+    one_a_minute = RateRule("key", "k1", 1, None)
+    assert isinstance(await store.admit(ask("c1", 1_000, TEAM, rates=(one_a_minute,))), Admitted)
+    refused = await store.admit(ask("c2", 1_000, TEAM, rates=(one_a_minute,)))
+    assert isinstance(refused, RateRefusal) and refused.rule == 0
+    assert (await amounts(client, store, TEAM))["reserved"] == "1000"  # c1's hold only
+
+
+async def test_a_soft_limit_downgrades_every_slot_alike(
+    store: RedisLimitStore, client: aioredis.RedisCluster
+) -> None:
+    soft_team = BudgetRule("team", "research", "day", 1_000_000, 100_000, "cheap")
+    await store.settle_many([charge("spent", 150_000, soft_team)])  # past its soft limit
+    verdict = await store.admit(
+        ask("d", 0, soft_team, ROUTE, options=(90_000, 9_000), downgrades=(1, 0))
+    )
+    assert isinstance(verdict, Admitted) and verdict.option == 1
+    assert verdict.past_soft == (True, False)
+    # The route's slot held the downgraded plan's worst case, as the team's did.
+    assert (await amounts(client, store, ROUTE))["reserved"] == "9000"
+    assert (await amounts(client, store, soft_team))["reserved"] == "9000"
+
+
+async def test_concurrent_admissions_across_slots_never_overspend(
+    redis_cluster: LocalCluster, prefix: str, client: aioredis.RedisCluster
+) -> None:
+    """Two workers, 200 admissions at once against a team budget (room for 20) and 4
+    keys' budgets (room for 8 each) in other slots: no budget is ever past its limit,
+    and every refused request's holds in the other slots are released."""
+    team = BudgetRule("team", "crowd", "day", 20 * 1_000, None, None)
+    keys = [BudgetRule("key", f"k{i}", "day", 8 * 1_000, None, None) for i in range(4)]
+    stores = [
+        RedisLimitStore(
+            redis_cluster.url, prefix, cluster=True, max_connections=8, socket_timeout=2.0
+        )
+        for _ in range(2)
+    ]
+    try:
+        verdicts = await asyncio.gather(
+            *(stores[i % 2].admit(ask(f"r{i}", 1_000, team, keys[i % 4])) for i in range(200))
+        )
+        admitted = [i for i, v in enumerate(verdicts) if isinstance(v, Admitted)]
+        assert all(isinstance(v, Admitted | BudgetRefusal) for v in verdicts)
+        assert 0 < len(admitted) <= 20
+        for rule in (team, *keys):
+            stored = await amounts(client, stores[0], rule)
+            holders = [i for i in admitted if rule is team or keys[i % 4] is rule]
+            assert int(stored.get("reserved", "0")) == 1_000 * len(holders) <= rule.limit_nanos
+            assert {k for k in stored if k.startswith("h:")} == {f"h:r{i}" for i in holders}
+    finally:
+        for limits in stores:
+            await limits.close()
