@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     # How long records gather before the archive writes them: longer, fewer and larger
     # files; the stream holds them meanwhile (keep it well under a full stream's worth).
     ledger_archive_flush_s: float = Field(default=60.0, gt=0)
+    # Merge each closed day's archive files into a few, once a day (see
+    # gateway.ledger.archive.compact); false leaves them to `spend compact`.
+    ledger_archive_compact: bool = True
     # Upstream connection pool (shared by every OpenAI-compatible deployment).
     upstream_max_connections: int = 1000
     # Connection pool under the OpenAI-compatible client: "aiohttp" (fastest) or

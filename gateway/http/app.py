@@ -124,7 +124,9 @@ def start_archive(
     if not isinstance(store, RedisStore):
         log.warning("CASCADE_LEDGER_ARCHIVE_DIR is set without REDIS_URL: nothing is archived")
         return None
-    options = ArchiveOptions(flush_s=settings.ledger_archive_flush_s)
+    options = ArchiveOptions(
+        flush_s=settings.ledger_archive_flush_s, compact=settings.ledger_archive_compact
+    )
     exporter = build_exporter(store, settings.ledger_archive_dir, options, metrics.archive)
     exporter.start()
     return exporter

@@ -8,6 +8,7 @@ and duckdb (to report), the `archive` extra, are imported on first use (`deps`).
 
 from gateway.ledger.archive import build
 from gateway.ledger.archive.build import build_exporter
+from gateway.ledger.archive.compact import Compaction, compact
 from gateway.ledger.archive.deps import ArchiveDependencyMissing, check_installed
 from gateway.ledger.archive.exporter import ArchiveBusy, ArchiveExporter
 from gateway.ledger.archive.group import GROUP
@@ -19,7 +20,9 @@ __all__ = [
     "ArchiveDependencyMissing",
     "ArchiveExporter",
     "ArchiveOptions",
+    "Compaction",
     "build",
     "build_exporter",
     "check_installed",
+    "compact",
 ]

@@ -22,12 +22,14 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from redis import exceptions as redis_errors
 
 from gateway.ledger.archive.commit import LeaseLost
+from gateway.ledger.archive.compact import MAX_ROWS, compact
 from gateway.ledger.archive.lease import Claim
 from gateway.ledger.archive.stream_export import ArchiveOptions, StreamExport, pause
 from gateway.ledger.archive.worker import FileWorker
@@ -71,6 +73,7 @@ class ArchiveExporter:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stats_due = dict.fromkeys(streams, 0.0)
+        self._compacted: date | None = None  # the UTC day the closed days were compacted
         if metrics is not None and stream_cap is not None:
             for key in streams:
                 metrics.stream_cap.labels(key).set(stream_cap)
@@ -176,10 +179,34 @@ class ArchiveExporter:
             tick = functools.partial(self._observe, stream)
             archived, _ = await stream.step(self._stopping, tick)
             self._count(stream, archived)
+            if stream is self.streams[0]:
+                await self._compact_closed_days()
         else:  # another holds it: ask again a few times per lease, not every poll
             stream.holding = False
             await pause(self._stopping, max(self.options.poll_s, self.options.lease_ttl_s / 10))
         await self._observe(stream)
+
+    async def _compact_closed_days(self) -> None:
+        """Once a UTC day, merge the files of the days before it (`compact`), in the
+        file thread, under the directory lock; a failure is logged and tried tomorrow."""
+        today = datetime.now(UTC).date()
+        if not self.options.compact or self._compacted == today:
+            return
+        self._compacted = today
+        try:
+
+            def keep_waiting() -> bool:  # a stopping exporter does not wait for the lock
+                return not self._worker.stopping()
+
+            done = await self._worker.run(compact, self.root, today, MAX_ROWS, keep_waiting)
+        except Exception as exc:  # the export goes on; the files stay as they are
+            log.error("compacting %s failed: %s", self.root, exc)
+            return
+        if done.written or done.superseded:
+            log.info(
+                "compacted %s: %d files into %d (%d rows)",
+                self.root, done.merged, done.written, done.rows,
+            )  # fmt: skip
 
     def _count(self, stream: StreamExport, archived: int) -> int:
         if self._metrics is not None and archived:

@@ -35,13 +35,18 @@ class LockNotTaken(Exception):
 def write_durably(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """`rows` as the Parquet file `path`, durably and atomically."""
     [pq] = require("pyarrow.parquet")
+    durably(path, lambda temp: pq.write_table(table_of(rows), temp, compression=COMPRESSION))
+
+
+def durably(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(temp)` makes the file; it then becomes `path`, durably and atomically."""
     created = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     if created:
         fsync_directory(path.parent.parent)  # the new day directory's entry
     temp = path.with_name(temp_name(path.name, uuid.uuid4().hex[:12]))
     try:
-        pq.write_table(table_of(rows), temp, compression=COMPRESSION)
+        write(temp)
         fd = os.open(temp, os.O_RDONLY)
         try:
             os.fsync(fd)

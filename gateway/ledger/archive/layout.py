@@ -13,6 +13,11 @@ So an entry is archived exactly when some file of its day and stream covers its 
 that is how a restarted exporter acks, without writing them again, entries it had
 archived before it was killed. Files of one stream and day never overlap.
 
+Compaction (`compact`) merges a stream's files of a day into one whose range spans
+theirs, then deletes them. Until they are gone (a compaction killed in between), a file
+whose range lies inside another's of its stream and day is superseded: readers and the
+coverage test see only the outermost files (`outermost`), so the rows count once.
+
 A file being written is `.<name>.<random>.tmp` in the same directory (never matched by
 `*.parquet`; `<random>` is new for each file written, so two writers never share one);
 it becomes the file by an atomic rename, after an fsync.
@@ -56,14 +61,35 @@ def temp_name(final: str, token: str) -> str:
 
 
 def ranges_in(directory: Path, slug: str) -> list[Range]:
-    """The id ranges of `slug`'s files in one day directory, sorted."""
-    found = []
+    """The id ranges of `slug`'s live files in one day directory, sorted (disjoint)."""
+    return [span for span, _ in outermost(named_files(directory).get(slug, []))]
+
+
+def named_files(directory: Path) -> dict[str, list[tuple[Range, Path]]]:
+    """Per stream slug, the range and path of each of its files in one day directory."""
+    found: dict[str, list[tuple[Range, Path]]] = {}
     if directory.is_dir():
         for path in directory.iterdir():
             match = FILE_NAME.fullmatch(path.name)
-            if match and match.group(1) == slug:
-                found.append((parse_id(match.group(2)), parse_id(match.group(3))))
-    return sorted(found)
+            if match:
+                span = (parse_id(match.group(2)), parse_id(match.group(3)))
+                found.setdefault(match.group(1), []).append((span, path))
+    return found
+
+
+def outermost(files: list[tuple[Range, Path]]) -> list[tuple[Range, Path]]:
+    """The files no other file's range contains, sorted by range: what a compaction
+    killed before deleting its inputs left beside its output is dropped."""
+    kept: list[tuple[Range, Path]] = []
+    for span, path in sorted(files, key=lambda f: (f[0][0], _desc(f[0][1]), f[1].name)):
+        if kept and span[1] <= kept[-1][0][1]:  # inside the last kept range
+            continue
+        kept.append((span, path))
+    return kept
+
+
+def _desc(sid: StreamId) -> StreamId:
+    return (-sid[0], -sid[1])
 
 
 def covers(ranges: list[Range], sid: StreamId) -> bool:
@@ -83,13 +109,13 @@ def archive_days(root: Path) -> Iterator[tuple[date, Path]]:
 
 
 def files_between(root: Path, day_from: date, day_to: date) -> list[Path]:
-    """The archive's files for days in [day_from, day_to], in name order."""
+    """The archive's live files for days in [day_from, day_to], in name order."""
     return sorted(
         path
         for day, directory in archive_days(root)
         if day_from <= day <= day_to
-        for path in directory.iterdir()
-        if FILE_NAME.fullmatch(path.name)
+        for files in named_files(directory).values()
+        for _, path in outermost(files)
     )
 
 

@@ -60,6 +60,9 @@ class ArchiveOptions:
     lease_ttl_s: float = 30.0
     stats_s: float = 5.0  # how often the backlog and dropped figures are read
     retry_s: float = 2.0  # wait after an error (Redis away, a full disk)
+    # Merge the closed days' files once a UTC day (`compact`), by the holder of the
+    # first stream: the gateway and `spend export` turn it on.
+    compact: bool = False
 
 
 class StreamExport:
