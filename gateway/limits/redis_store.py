@@ -133,7 +133,7 @@ class RedisLimitStore:
 
     def tagged(self, scope: str, name: str) -> str:
         """The prefix of a rule's keys, hash tag included."""
-        return f"{self._prefix}{{limits:{scope}:{name}}}:" if self._spread else self._base
+        return spread_tag(self._prefix, scope, name) if self._spread else self._base
 
     def budget_key(self, scope: str, name: str, period: str) -> str:
         return f"{self.tagged(scope, name)}budget:{scope}:{name}:{period}"
@@ -356,6 +356,11 @@ class RedisLimitStore:
             yield
         except _UNAVAILABLE as exc:
             raise LimitsStoreUnavailable(f"redis failed for limits: {exc!r}") from exc
+
+
+def spread_tag(prefix: str, scope: str, name: str) -> str:
+    """The prefix of a rule's keys on a cluster: its own slot, by scope and name."""
+    return f"{prefix}{{limits:{scope}:{name}}}:"
 
 
 def _expire_at(period_ends_at: float) -> int:

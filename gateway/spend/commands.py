@@ -6,6 +6,7 @@ dependencies are imported inside each command, so other commands never load them
     spend budgets [--policy FILE]
     spend export --archive DIR [--once] [--metrics-port PORT]
     spend compact --archive DIR [--before D]
+    spend reshard --shards N
 """
 
 from __future__ import annotations
@@ -104,6 +105,17 @@ def add_spend_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "--before", type=_day, help="compact the days before this one (YYYY-MM-DD; default today)"
     )
     compact.set_defaults(func=cmd_spend_compact)
+    reshard = spend.add_parser(
+        "reshard",
+        help="move a one-slot ledger onto N shards (for a Redis Cluster), gateways stopped",
+        description="Move the ledger under CASCADE_REDIS_PREFIX on REDIS_URL from one hash "
+        "tag ({ledger}) onto N ({ledger.K}), markers, aggregates and events, then record "
+        "N; with CASCADE_REDIS_CLUSTER=true, budgets and rate limits move to their own "
+        "slots too. Run it with every gateway and exporter stopped, then start them with "
+        "CASCADE_LEDGER_SHARDS=N. A move cut short can be run again.",
+    )
+    reshard.add_argument("--shards", type=int, required=True, help="the shard count, 2 or more")
+    reshard.set_defaults(func=cmd_spend_reshard)
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:
@@ -232,6 +244,45 @@ def cmd_spend_compact(args: argparse.Namespace) -> int:
     print(
         f"compacted {done.days} day(s) before {before}: {done.merged} files into "
         f"{done.written} ({done.rows} rows), {done.superseded} leftover file(s) deleted"
+    )
+    return 0
+
+
+def cmd_spend_reshard(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings
+
+    settings = Settings()
+    if not settings.redis_url:
+        print("set REDIS_URL: the ledger to move is on Redis", file=sys.stderr)
+        return 1
+    return asyncio.run(_reshard(settings, args.shards))
+
+
+async def _reshard(settings: Settings, shards: int) -> int:
+    from gateway.ledger.reshard import ReshardRefused, reshard
+    from gateway.limits.respread import spread_limits
+    from gateway.redis_client import redis_client
+
+    client = redis_client(
+        settings.redis_url or "",
+        socket_timeout=10.0,
+        connect_timeout=5.0,
+        max_connections=4,
+        cluster=settings.redis_cluster,
+    )
+    try:
+        moved = await reshard(client, settings.redis_prefix, shards)
+        # On a cluster, limits live in their own slots too: the period's spend moves.
+        limits = await spread_limits(client, settings.redis_prefix) if settings.redis_cluster else 0
+    except ReshardRefused as exc:
+        print(f"spend reshard: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await client.aclose()
+    print(
+        f"moved {moved.markers} marker(s), {moved.day_keys} aggregate key(s), "
+        f"{moved.events} event(s) and {limits} limit key(s) onto {shards} shards: start "
+        f"the gateways with CASCADE_LEDGER_SHARDS={shards}"
     )
     return 0
 

@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.limits.redis_store import RedisLimitStore
+from gateway.limits.respread import spread_limits
 from gateway.limits.rules import BudgetRule, Period, RateRule
 from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge, RateRefusal
 from tests.cluster import LocalCluster, redis_cluster
@@ -172,3 +173,27 @@ async def test_concurrent_admissions_across_slots_never_overspend(
     finally:
         for limits in stores:
             await limits.close()
+
+
+async def test_budgets_written_in_one_slot_move_to_their_own(
+    store: RedisLimitStore, client: aioredis.RedisCluster, prefix: str
+) -> None:
+    """`spend reshard` on a cluster: a deployment's `{limits}` keys (as a single Redis,
+    or an earlier version, wrote them) keep their spend, holds and expiry in their new
+    slots, and the spread store reads them."""
+    old = f"{prefix}{{limits}}:"
+    name = "team:with:colons"
+    await client.hset(old + f"budget:team:{name}:{PERIOD.id}", mapping={"spent": 7_000})
+    await client.expire(old + f"budget:team:{name}:{PERIOD.id}", 3600)
+    await client.zadd(old + f"budget:team:{name}:{PERIOD.id}:held", {"r1": 1})
+    await client.hset(old + "rate:key:k1", mapping={"w": 1, "r": 3})
+    await client.set(old + "probe", "1")
+    assert await spread_limits(client, prefix) == 3
+    rule = BudgetRule("team", name, "day", 1_000_000, None, None)
+    assert await store.spent([(rule, PERIOD)]) == [7_000]
+    moved = store.budget_key("team", name, PERIOD.id)
+    assert 3500 < await client.ttl(moved) <= 3600
+    assert await client.zrange(moved + ":held", 0, -1) == ["r1"]
+    assert await client.hget(store.rate_key("key", "k1"), "r") == "3"
+    assert await client.exists(old + "probe") == 1  # not a rule's: left where it is
+    assert await spread_limits(client, prefix) == 0  # run again: nothing left to move
