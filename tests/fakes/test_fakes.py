@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any
 
 import httpx
 import orjson
@@ -13,20 +12,11 @@ import pytest
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.fixtures import fake_anthropic, fake_openai
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
+from tests.fakes.sse import sse_payloads
 
 __all__ = ["fake_anthropic", "fake_openai"]
 
 CHAT = {"model": "gpt-test", "messages": [{"role": "user", "content": "one two three"}]}
-
-
-def sse_payloads(response: httpx.Response) -> list[Any]:
-    """The `data:` payloads of an SSE body, `[DONE]` kept as a string."""
-    payloads: list[Any] = []
-    for line in response.text.splitlines():
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            payloads.append(data if data == "[DONE]" else orjson.loads(data))
-    return payloads
 
 
 async def test_openai_chat_body_and_usage(fake_openai: FakeOpenAI) -> None:

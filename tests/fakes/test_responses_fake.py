@@ -11,7 +11,7 @@ import pytest
 
 from tests.fakes.fixtures import fake_responses
 from tests.fakes.responses_upstream import FakeResponses
-from tests.fakes.test_fakes import sse_payloads
+from tests.fakes.sse import sse_payloads
 
 __all__ = ["fake_responses"]
 

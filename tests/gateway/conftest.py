@@ -1,8 +1,11 @@
 """Fixtures for gateway tests: a real gateway over loopback with a policy written
-per test, real Redis under a per-test key prefix, and the fake upstreams."""
+per test, real Redis under a per-test key prefix, and the fake upstreams; and what
+many of them share: the keys, the shipped policies, the `cascade-gateway` command."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from tests.support import eventually_async
 __all__ = ["fake_anthropic", "fake_openai", "fake_responses"]
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
+EXE = shutil.which("cascade-gateway") or str(Path(sys.executable).parent / "cascade-gateway")
 CLIENT_KEY = "fake-client-key"
 ADMIN_KEY = "fake-admin-key"
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}  # a client's headers

@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 from gateway.errors import RateLimited, UpstreamTimeout
 from gateway.health.breaker import BreakerSettings, CircuitBreakers
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamStatus
-from tests.gateway.scripted import ScriptedClient
-from tests.gateway.test_hedging import (
+from tests.gateway.scripted import (
     BODY,
+    ScriptedClient,
     answers,
     deployment,
     due_for_a_probe,

@@ -22,7 +22,7 @@ from gateway.ledger import RedisStore
 from gateway.limits.budgets import output_of
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
-from tests.gateway.test_budgets_concurrency import ledger_until, wait_until_settled
+from tests.gateway.shared_budget import ledger_until, wait_until_settled
 
 log = logging.getLogger(__name__)  # the figures per shape, for `--log-cli-level=INFO`
 REQUESTS = 500

@@ -22,33 +22,8 @@ from policies import DEFAULT_POLICY_PATH, load_policy
 from policies.schema import Deployment
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.cascade_scenario import GOOD, POLICY, QUESTION, REFUSAL
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
-
-POLICY = """
-deployments:
-  cheap:
-    api_base: ${CHEAP_URL}
-    model: small-model
-    tier: local-small
-    price: {input_per_mtok: 0.1, output_per_mtok: 0.1}
-  premium:
-    api_base: ${PREMIUM_URL}
-    model: big-model
-    tier: premium
-    price: {input_per_mtok: 5, output_per_mtok: 15}
-routes:
-  careful:
-    strategy: cascade
-    deployments: [cheap, premium]
-    verify_threshold: 0.5
-    max_escalations: 1
-    reference_model: premium
-keys:
-  k: {secret: "${GATEWAY_TEST_KEY}"}
-"""
-QUESTION = {"role": "user", "content": "What is 17 * 23? Answer with the number."}
-GOOD = "17 * 23 = 391. The answer is 391."
-REFUSAL = "I am sorry, I cannot help with that."
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from gateway.pipeline.scoring import RequestScorer
 from router import embedding_classifier, embeddings
 from router.errors import RoutingError
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.classifier_policy import POLICY
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 
 EASY = "hi, what is the capital of France?"
@@ -24,20 +25,6 @@ HARD = (
     "step: a train leaves at 3pm at 60 km/h and another at 4pm at 80 km/h; when does the "
     "second catch up? Show all reasoning and compute exact values."
 )
-POLICY = """
-deployments:
-  cheap: {api_base: "${CHEAP_URL}", model: small, tier: local-small,
-          price: {input_per_mtok: 0.1, output_per_mtok: 0.1}}
-  premium: {api_base: "${PREMIUM_URL}", model: big, tier: premium,
-            price: {input_per_mtok: 5, output_per_mtok: 15}}
-routes:
-  auto:
-    strategy: classifier
-    deployments: [cheap, premium]
-    tiers: [{tier: local-small, below: THRESHOLD}, {tier: premium}]
-keys:
-  k: {secret: "${GATEWAY_TEST_KEY}"}
-"""
 
 
 def score(text: str) -> float:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +21,7 @@ from router.embedding_classifier import shipped
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import (
     AUTH,
+    EXE,
     POLICIES,
     StartGateway,
     openai_compatible_policy,
@@ -30,8 +29,6 @@ from tests.gateway.conftest import (
 )
 from tests.gateway.ledger_fixtures import free_port
 from tests.support import serving
-
-EXE = shutil.which("cascade-gateway") or str(Path(sys.executable).parent / "cascade-gateway")
 
 
 def run(

@@ -20,8 +20,8 @@ from policies import load_policy
 from router import sandbox
 from router.code_examples import ExampleRun
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.cascade_scenario import route_policy
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
-from tests.gateway.test_cascade_e2e import POLICY
 from tests.support import requires
 
 pytestmark = requires(sandbox.available(), "the sandbox")
@@ -50,18 +50,6 @@ def scores(code_runs: bool) -> tuple[float, float]:
         for answer in (RIGHT, WRONG)
     )
     return right, wrong
-
-
-def route_policy(threshold: float, *, run_code: bool) -> str:
-    policy = POLICY.replace("verify_threshold: 0.5", f"verify_threshold: {threshold:.4f}")
-    policy = policy.replace(
-        "tier: local-small", "tier: local-small\n    cascade_logprobs: false", 1
-    )
-    if run_code:
-        policy = policy.replace(
-            "max_escalations: 1", "max_escalations: 1\n    run_code_examples: true"
-        )
-    return policy
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["holds", "fails"])

@@ -138,8 +138,8 @@ def test_embeddings_on_the_defaults_come_from_the_engines_minilm(
     from local_engine.cpu.engine import Engine, EngineOptions
     from local_engine.cpu.metrics import EngineMetrics
     from local_engine.cpu.runner import EngineRunner
-    from tests.local_engine.test_cpu_engine import TOKENIZER, target
-    from tests.local_engine.test_cpu_server import Server
+    from tests.local_engine.loopback_server import Server
+    from tests.local_engine.tiny_models import TOKENIZER, target
 
     options = EngineOptions(max_num_seqs=2, max_model_len=128, num_speculative_tokens=0)
     metrics = EngineMetrics("local-tiny")

@@ -6,67 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
 
-from gateway.billing.pricing import TokenPrice
 from gateway.errors import GatewayError
-from gateway.health.breaker import BreakerSettings, CircuitBreakers
 from gateway.health.latency import LatencyModel
-from gateway.health.load import LoadView
-from gateway.health.sla import SlaGuard
-from gateway.metrics import Metrics
-from gateway.pipeline.executor import Executor, Hedge
-from gateway.runtime import DeploymentRuntime
-from gateway.upstreams.base import (
-    UpstreamConnectFailed,
-    UpstreamReply,
-    UpstreamStatus,
-    UpstreamTarget,
+from gateway.pipeline.executor import Hedge
+from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamStatus
+from tests.gateway.scripted import (
+    BODY,
+    ScriptedClient,
+    answers,
+    deployment,
+    due_for_a_probe,
+    executor,
+    fails,
 )
-from tests.gateway.scripted import Behaviour, ScriptedClient
-
-BODY: dict[str, Any] = {"messages": []}
-
-
-def deployment(name: str, retries: int = 0, backoff_s: float = 0.0) -> DeploymentRuntime:
-    target = UpstreamTarget(name, "openai", f"{name}-model", "http://unused", None)
-    price = TokenPrice(1e-6, 2e-6, "policy")
-    return DeploymentRuntime(name, "gpu", "openai", target, price, retries, backoff_s, None)
-
-
-def answers(after_s: float = 0.0) -> Behaviour:
-    async def reply() -> UpstreamReply:
-        await asyncio.sleep(after_s)
-        return UpstreamReply({"choices": [{"message": {"content": "hi"}}]})
-
-    return reply
-
-
-def fails(failure: Exception, after_s: float = 0.0) -> Behaviour:
-    async def reply() -> UpstreamReply:
-        await asyncio.sleep(after_s)
-        raise failure
-
-    return reply
-
-
-def executor(
-    client: ScriptedClient, breakers: CircuitBreakers | None = None
-) -> tuple[Executor, SlaGuard]:
-    metrics = Metrics()
-    latency = LatencyModel()
-    guard = SlaGuard(metrics, latency, breakers or CircuitBreakers(), LoadView(latency))
-    return Executor({"openai": client}, metrics, max_retry_wait_s=2.0, guard=guard), guard
-
-
-def due_for_a_probe() -> CircuitBreakers:
-    """a's breaker opened, and read at the end of its cooldown: half-open, not waited for."""
-    breakers = CircuitBreakers(BreakerSettings(failure_threshold=1, cooldown_s=30))
-    breakers.record_failure("a", UpstreamStatus("boom", status=500))
-    assert breakers.state("a", now=time.time() + 30) == "half_open"
-    return breakers
 
 
 async def test_a_hedge_starts_at_a_deployment_not_called_yet() -> None:

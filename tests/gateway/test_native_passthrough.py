@@ -1,7 +1,7 @@
 """Where the native pass-through of /v1/responses and /v1/messages meets the pipeline's
 edges: a Messages stream cut short is billed for what it relayed, a cascade's buffered
 stream keeps the native upstream's ids, `background` is refused, and hosted tools go to
-native deployments only. The policy and fixtures are `test_native_surfaces`'."""
+native deployments only. The policy and fixtures are in native_fleet.py."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from gateway.ledger import RedisStore
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.responses_upstream import FakeResponses
+from tests.gateway.cascade_scenario import GOOD, QUESTION
 from tests.gateway.conftest import AUTH
-from tests.gateway.test_cascade_e2e import GOOD, QUESTION
-from tests.gateway.test_native_surfaces import (
+from tests.gateway.native_fleet import (
     HELLO,
     anthropic_sdk,
     base,

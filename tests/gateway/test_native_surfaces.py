@@ -9,10 +9,8 @@ format."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -20,74 +18,25 @@ import pytest
 from gateway.billing.pricing import policy_price
 from gateway.billing.usage import TokenClasses
 from gateway.ledger import RedisStore, SpendRecord
-from policies.schema import Price
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.responses_upstream import FakeResponses
-from tests.gateway.conftest import AUTH, CLIENT_KEY, StartGateway, wait_for_record
-from tests.gateway.test_cascade_e2e import GOOD, QUESTION, REFUSAL
+from tests.gateway.cascade_scenario import GOOD, QUESTION, REFUSAL
+from tests.gateway.conftest import AUTH, wait_for_record
+from tests.gateway.native_fleet import (
+    HELLO,
+    NATIVE_PRICE,
+    RESPONSES_KEY,
+    anthropic_sdk,
+    base,
+    fake_responses,
+    only_record,
+    openai_sdk,
+)
 from tests.support import eventually_async
 
-RESPONSES_KEY = "fake-responses-key"
-NATIVE_PRICE = Price(input_per_mtok=1, output_per_mtok=4, cached_input_per_mtok=0.25)
-POLICY = f"""
-deployments:
-  native:
-    api_base: ${{RESPONSES_URL}}
-    api_key: ${{RESPONSES_KEY}}
-    model: native-model
-    tier: cheap
-    max_output_tokens: 40
-    capabilities: [chat, tools, json_schema, responses]
-    price: {NATIVE_PRICE.model_dump(exclude_none=True)}
-  chat:
-    api_base: ${{CHAT_URL}}
-    model: chat-model
-    tier: premium
-    price: {{input_per_mtok: 5, output_per_mtok: 15}}
-  chat-cheap:
-    api_base: ${{CHAT_URL}}
-    model: chat-model
-    tier: cheap
-    price: {{input_per_mtok: 0.1, output_per_mtok: 0.1}}
-  native-premium:
-    api_base: ${{RESPONSES_URL}}
-    api_key: ${{RESPONSES_KEY}}
-    model: native-big
-    tier: premium
-    capabilities: [chat, responses]
-    price: {{input_per_mtok: 5, output_per_mtok: 15}}
-  claude:
-    provider: anthropic
-    api_base: ${{ANTHROPIC_BASE_URL}}
-    api_key: ${{ANTHROPIC_API_KEY}}
-    model: claude-sonnet-4-5
-  claude-bridged:
-    provider: anthropic
-    api_base: ${{ANTHROPIC_BASE_URL}}
-    api_key: ${{ANTHROPIC_API_KEY}}
-    model: claude-sonnet-4-5
-    capabilities: [chat, tools, vision, json_schema]
-routes:
-  auto: {{deployments: [native]}}
-  bridged: {{deployments: [chat]}}
-  mixed: {{strategy: fallback, deployments: [chat, native]}}
-  claude: {{deployments: [claude]}}
-  claude-bridged: {{deployments: [claude-bridged]}}
-  careful:
-    strategy: cascade
-    deployments: [native, chat]
-    verify_threshold: 0.5
-    max_escalations: 1
-  careful-up:
-    strategy: cascade
-    deployments: [chat-cheap, native-premium]
-    verify_threshold: 0.5
-    max_escalations: 1
-  claude-careful: {{strategy: cascade, deployments: [claude], verify_threshold: 0.5}}
-keys:
-  k: {{secret: "${{GATEWAY_TEST_KEY}}"}}
-"""
+__all__ = ["base", "fake_responses"]  # fixtures
+
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -98,48 +47,6 @@ WEATHER = {
         "required": ["city"],
     },
 }
-HELLO = [{"role": "user", "content": "say hello to me"}]
-
-
-@pytest.fixture
-def fake_responses() -> Iterator[FakeResponses]:
-    with FakeResponses() as fake:
-        fake.api_key = RESPONSES_KEY
-        yield fake
-
-
-@pytest.fixture
-def base(
-    start_gateway: StartGateway,
-    fake_responses: FakeResponses,
-    fake_openai: FakeOpenAI,
-    fake_anthropic: FakeAnthropic,
-) -> str:
-    server = start_gateway(
-        POLICY,
-        RESPONSES_URL=fake_responses.url,
-        RESPONSES_KEY=RESPONSES_KEY,
-        CHAT_URL=fake_openai.url,
-        ANTHROPIC_BASE_URL=fake_anthropic.url,
-        ANTHROPIC_API_KEY=fake_anthropic.api_key,
-    )
-    return server.url
-
-
-def openai_sdk(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=CLIENT_KEY, max_retries=0)
-
-
-def anthropic_sdk(base: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=base, api_key=CLIENT_KEY, max_retries=0)
-
-
-async def only_record(store: RedisStore, request_id: str) -> SpendRecord:
-    """The request's one record: no escalation, hedge or retry priced beside it."""
-    record = await wait_for_record(store, request_id)
-    records = [r for r in await store.events() if r.request_id == request_id]
-    assert records == [record]
-    return record
 
 
 def native_cost(record: SpendRecord) -> int:

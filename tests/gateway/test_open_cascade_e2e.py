@@ -13,8 +13,8 @@ from gateway.pipeline.scoring import AnswerVerifier
 from router import sandbox, verifier_code
 from router.open_verifier import judges
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.cascade_scenario import route_policy
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
-from tests.gateway.test_code_runs_e2e import route_policy
 from tests.support import requires
 
 QUESTION = {

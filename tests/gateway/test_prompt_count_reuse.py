@@ -28,8 +28,8 @@ from gateway.runtime import DeploymentRuntime, RouteRuntime
 from gateway.upstreams.base import UpstreamReply, UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, CLIENT_KEY, StartGateway, wait_for_record
+from tests.gateway.multiple_choice import QUESTION
 from tests.gateway.scripted import ScriptedClient
-from tests.gateway.test_second_opinions import QUESTION
 from tests.support import eventually_async
 
 LIMITED_KEY = "fake-limited-key"

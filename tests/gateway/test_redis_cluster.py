@@ -31,7 +31,7 @@ from tests.cluster import LocalCluster, redis_cluster
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
 from tests.gateway.ledger_fixtures import DAY0, expected_rows, make_record
-from tests.gateway.test_budgets_concurrency import LIMIT_NANOS, MAX_TOKENS, MESSAGES, POLICY
+from tests.gateway.shared_budget import LIMIT_NANOS, MAX_TOKENS, MESSAGES, POLICY
 from tests.support import eventually, eventually_async
 
 __all__ = ["redis_cluster"]

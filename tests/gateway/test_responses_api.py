@@ -14,6 +14,7 @@ import pytest
 
 from gateway.ledger import RedisStore
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.cascade_scenario import GOOD, POLICY, QUESTION, REFUSAL
 from tests.gateway.conftest import (
     ADMIN,
     AUTH,
@@ -22,7 +23,6 @@ from tests.gateway.conftest import (
     openai_compatible_policy,
     wait_for_record,
 )
-from tests.gateway.test_cascade_e2e import GOOD, POLICY, QUESTION, REFUSAL
 
 WEATHER = {
     "type": "function",

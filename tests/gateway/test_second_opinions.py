@@ -31,15 +31,10 @@ from policies import LoadedPolicy, Policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
 from tests.gateway.ledger_fixtures import free_port
+from tests.gateway.multiple_choice import QUESTION
 from tests.gateway.scripted import Behaviour, ScriptedClient
 from tests.support import eventually_async
 
-QUESTION = {
-    "role": "user",
-    "content": "A student heats water in a pot. Which change of state happens when the "
-    "water boils?\n(A) solid to liquid\n(B) liquid to gas\n(C) gas to liquid\n"
-    "(D) liquid to solid\nAnswer:",
-}
 POLICY = """
 deployments:
   cheap:

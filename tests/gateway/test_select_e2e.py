@@ -23,22 +23,9 @@ from gateway.runtime import build_runtime
 from policies import load_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
+from tests.gateway.select_fleet import PICK, PRICES, policy
 from tests.support import eventually
 
-# Cheapest first, whatever the answer's length: each is dearer in input and output.
-PRICES = {
-    "mistral": (0.2, 0.2),
-    "mixtral": (0.6, 0.6),
-    "yi": (0.8, 0.8),  # no quality_profile: the prior of its price
-    "gpt35": (1.0, 2.0),
-    "gpt4": (10.0, 30.0),
-}
-PROFILES = {
-    "mistral": "mistralai/mistral-7b-chat",
-    "mixtral": "mistralai/mixtral-8x7b-chat",
-    "gpt35": "gpt-3.5-turbo-1106",
-    "gpt4": "gpt-4-1106-preview",
-}
 PROMPTS = [
     "hi",
     "Which of these is a mammal? A) shark B) dolphin C) trout D) eel. Answer with the letter.",
@@ -48,27 +35,6 @@ PROMPTS = [
 ]
 GREETING = "Hello! How can I help you today?"
 REFUSAL = "I'm sorry, but I can't help with that."
-
-
-def policy(route: str) -> str:
-    lines = ["deployments:"]
-    for name, (inp, out) in PRICES.items():
-        lines.append(f"  {name}:")
-        lines.append(f"    api_base: ${{{name.upper()}_URL}}")
-        lines.append(f"    model: {name}-model")
-        lines.append("    max_retries: 0")
-        lines.append(f"    price: {{input_per_mtok: {inp}, output_per_mtok: {out}}}")
-        if name in PROFILES:
-            lines.append(f"    quality_profile: {PROFILES[name]}")
-    lines += ["routes:", route, "keys:", '  k: {secret: "${GATEWAY_TEST_KEY}"}', ""]
-    return "\n".join(lines)
-
-
-PICK = """  pick:
-    strategy: select
-    deployments: [gpt4, gpt35, yi, mixtral, mistral]
-    reference_model: gpt4
-    quality_target: 0.95"""
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from gateway.cli import choice_summary, select_choice
 from gateway.runtime import build_runtime, climbs
 from policies import load_policy
-from tests.gateway.test_select_e2e import PICK, PRICES, policy
+from tests.gateway.select_fleet import PICK, PRICES, policy
 
 VERIFIED = PICK + "\n    verify: true"
 PROMPT = "hi"  # a cheap choice, with a better candidate above it

@@ -17,29 +17,11 @@ from gateway.pipeline.selector import (
     QualitySelector,
     TrafficProfiles,
 )
-from gateway.runtime import Runtime, build_runtime
-from policies import LoadedPolicy, Policy, PolicyError, load_policy
+from policies import PolicyError, load_policy
 from router.quality import STRONG_MODEL
+from tests.gateway.select_runtime import runtime, select_route
 
 HI = {"messages": [{"role": "user", "content": "hi"}]}
-
-
-def runtime(route: dict[str, object], **cheap: object) -> Runtime:
-    deployments = {
-        "cheap": {"model": "m1", "api_base": "http://127.0.0.1:9/v1", **cheap},
-        "dear": {
-            "model": "m2",
-            "api_base": "http://127.0.0.1:9/v1",
-            "quality_profile": "gpt-4-1106-preview",
-            "price": {"input_per_mtok": 10, "output_per_mtok": 30},
-        },
-    }
-    policy = Policy.model_validate({"deployments": deployments, "routes": {"r": route}})
-    return build_runtime(LoadedPolicy(policy, (), {}, "digest"))
-
-
-def select_route(**extra: object) -> dict[str, object]:
-    return {"strategy": "select", "deployments": ["cheap", "dear"], **extra}
 
 
 def test_traffic_moves_a_profile_at_the_documented_speed_within_its_bound() -> None:

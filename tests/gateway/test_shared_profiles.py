@@ -17,7 +17,7 @@ from gateway.pipeline.selector import MAX_SHIFT, TrafficProfiles, select_deploym
 from gateway.pipeline.shared_profiles import PROFILE_TTL_S, SharedTrafficProfiles
 from gateway.runtime import Runtime
 from tests.cluster import LocalCluster, redis_cluster
-from tests.gateway.test_selector import runtime, select_route
+from tests.gateway.select_runtime import runtime, select_route
 from tests.support import eventually_async
 
 __all__ = ["redis_cluster"]

@@ -15,12 +15,11 @@ from gateway.pipeline.scoring import RequestScorer
 from gateway.traffic import recent_scores
 from router.training.calibration import calibrate, tiers_yaml, verify_threshold
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
+from tests.gateway.cascade_scenario import POLICY as CASCADE_POLICY
+from tests.gateway.cascade_scenario import QUESTION as CASCADE_QUESTION
+from tests.gateway.classifier_policy import POLICY
+from tests.gateway.conftest import AUTH, EXE, StartGateway, wait_for_record
 from tests.gateway.ledger_fixtures import make_record
-from tests.gateway.test_cascade_e2e import POLICY as CASCADE_POLICY
-from tests.gateway.test_cascade_e2e import QUESTION as CASCADE_QUESTION
-from tests.gateway.test_classifier_e2e import POLICY
-from tests.gateway.test_cli import EXE
 
 PROMPTS = [
     "hi there",

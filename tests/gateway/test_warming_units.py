@@ -24,8 +24,7 @@ from local_engine.state import EngineRecord, EngineStateType, read_record, write
 from policies import load_policy
 from policies.schema import Policy
 from tests.fakes.openai_upstream import FakeOpenAI
-from tests.gateway.scripted import ScriptedClient
-from tests.gateway.test_hedging import BODY, answers, deployment, executor, fails
+from tests.gateway.scripted import BODY, ScriptedClient, answers, deployment, executor, fails
 from tests.local_engine.stand_in import free_port
 
 REFUSED = UpstreamConnectFailed("cannot connect")

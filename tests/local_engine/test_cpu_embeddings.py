@@ -16,8 +16,8 @@ from local_engine.cpu.engine import Engine, EngineOptions
 from local_engine.cpu.metrics import EngineMetrics
 from local_engine.cpu.runner import EngineRunner
 from local_engine.sentence_model import missing
-from tests.local_engine.test_cpu_engine import TOKENIZER, target
-from tests.local_engine.test_cpu_server import Server
+from tests.local_engine.loopback_server import Server
+from tests.local_engine.tiny_models import TOKENIZER, target
 from tests.support import requires
 
 MODEL = "local-tiny"

@@ -9,16 +9,12 @@ import time
 import pytest
 
 from local_engine.cpu.engine import Engine, EngineOptions
-from local_engine.cpu.model import LlamaForCausalLM
 from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.sampling import SamplingParams
 from local_engine.cpu.sequence import Output, Request, Sequence
-from local_engine.cpu.tokenizer import Tokenizer
-from tests.local_engine.test_cpu_model import random_model, tiny_config
+from tests.local_engine.tiny_models import TOKENIZER, draft, target
 from tests.support import eventually_async
 
-TOKENIZER = Tokenizer(merges=[])  # bytes + 5 special tokens: 261 ids
-VOCAB = TOKENIZER.vocab_size
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 PROMPTS = [
     list(range(1, 20)),
@@ -28,23 +24,6 @@ PROMPTS = [
     list(range(7, 30)),
     list(range(200, 212)),
 ]
-
-
-def target() -> LlamaForCausalLM:
-    return random_model(tiny_config(vocab_size=VOCAB, max_position_embeddings=128), seed=0)
-
-
-def draft(seed: int = 1) -> LlamaForCausalLM:
-    config = tiny_config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-    )
-    return random_model(config, seed=seed)
 
 
 def run(

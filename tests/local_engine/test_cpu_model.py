@@ -17,40 +17,9 @@ import torch
 from safetensors.torch import save_file
 
 from local_engine.cpu.checkpoint import load_model, save_model
-from local_engine.cpu.config import LlamaConfig
 from local_engine.cpu.errors import CheckpointError
 from local_engine.cpu.kv_cache import KVCache
-from local_engine.cpu.model import LlamaForCausalLM
-
-HF_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_act": "silu",
-    "vocab_size": 97,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-}
-
-
-def tiny_config(**overrides: object) -> LlamaConfig:
-    return LlamaConfig.from_dict(HF_CONFIG | overrides)
-
-
-def random_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.2)
-    return model.eval()
+from tests.local_engine.tiny_models import HF_CONFIG, random_model, tiny_config
 
 
 def hf_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:

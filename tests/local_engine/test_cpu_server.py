@@ -6,16 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
-from starlette.applications import Starlette
 
 from local_engine.config import EngineConfig
 from local_engine.cpu.app import EngineService, create_app
@@ -25,9 +21,9 @@ from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.server import DEFAULT_MODEL
 from local_engine.metrics import parse_vllm_metrics
 from policies.engines import EngineSpec
-from tests.local_engine.stand_in import free_port
-from tests.local_engine.test_cpu_engine import TOKENIZER, draft, target
-from tests.local_engine.test_supervisor import Running, reaches
+from tests.local_engine.loopback_server import Server
+from tests.local_engine.stand_in import Running, free_port, reaches
+from tests.local_engine.tiny_models import TOKENIZER, draft, target
 from tests.support import requires, serving
 
 SHIPPED = DEFAULT_MODEL / "model.safetensors"
@@ -46,31 +42,6 @@ VLLM_METRICS = (
     "vllm:spec_decode_num_accepted_tokens_total",
     "vllm:spec_decode_num_drafts_total",
 )
-
-
-class Server:
-    """uvicorn in a thread on an ephemeral loopback port."""
-
-    def __init__(self, app: Starlette) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=20)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

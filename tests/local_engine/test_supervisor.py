@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,29 +14,10 @@ import pytest
 
 from local_engine.config import EngineConfig
 from local_engine.errors import EngineStateError
-from local_engine.state import EngineRecord, pid_alive, read_record, write_record
+from local_engine.state import EngineRecord, pid_alive, write_record
 from local_engine.supervisor import Supervisor
-from tests.local_engine.stand_in import fake_config
+from tests.local_engine.stand_in import Running, fake_config, reaches, state_of
 from tests.support import eventually
-
-
-class Running:
-    """A supervisor run in a thread (no signal handlers there); `stop()` ends it."""
-
-    def __init__(self, configs: list[EngineConfig]) -> None:
-        self.supervisor = Supervisor(configs, tick_s=0.02)
-        self.exit_code: int | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.exit_code = self.supervisor.run()
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        self.supervisor.should_exit = True
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "supervisor did not stop"
-        return self.exit_code
 
 
 @pytest.fixture
@@ -58,22 +38,6 @@ def start(supervise: list[Running], *configs: EngineConfig) -> Running:
     running = Running(list(configs))
     supervise.append(running)
     return running
-
-
-def state_of(config: EngineConfig) -> EngineRecord | None:
-    try:
-        return read_record(config.state_path)
-    except EngineStateError:
-        return None
-
-
-def reaches(config: EngineConfig, state: str, timeout_s: float = 10.0) -> EngineRecord:
-    def check() -> EngineRecord | None:
-        record = state_of(config)
-        return record if record is not None and record.state == state else None
-
-    record: EngineRecord = eventually(check, timeout_s, f"{config.name} to be {state}")
-    return record
 
 
 def test_waits_for_readiness_serves_and_stops(run_dir: Path, supervise: list[Running]) -> None:
