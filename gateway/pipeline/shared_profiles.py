@@ -57,6 +57,11 @@ return {text, seen}
 """
 
 
+def profile_key(prefix: str, deployment: str) -> str:
+    """The Redis hash of what select routes learned of `deployment`."""
+    return f"{prefix}{{select}}:profile:{deployment}"
+
+
 class SharedTrafficProfiles(TrafficProfiles):
     """`TrafficProfiles` shared through Redis (see the module docstring). Redis errors
     are logged, never raised: learning must not fail a request.
@@ -73,7 +78,7 @@ class SharedTrafficProfiles(TrafficProfiles):
     ) -> None:
         super().__init__(on_change)
         self._client = client
-        self._base = f"{prefix}{{select}}:profile:"
+        self._prefix = prefix
         self._script = client.register_script(OBSERVE_LUA)
         self._pending: set[asyncio.Task[None]] = set()
         self._poll: asyncio.Task[None] | None = None
@@ -97,7 +102,7 @@ class SharedTrafficProfiles(TrafficProfiles):
         return cls(client, prefix, on_change)
 
     def key(self, deployment: str) -> str:
-        return self._base + deployment
+        return profile_key(self._prefix, deployment)
 
     def observe(self, deployment: str, predicted: float, observed: float) -> None:
         held = Profile(self.offset(deployment), self.observations(deployment))

@@ -7,6 +7,7 @@ dependencies are imported inside each command, so other commands never load them
     spend export --archive DIR [--once] [--metrics-port PORT]
     spend compact --archive DIR [--before D]
     spend reshard --shards N
+    spend quality --route ROUTE [--last N] [--threshold T]
 """
 
 from __future__ import annotations
@@ -116,6 +117,25 @@ def add_spend_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     reshard.add_argument("--shards", type=int, required=True, help="the shard count, 2 or more")
     reshard.set_defaults(func=cmd_spend_reshard)
+    quality = spend.add_parser(
+        "quality",
+        help="a select route's deployments: predicted quality against what the verifier accepted",
+        description="Per deployment of a select route, from its recent ledger records: "
+        "answers, cost, the quality the predictor expected, the share the verifier "
+        "accepted, their gap, and the offset the fleet has learned (REDIS_URL).",
+    )
+    quality.add_argument("--route", required=True)
+    quality.add_argument(
+        "--last", type=int, default=10_000, help="how many of the ledger's latest records to read"
+    )
+    quality.add_argument(
+        "--threshold",
+        type=float,
+        help="the verifier score that counts as accepted (default: the route's verify_threshold)",
+    )
+    quality.add_argument("--policy", help="the gateway's policy (default: CASCADE_POLICY)")
+    quality.add_argument("--format", choices=["csv", "json"], default="csv")
+    quality.set_defaults(func=cmd_spend_quality)
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:
@@ -219,6 +239,48 @@ def cmd_spend_budgets(args: argparse.Namespace) -> int:
         return render_budgets(statuses, args.format)
 
     return _print_from_ledger(settings, budgets)
+
+
+def cmd_spend_quality(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings
+    from gateway.spend.quality import NoSelectAnswers, learned_offsets, render, tally
+
+    settings = Settings(**({"policy": args.policy} if args.policy else {}))
+    threshold = args.threshold
+    if threshold is None:
+        try:
+            route = load_policy(settings.policy).policy.routes.get(args.route)
+        except PolicyError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        if route is None:
+            print(
+                f"spend quality: the policy {settings.policy} has no route '{args.route}' "
+                "(name the gateway's with --policy, or give --threshold)",
+                file=sys.stderr,
+            )
+            return 1
+        threshold = route.verify_threshold
+    if not settings.redis_url:
+        print("set REDIS_URL: spend quality reads the Redis ledger", file=sys.stderr)
+        return 1
+
+    async def report(store: RedisStore) -> str:
+        tallies = tally(await store.events(args.last), args.route, threshold)
+        if not tallies:
+            raise NoSelectAnswers(
+                f"spend quality: no answer of a select choice on route '{args.route}' among "
+                f"the ledger's last {args.last} records"
+            )
+        deployments = [q.deployment for q in tallies]
+        learned = await learned_offsets(store.client, settings.redis_prefix, deployments)
+        return render(tallies, learned, args.format)
+
+    try:
+        return _print_from_ledger(settings, report)
+    except NoSelectAnswers as exc:
+        print(exc, file=sys.stderr)
+        return 1
 
 
 def _day(text: str) -> date:
