@@ -16,6 +16,7 @@ import random
 import shutil
 import socket
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -206,3 +207,12 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         unavailable(f"a local Redis Cluster cannot start: {missing}")
     with LocalCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def cluster_prefix(redis_cluster: LocalCluster) -> Iterator[str]:
+    """A key prefix of the test's own (the cluster has one database, shared by the
+    session); its keys are deleted after."""
+    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    redis_cluster.delete_prefix(prefix)

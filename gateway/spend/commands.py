@@ -149,8 +149,7 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
     if args.archive is not None:
         return _archive_report(args.archive, query, args.format)
     settings = Settings()
-    if not settings.redis_url:
-        print("set REDIS_URL: the report reads the Redis ledger", file=sys.stderr)
+    if not _redis_set(settings, "the report reads the Redis ledger"):
         return 1
 
     async def report(store: RedisStore) -> str:
@@ -230,8 +229,7 @@ def cmd_spend_budgets(args: argparse.Namespace) -> int:
         )
         print(render_budgets([], args.format), end="")
         return 0
-    if not settings.redis_url:
-        print("set REDIS_URL: budget status reads the Redis ledger", file=sys.stderr)
+    if not _redis_set(settings, "budget status reads the Redis ledger"):
         return 1
 
     async def budgets(store: RedisStore) -> str:
@@ -261,8 +259,7 @@ def cmd_spend_quality(args: argparse.Namespace) -> int:
             )
             return 1
         threshold = route.verify_threshold
-    if not settings.redis_url:
-        print("set REDIS_URL: spend quality reads the Redis ledger", file=sys.stderr)
+    if not _redis_set(settings, "spend quality reads the Redis ledger"):
         return 1
 
     async def report(store: RedisStore) -> str:
@@ -281,6 +278,13 @@ def cmd_spend_quality(args: argparse.Namespace) -> int:
     except NoSelectAnswers as exc:
         print(exc, file=sys.stderr)
         return 1
+
+
+def _redis_set(settings: Settings, why: str) -> bool:
+    """Whether REDIS_URL is set; if not, say so (and `why` it is needed)."""
+    if not settings.redis_url:
+        print(f"set REDIS_URL: {why}", file=sys.stderr)
+    return bool(settings.redis_url)
 
 
 def _day(text: str) -> date:
@@ -314,8 +318,7 @@ def cmd_spend_reshard(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     settings = Settings()
-    if not settings.redis_url:
-        print("set REDIS_URL: the ledger to move is on Redis", file=sys.stderr)
+    if not _redis_set(settings, "the ledger to move is on Redis"):
         return 1
     return asyncio.run(_reshard(settings, args.shards))
 
@@ -354,8 +357,7 @@ def cmd_spend_export(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     settings = Settings()
-    if not settings.redis_url:
-        print("set REDIS_URL: the exporter reads the Redis ledger's event streams", file=sys.stderr)
+    if not _redis_set(settings, "the exporter reads the Redis ledger's event streams"):
         return 1
     try:
         check_installed()

@@ -21,7 +21,7 @@ from gateway.ledger.shards import LedgerLayoutError
 from gateway.redis_client import redis_client
 from tests.cluster import LocalCluster, redis_cluster
 from tests.gateway.archive_support import REPO
-from tests.gateway.ledger_fixtures import DAY0, delete_prefix, expected_rows, make_record
+from tests.gateway.ledger_fixtures import DAY0, expected_rows, make_record
 
 RECORDS = [make_record(i, day=i % 3) for i in range(60)]
 WIDE = (DAY0 - timedelta(days=1), DAY0 + timedelta(days=5))
@@ -31,10 +31,8 @@ __all__ = ["redis_cluster"]
 
 
 @pytest.fixture
-async def prefix(redis_url: str) -> AsyncIterator[str]:
-    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    await delete_prefix(redis_url, prefix)
+def prefix(redis_prefix: str) -> str:
+    return redis_prefix
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,9 +17,9 @@ from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.respread import spread_limits
 from gateway.limits.rules import BudgetRule, Period, RateRule
 from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge, RateRefusal
-from tests.cluster import LocalCluster, redis_cluster
+from tests.cluster import LocalCluster, cluster_prefix, redis_cluster
 
-__all__ = ["redis_cluster"]
+__all__ = ["cluster_prefix", "redis_cluster"]
 
 PERIOD = Period("2031-01-31", time.time() + 86400)
 TEAM = BudgetRule("team", "research", "day", 1_000_000, None, None)
@@ -30,10 +29,8 @@ KEY_RATE = RateRule("key", "k1", 1000, 1_000_000)
 
 
 @pytest.fixture
-def prefix(redis_cluster: LocalCluster) -> Iterator[str]:
-    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    redis_cluster.delete_prefix(prefix)
+def prefix(cluster_prefix: str) -> str:
+    return cluster_prefix
 
 
 @pytest.fixture

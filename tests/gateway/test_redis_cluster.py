@@ -10,9 +10,8 @@ import asyncio
 import random
 import re
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,14 +26,14 @@ from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge
 from gateway.redis_client import redis_client
 from gateway.settings import CLUSTER_LEDGER_SHARDS
 from gateway.upstreams.base import UpstreamConnectFailed
-from tests.cluster import LocalCluster, redis_cluster
+from tests.cluster import LocalCluster, cluster_prefix, redis_cluster
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
 from tests.gateway.ledger_fixtures import DAY0, expected_rows, make_record
 from tests.gateway.shared_budget import LIMIT_NANOS, MAX_TOKENS, MESSAGES, POLICY
 from tests.support import eventually, eventually_async
 
-__all__ = ["redis_cluster"]
+__all__ = ["cluster_prefix", "redis_cluster"]
 
 WIDE = (DAY0 - timedelta(days=30), DAY0 + timedelta(days=30))
 SHARDS = CLUSTER_LEDGER_SHARDS
@@ -43,11 +42,8 @@ MakeStore = Callable[..., RedisStore]
 
 
 @pytest.fixture
-def prefix(redis_cluster: LocalCluster) -> Iterator[str]:
-    """A prefix of this test's own (the cluster has one database, shared by the session)."""
-    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    redis_cluster.delete_prefix(prefix)
+def prefix(cluster_prefix: str) -> str:
+    return cluster_prefix
 
 
 @pytest.fixture
