@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from gateway.ledger.archive.deps import require
 from gateway.ledger.archive.layout import files_between
@@ -65,6 +66,18 @@ class ArchiveAggregates:
         self, day_from: date, day_to: date, group_by: Sequence[str]
     ) -> list[AggregateRow]:
         names = check_group_by(group_by)
+        [duckdb] = require("duckdb")
+        try:
+            found = self._rows(day_from, day_to, names)
+        except duckdb.IOException:  # a compaction replaced a file listed: list them again
+            found = self._rows(day_from, day_to, names)
+        rollup = Rollup(names)
+        for row in found:
+            rollup.add(tuple(row[: len(names)]), [int(amount) for amount in row[len(names) :]])
+        return rollup.rows()
+
+    def _rows(self, day_from: date, day_to: date, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The summed rows of the files the range has now."""
         files = [str(path) for path in files_between(self.root, day_from, day_to)]
         if not files:
             return []
@@ -76,11 +89,10 @@ class ArchiveAggregates:
             )
             present = {row[0] for row in db.execute("DESCRIBE archive").fetchall()}
             sql = _query(names, present)
-            found = db.execute(sql, [day_from.isoformat(), day_to.isoformat()]).fetchall()
-        rollup = Rollup(names)
-        for row in found:
-            rollup.add(tuple(row[: len(names)]), [int(amount) for amount in row[len(names) :]])
-        return rollup.rows()
+            rows: list[tuple[Any, ...]] = db.execute(
+                sql, [day_from.isoformat(), day_to.isoformat()]
+            ).fetchall()
+        return rows
 
 
 def _query(names: Sequence[str], present: set[str]) -> str:

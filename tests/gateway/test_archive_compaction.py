@@ -10,8 +10,10 @@ import sys
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
+
+import pytest
 
 from gateway.ledger import RedisStore
 from gateway.ledger.archive import ArchiveExporter, compact
@@ -158,3 +160,35 @@ async def test_a_running_exporter_compacts_the_closed_days_once(
         await exporter.stop()
         await delete_prefix(redis_url, prefix)
         await store.close()
+
+
+def test_a_capped_compaction_stops_and_the_next_one_finishes(tmp_path: Path) -> None:
+    archive(tmp_path, days=3)
+    before = report(tmp_path)
+    first = compact(tmp_path, DAY0 + timedelta(days=3), max_writes=1)
+    assert (first.written, first.complete) == (1, False)
+    rest = compact(tmp_path, DAY0 + timedelta(days=3))
+    assert (rest.written, rest.complete) == (2, True)
+    assert set(files_per_day(tmp_path).values()) == {1} and report(tmp_path) == before
+
+
+def test_a_report_lists_the_files_again_when_a_compaction_replaced_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report lists the files, then a compaction deletes one before DuckDB opens it:
+    the report lists them again, and counts each row once."""
+    from gateway.spend import archive_report
+
+    archive(tmp_path)
+    before = report(tmp_path)
+    listed = archive_report.files_between
+    calls = []
+
+    def stale_once(root: Path, day_from: date, day_to: date) -> list[Path]:
+        calls.append(1)
+        if len(calls) == 1:
+            return [*listed(root, day_from, day_to), root / "day=2026-11-28" / "gone.parquet"]
+        return listed(root, day_from, day_to)
+
+    monkeypatch.setattr(archive_report, "files_between", stale_once)
+    assert report(tmp_path) == before and len(calls) == 2

@@ -2,8 +2,10 @@
 
 The exporter writes a file per flush (hundreds a day at a steady load), which DuckDB
 then opens one by one for every report. Under the directory lock, so no commit runs
-meanwhile, `compact` reads a day's files of one stream, writes their rows as one file
-whose range spans theirs (durably, as every file), then deletes them. The merged name
+meanwhile, `compact` reads a run of a day's files of one stream, a batch at a time,
+writes their rows as one file whose range spans theirs (durably, as every file), then
+deletes them; it lets go of the lock between runs, so commits wait for one merge at
+most, never for a whole backlog of days. The merged name
 keeps the layout's promise: the files of a stream and day hold every record of that
 day in their ranges, and a range between two of them holds no record of that day
 (entry ids only grow, and an exporter writes a day's pending entries in id order), so
@@ -35,6 +37,7 @@ from gateway.ledger.archive.layout import (
 # A merged file holds up to this many rows (about a day at 60 records/s): a busier
 # day keeps several files, and memory holds one input file at a time, never the day.
 MAX_ROWS = 5_000_000
+BATCH_ROWS = 65_536  # rows read and written at a time
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Compaction:
     written: int = 0  # files written
     superseded: int = 0  # leftovers of a compaction cut short, deleted
     rows: int = 0  # rows in the files written
+    complete: bool = True  # False: stopped at `max_writes`, more is left to merge
 
 
 def compact(
@@ -51,24 +55,34 @@ def compact(
     before: date,
     max_rows: int = MAX_ROWS,
     keep_waiting: Callable[[], bool] = lambda: True,
+    max_writes: int | None = None,
 ) -> Compaction:
     """Merge each stream's files of every day before `before`, consecutive ones into
-    files of up to `max_rows` rows (blocking: the exporters' commits wait for it).
-    `keep_waiting`: as `directory_lock`'s, while a commit holds the directory."""
+    files of up to `max_rows` rows. The directory lock is held for one merge at a time
+    (the exporters' commits wait for that merge only); `keep_waiting` is as the lock's.
+    `max_writes`: stop after that many merged files (`complete` is then False)."""
     [pq] = require("pyarrow.parquet")
     done = Compaction()
-    with directory_lock(root, keep_waiting):
-        for day, directory in sorted(archive_days(root)):
-            if day >= before:
-                continue
-            done.days += 1
-            for slug, files in named_files(directory).items():
-                live = outermost(files)
-                for _, path in set(files) - set(live):
-                    path.unlink()
-                    done.superseded += 1
-                sizes = [pq.read_metadata(path).num_rows for _, path in live]
-                for run in _runs(live, sizes, max_rows):
+    for day, directory in sorted(archive_days(root)):
+        if day >= before:
+            continue
+        done.days += 1
+        for slug in named_files(directory):
+            while True:
+                if max_writes is not None and done.written >= max_writes:
+                    done.complete = False
+                    return done
+                with directory_lock(root, keep_waiting):  # the files as they are now
+                    files = named_files(directory).get(slug, [])
+                    live = outermost(files)
+                    for _, path in set(files) - set(live):
+                        path.unlink()
+                        done.superseded += 1
+                    sizes = [pq.read_metadata(path).num_rows for _, path in live]
+                    runs = _runs(live, sizes, max_rows)
+                    if not runs:
+                        break
+                    run = runs[0]
                     first, last = run[0][0][0], run[-1][0][1]
                     done.rows += _merge(directory / file_name(slug, first, last), run)
                     for _, path in run:
@@ -106,10 +120,11 @@ def _merge(path: Path, run: Sequence[tuple[Range, Path]]) -> int:
     def write(temp: Path) -> None:
         nonlocal rows
         with pq.ParquetWriter(temp, schema, compression=COMPRESSION) as writer:
-            for _, source in run:
-                table = pq.read_table(source)
-                writer.write_table(_aligned(pa, table, schema))
-                rows += table.num_rows
+            for _, source in run:  # a batch at a time: memory holds no whole file
+                for batch in pq.ParquetFile(source).iter_batches(batch_size=BATCH_ROWS):
+                    table = pa.Table.from_batches([batch])
+                    writer.write_table(_aligned(pa, table, schema))
+                    rows += table.num_rows
 
     durably(path, write)
     return rows

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Merged files per export turn: the exports of this process wait for them, so a large
+# backlog (the first compaction of an old archive) is spread over many turns.
+COMPACT_WRITES_PER_TURN = 2
+
 
 class ArchiveBusy(Exception):
     """Another exporter holds a stream's lease (for `drain`, which does not wait long)."""
@@ -187,21 +191,26 @@ class ArchiveExporter:
         await self._observe(stream)
 
     async def _compact_closed_days(self) -> None:
-        """Once a UTC day, merge the files of the days before it (`compact`), in the
-        file thread, under the directory lock; a failure is logged and tried tomorrow."""
+        """Merge the files of the days before today (`compact`), a few merges a turn, in
+        the file thread, until none is left; then not again before the next UTC day. A
+        failure is logged and tried the next day."""
         today = datetime.now(UTC).date()
         if not self.options.compact or self._compacted == today:
             return
-        self._compacted = today
+
+        def keep_waiting() -> bool:  # a stopping exporter does not wait for the lock
+            return not self._worker.stopping()
+
         try:
-
-            def keep_waiting() -> bool:  # a stopping exporter does not wait for the lock
-                return not self._worker.stopping()
-
-            done = await self._worker.run(compact, self.root, today, MAX_ROWS, keep_waiting)
+            done = await self._worker.run(
+                compact, self.root, today, MAX_ROWS, keep_waiting, COMPACT_WRITES_PER_TURN
+            )
         except Exception as exc:  # the export goes on; the files stay as they are
             log.error("compacting %s failed: %s", self.root, exc)
+            self._compacted = today
             return
+        if done.complete:
+            self._compacted = today
         if done.written or done.superseded:
             log.info(
                 "compacted %s: %d files into %d (%d rows)",
