@@ -37,6 +37,8 @@ from gateway.ledger import (
 )
 from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, build_exporter, check_installed
 from gateway.limits import Limiter, RedisLimitStore
+from gateway.limits.rules import RuleBook, periods_at
+from gateway.limits.store import LimitsLayoutError, LimitsStoreUnavailable
 from gateway.metrics import Metrics
 from gateway.pipeline.accounting import Accountant
 from gateway.pipeline.executor import Executor
@@ -50,6 +52,7 @@ from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
 from policies import PolicyReloader, load_policy
+from policies.schema import Policy
 from router import RoutingError, sandbox
 
 log = logging.getLogger(__name__)
@@ -163,6 +166,30 @@ async def check_ledger_layout(store: LedgerStore) -> None:
         raise
 
 
+async def check_limits_layout(
+    limit_store: RedisLimitStore, policy: Policy, ledger_store: LedgerStore
+) -> None:
+    """On a cluster, refuse to start while this period's budgets still have their spend
+    in the one `{limits}` slot it no longer reads (they would start again from zero)."""
+    book = RuleBook.build(policy)
+    periods = periods_at(time.time())
+    budgets = [(rule, periods[rule.period]) for rules in book.budgets.values() for rule in rules]
+    try:
+        unmoved = await limit_store.unmoved(budgets)
+    except LimitsStoreUnavailable as exc:
+        log.warning("cannot check where the budgets are at startup (%s)", exc)
+        return
+    if unmoved:
+        log.critical(
+            "refusing to start: %s still in the one-slot layout; stop every gateway and run "
+            "`cascade-gateway spend reshard --shards N` with CASCADE_REDIS_CLUSTER=true",
+            ", ".join(unmoved),
+        )
+        await limit_store.close()
+        await ledger_store.close()
+        raise LimitsLayoutError(", ".join(unmoved))
+
+
 async def start_services(settings: Settings) -> Services:
     if settings.ledger_archive_dir is not None:
         check_installed()  # a clear error naming the extra, before serving
@@ -172,6 +199,12 @@ async def start_services(settings: Settings) -> Services:
     metrics = Metrics()
     store = make_store(settings)
     await check_ledger_layout(store)
+    redis_url, prefix = settings.redis_url, settings.redis_prefix
+    limit_store = (
+        RedisLimitStore(redis_url, prefix, cluster=settings.redis_cluster) if redis_url else None
+    )
+    if limit_store is not None:
+        await check_limits_layout(limit_store, loaded.policy, store)
     ledger = CostLedger(store, Spool(settings.spool_path, settings.ledger_dedupe_window_s))
     ledger.start()
     # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
@@ -194,10 +227,6 @@ async def start_services(settings: Settings) -> Services:
     }
     accountant = Accountant(ledger, metrics, guard.load.prices)
     executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
-    redis_url, prefix = settings.redis_url, settings.redis_prefix
-    limit_store = (
-        RedisLimitStore(redis_url, prefix, cluster=settings.redis_cluster) if redis_url else None
-    )
     limits = Limiter(limit_store, metrics)
     log_unserved(loaded)
     runtime = build_runtime(loaded)

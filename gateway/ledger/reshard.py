@@ -37,12 +37,15 @@ class Moved:
 
 
 async def reshard(client: Any, prefix: str, shards: int) -> Moved:
-    """Move the one-slot ledger under `prefix` onto `shards` shards (see the module)."""
-    if shards < 2:
-        raise ReshardRefused(f"--shards must be 2 or more, not {shards}")
+    """Move the one-slot ledger under `prefix` onto `shards` shards (see the module);
+    with one shard, check that it is still in one slot and move nothing."""
+    if shards < 1:
+        raise ReshardRefused(f"--shards must be 1 or more, not {shards}")
     recorded = await client.get(layout_key(prefix))
     if recorded is not None and int(recorded) != shards:
         raise ReshardRefused(f"the ledger under {prefix!r} has {int(recorded)} shards already")
+    if shards == 1:
+        return Moved()
     old, targets = ShardKeys(prefix, 0, 1), [ShardKeys(prefix, k, shards) for k in range(shards)]
     await _check_drained(client, old.events)
     moved = Moved()

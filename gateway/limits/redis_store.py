@@ -234,6 +234,26 @@ class RedisLimitStore:
             except (*_UNAVAILABLE, TimeoutError) as exc:
                 log.warning("could not release the holds of %s: %s", ask.request_id, exc)
 
+    async def unmoved(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[str]:
+        """On a cluster: which of `budgets` (in their current periods) still have their
+        spend in the one `{limits}` slot (a single Redis's layout, or an earlier
+        version's), where this store does not look: `spend reshard` moves them. Raises
+        `LimitsStoreUnavailable` when Redis does not answer."""
+        if not self._spread or not budgets:
+            return []
+        keys = [f"{self._base}budget:{b.scope}:{b.name}:{p.id}" for b, p in budgets]
+
+        async def each() -> list[int]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.exists(key)
+                found: list[int] = await pipe.execute()
+                return found
+
+        with self._translate():
+            found = await self._patiently(each())
+        return [budget.label for (budget, _), there in zip(budgets, found, strict=True) if there]
+
     async def probe(self) -> None:
         """Raise `LimitsStoreUnavailable` unless Redis takes a write now, within one
         timeout. A write, not a PING, which a replica or a Redis out of memory answers."""

@@ -29,6 +29,10 @@ class LimitsStoreUnavailable(Exception):
     """The store cannot be reached; nothing was checked or changed."""
 
 
+class LimitsLayoutError(Exception):
+    """Budgets of this period are still in the one-slot layout a cluster no longer reads."""
+
+
 @dataclass(frozen=True, slots=True)
 class Ask:
     """One request's admission question."""

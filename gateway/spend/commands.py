@@ -112,7 +112,7 @@ def add_spend_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         description="Move the ledger under CASCADE_REDIS_PREFIX on REDIS_URL from one hash "
         "tag ({ledger}) onto N ({ledger.K}), markers, aggregates and events, then record "
         "N; with CASCADE_REDIS_CLUSTER=true, budgets and rate limits move to their own "
-        "slots too. Run it with every gateway and exporter stopped, then start them with "
+        "slots too (--shards 1: only they move). Run it with every gateway and exporter stopped, then start them with "
         "CASCADE_LEDGER_SHARDS=N. A move cut short can be run again.",
     )
     reshard.add_argument("--shards", type=int, required=True, help="the shard count, 2 or more")
@@ -324,6 +324,13 @@ def cmd_spend_reshard(args: argparse.Namespace) -> int:
 
 
 async def _reshard(settings: Settings, shards: int) -> int:
+    if shards == 1 and not settings.redis_cluster:
+        print(
+            "spend reshard: --shards 1 keeps the ledger in one slot, and off a cluster the "
+            "limits stay there too: nothing to move",
+            file=sys.stderr,
+        )
+        return 1
     from gateway.ledger.reshard import ReshardRefused, reshard
     from gateway.limits.respread import spread_limits
     from gateway.redis_client import redis_client

@@ -119,8 +119,10 @@ def test_the_command_line_moves_and_refuses(redis_url: str, prefix: str) -> None
     asyncio.run(written(redis_url, prefix))
     env = {**os.environ, "REDIS_URL": redis_url, "CASCADE_REDIS_PREFIX": prefix}
     command = [sys.executable, "-m", "gateway.cli", "spend", "reshard", "--shards"]
-    bad = subprocess.run([*command, "1"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert bad.returncode == 1 and "--shards must be 2 or more" in bad.stderr
+    bad = subprocess.run([*command, "0"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert bad.returncode == 1 and "--shards must be 1 or more" in bad.stderr
+    idle = subprocess.run([*command, "1"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert idle.returncode == 1 and "nothing to move" in idle.stderr
     ok = subprocess.run([*command, "8"], cwd=REPO, env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "moved 60 marker(s)" in ok.stdout and "CASCADE_LEDGER_SHARDS=8" in ok.stdout

@@ -8,15 +8,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.http.app import check_limits_layout
+from gateway.ledger import MemoryStore
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.respread import spread_limits
-from gateway.limits.rules import BudgetRule, Period, RateRule
-from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge, RateRefusal
+from gateway.limits.rules import BudgetRule, Period, RateRule, periods_at
+from gateway.limits.store import (
+    Admitted,
+    Ask,
+    BudgetRefusal,
+    Charge,
+    LimitsLayoutError,
+    RateRefusal,
+)
+from policies import load_policy
 from tests.cluster import LocalCluster, cluster_prefix, redis_cluster
 
 __all__ = ["cluster_prefix", "redis_cluster"]
@@ -26,6 +37,15 @@ TEAM = BudgetRule("team", "research", "day", 1_000_000, None, None)
 KEY = BudgetRule("key", "k1", "day", 300_000, None, None)
 ROUTE = BudgetRule("route", "auto", "day", 10_000_000, None, None)
 KEY_RATE = RateRule("key", "k1", 1000, 1_000_000)
+BUDGET_POLICY = """deployments:
+  d: {api_base: "http://127.0.0.1:9/v1", model: m}
+routes:
+  auto: {deployments: [d]}
+teams:
+  research: {}
+budgets:
+  - {scope: team, name: research, period: day, limit_usd: 10}
+"""
 
 
 @pytest.fixture
@@ -194,3 +214,28 @@ async def test_budgets_written_in_one_slot_move_to_their_own(
     assert await client.hget(store.rate_key("key", "k1"), "r") == "3"
     assert await client.exists(old + "probe") == 1  # not a rule's: left where it is
     assert await spread_limits(client, prefix) == 0  # run again: nothing left to move
+
+
+async def test_a_gateway_refuses_to_start_on_budgets_left_in_the_one_slot(
+    redis_cluster: LocalCluster,
+    store: RedisLimitStore,
+    client: aioredis.RedisCluster,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    """A cluster gateway would read this period's budgets from their own slots: spend
+    left in `{limits}` (not moved by `spend reshard`) would start again from zero, so
+    the gateway refuses to start and says what to run; once moved, it starts."""
+    (tmp_path / "policy.yaml").write_text(BUDGET_POLICY)
+    policy = load_policy(tmp_path / "policy.yaml").policy
+    day = periods_at(time.time())["day"].id
+    await client.hset(f"{prefix}{{limits}}:budget:team:research:{day}", mapping={"spent": 5})
+    ledger = MemoryStore()
+    with pytest.raises(LimitsLayoutError, match="team 'research' daily budget"):
+        await check_limits_layout(store, policy, ledger)
+    again = RedisLimitStore(redis_cluster.url, prefix, cluster=True, socket_timeout=2.0)
+    try:
+        assert await spread_limits(client, prefix) == 1
+        await check_limits_layout(again, policy, ledger)  # starts
+    finally:
+        await again.close()
