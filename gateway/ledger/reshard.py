@@ -78,7 +78,7 @@ async def _move_markers(client: Any, old: ShardKeys, targets: list[ShardKeys], s
         name = key.decode() if isinstance(key, bytes) else key
         record_id = name[start:]
         value, ttl_ms = await client.get(name), await client.pttl(name)
-        if value is None:  # expired meanwhile
+        if value is None or ttl_ms == -2:  # expired meanwhile
             continue
         target = targets[shard_of(record_id, shards)].rec(record_id)
         await client.set(target, value, px=ttl_ms if ttl_ms > 0 else None)
@@ -94,7 +94,7 @@ async def _move_days(client: Any, old: ShardKeys, target: ShardKeys) -> int:
         name = key.decode() if isinstance(key, bytes) else key
         fields, ttl_ms = await client.hgetall(name), await client.pttl(name)
         destination = target.day("") + name[len(day_prefix) :]
-        if fields:
+        if fields and ttl_ms != -2:  # -2: expired between the two reads
             await client.hset(destination, mapping=fields)
             if ttl_ms > 0:
                 await client.pexpire(destination, ttl_ms)

@@ -258,7 +258,10 @@ class Limiter:
                         budget.downgrade_tier,
                     )
                     break
-        charge = Charge(ask.request_id, ask.rates, ask.budgets, ask.periods, verdict.window, 0, 0)
+        charge = Charge(
+            ask.request_id, ask.rates, ask.budgets, ask.periods, verdict.window, 0, 0,
+            verdict.windows,
+        )  # fmt: skip
         headers = ratelimit_headers(ask.rates, verdict.remaining) if ask.rates else None
         return Admission(self, charge, ask.tokens, candidates, headers, reserved)
 

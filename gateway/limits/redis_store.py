@@ -190,7 +190,10 @@ class RedisLimitStore:
         done = [v for v in verdicts if v is not None]
         verdict = None if failed else merged(groups, done, len(ask.rates), len(ask.budgets), forced)
         if not isinstance(verdict, Admitted):
-            await self._release_admitted(ask, groups, verdicts)
+            # Shielded: a client that goes away must not leave the other slots' holds.
+            await asyncio.shield(self._release_admitted(ask, groups, verdicts))
+        if isinstance(failed, asyncio.CancelledError):  # a slot's call, not this task
+            raise LimitsStoreUnavailable("redis: an admission call was cancelled")
         if failed is not None:
             with self._translate():
                 raise failed
@@ -216,23 +219,22 @@ class RedisLimitStore:
     async def _release_admitted(
         self, ask: Ask, groups: Sequence[SlotGroup], verdicts: Sequence[Verdict | None]
     ) -> None:
-        """Undo the groups that admitted; one that fails to is logged (its holds expire
-        after `hold_ms`, its rate counts with the minute)."""
+        """Undo the groups that admitted, together; one that fails to is logged (its
+        holds expire after `hold_ms`, its rate counts with the minute)."""
+        calls = []
         for group, verdict in zip(groups, verdicts, strict=True):
-            if not isinstance(verdict, Admitted):
-                continue
-            keys, _ = self._admit_call(ask, group, ask.options, ())
-            args: list[Any] = [
-                ask.request_id,
-                len(group.rates),
-                len(group.budgets),
-                verdict.window,
-                ask.tokens,
-            ]
-            try:
-                await self._patiently(self._release(keys, args))
-            except (*_UNAVAILABLE, TimeoutError) as exc:
-                log.warning("could not release the holds of %s: %s", ask.request_id, exc)
+            if isinstance(verdict, Admitted):
+                keys, _ = self._admit_call(ask, group, ask.options, ())
+                n_rate, n_budget = len(group.rates), len(group.budgets)
+                args: list[Any] = [ask.request_id, n_rate, n_budget, verdict.window, ask.tokens]
+                calls.append(self._release(keys, args))
+        try:
+            results = await self._patiently(asyncio.gather(*calls, return_exceptions=True))
+        except (*_UNAVAILABLE, TimeoutError) as exc:
+            results = [exc]
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("could not release the holds of %s: %s", ask.request_id, result)
 
     async def unmoved(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[str]:
         """On a cluster: which of `budgets` (in their current periods) still have their
@@ -358,8 +360,10 @@ class RedisLimitStore:
         tagged = self.tagged(group.scope, group.name) if self._spread else self._base
         keys = [tagged + "settled:" + charge.request_id]
         keys += [self.rate_key(charge.rates[i].scope, charge.rates[i].name) for i in group.rates]
+        # The minute this slot counted the request in (one script: one minute per slot).
+        window = charge.windows[group.rates[0]] if charge.windows and group.rates else charge.window
         args: list[Any] = [charge.request_id, SETTLED_MARKER_TTL_S, len(group.rates)]
-        args += [len(group.budgets), charge.window, charge.token_delta, charge.cost_nanos]
+        args += [len(group.budgets), window, charge.token_delta, charge.cost_nanos]
         for i in group.budgets:
             budget, period = charge.budgets[i], charge.periods[i]
             key = self.budget_key(budget.scope, budget.name, period.id)

@@ -34,7 +34,7 @@ async def spread_limits(client: Any, prefix: str) -> int:
             if match is None:  # not a key this layout writes: left where it is
                 continue
             dumped, ttl_ms = await client.dump(name), await client.pttl(name)
-            if dumped is None:  # expired meanwhile
+            if dumped is None or ttl_ms == -2:  # expired meanwhile
                 continue
             target = spread_tag(prefix, match.group(1), match.group(2)) + suffix
             await client.restore(target, max(ttl_ms, 0), dumped, replace=True)

@@ -67,6 +67,7 @@ def merged(
     rates: list[RateRefusal] = []
     budgets: list[BudgetRefusal] = []
     remaining: list[tuple[int | None, int | None]] = [(None, None)] * n_rate
+    minutes = [-1] * n_rate
     past_soft = [False] * n_budget
     windows: list[tuple[bool, int]] = []  # (counted no rate, its minute) per admission
     for group, verdict in zip(groups, verdicts, strict=True):
@@ -80,13 +81,15 @@ def merged(
             windows.append((not group.rates, verdict.window))
             for local, rule in enumerate(group.rates):
                 remaining[rule] = verdict.remaining[local]
+                minutes[rule] = verdict.window
             for local, rule in enumerate(group.budgets):
                 past_soft[rule] = verdict.past_soft[local]
     if rates:
         return min(rates, key=lambda r: r.rule)
     if budgets:
         return min(budgets, key=lambda r: r.rule)
-    # The minute a rate rule counted the request in (masters' clocks agree to well
-    # under a minute; at a turn of the minute two slots may differ by one).
+    # The first minute a rate rule counted the request in; each rule's own, which a
+    # settlement corrects its tokens in, is in `windows` (two slots' scripts may run
+    # either side of a turn of the minute).
     window = min(windows)[1]
-    return Admitted(forced or 0, window, tuple(remaining), tuple(past_soft))
+    return Admitted(forced or 0, window, tuple(remaining), tuple(past_soft), tuple(minutes))

@@ -53,6 +53,9 @@ class Admitted:
     window: int  # the rate-limit minute the request was counted in
     remaining: tuple[tuple[int | None, int | None], ...]  # per rate rule: requests, tokens
     past_soft: tuple[bool, ...]  # per budget
+    # Per rate rule, the minute its slot counted the request in (a cluster's slots may
+    # straddle a turn of the minute); empty: `window` for every rule.
+    windows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,7 @@ class Charge:
     window: int  # the minute its tokens were counted in; -1 when they were not
     token_delta: int  # real tokens minus the tokens counted at admission
     cost_nanos: int
+    windows: tuple[int, ...] = ()  # per rate rule, as `Admitted.windows`
 
 
 @dataclass(frozen=True, slots=True)

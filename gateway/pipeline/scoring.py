@@ -10,10 +10,9 @@ milliseconds, so it runs in a worker thread (`RequestScorer.score`), never on th
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +50,10 @@ log = logging.getLogger(__name__)
 # One thread: an embedding is CPU-bound (torch spreads one call over its own threads),
 # so requests queue for it rather than oversubscribe the cores.
 _EMBEDDING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm")
+# The shipped models load once: a request that needs one while the warm-up thread is
+# loading it waits for that load rather than doing it again (functools.cache does not).
+_LOADING = threading.Lock()
+_MODELS: dict[str, Any] = {}
 
 
 class RequestScorer:
@@ -135,7 +138,7 @@ def _load_shipped(verifier: bool, predictor: bool) -> None:
             from router.quality import shipped
 
             shipped()
-    except RoutingError as exc:  # the first request that needs them reports it
+    except Exception as exc:  # the first request that needs them reports it
         log.error("the router's shipped models cannot load: %s", exc)
 
 
@@ -230,11 +233,11 @@ class AnswerVerifier:
         )
 
 
-@functools.cache
 def shipped_classifier() -> Classifier:
     from router.classifier import Classifier
 
-    return Classifier.load()
+    loaded: Classifier = _shipped("classifier", Classifier.load)
+    return loaded
 
 
 def shipped_embedding_classifier() -> RequestClassifier:
@@ -243,8 +246,19 @@ def shipped_embedding_classifier() -> RequestClassifier:
     return embedding_classifier.shipped()  # cached there
 
 
-@functools.cache
 def shipped_verifier() -> Verifier:
     from router.verifier import Verifier
 
-    return Verifier.load()
+    loaded: Verifier = _shipped("verifier", Verifier.load)
+    return loaded
+
+
+def _shipped(name: str, load: Callable[[], Any]) -> Any:
+    """The model `name`, loaded once per process by whichever thread asks first."""
+    model = _MODELS.get(name)
+    if model is None:
+        with _LOADING:  # the warm-up thread's load, or this one's: never both
+            model = _MODELS.get(name)
+            if model is None:
+                model = _MODELS[name] = load()
+    return model

@@ -127,11 +127,14 @@ class SharedTrafficProfiles(TrafficProfiles):
         self._failing = False
         self._adopt_shared(deployment, Profile(float(offset), int(seen)))
 
-    def _adopt_shared(self, deployment: str, profile: Profile) -> None:
+    def _adopt_shared(self, deployment: str, profile: Profile, polled: bool = False) -> None:
         # Replies to observations in flight together may come back in any order, and a
-        # poll may read what a reply already showed: the shared count only grows.
+        # poll may read what a reply already showed: the shared count only grows. But a
+        # poll with none of ours in flight is the truth, lower or not (Redis lost the
+        # key and another worker seeded it afresh): else this one would stop listening.
         confirmed = self._confirmed.get(deployment)
-        if confirmed is None or profile.observations >= confirmed.observations:
+        settled = polled and not self._pending
+        if settled or confirmed is None or profile.observations >= confirmed.observations:
             self._confirmed[deployment] = profile
             self.adopt(deployment, profile)
 
@@ -151,7 +154,7 @@ class SharedTrafficProfiles(TrafficProfiles):
             pipe.hmget(self.key(deployment), ["offset", "observations"])
         for deployment, (offset, seen) in zip(deployments, await pipe.execute(), strict=True):
             if offset is not None and seen is not None:  # None: nothing learned yet
-                self._adopt_shared(deployment, Profile(float(offset), int(seen)))
+                self._adopt_shared(deployment, Profile(float(offset), int(seen)), polled=True)
 
     async def run_sync(self, deployments: Callable[[], Sequence[str]], interval_s: float) -> None:
         """Poll the shared profiles until cancelled; Redis errors are logged, not fatal."""
@@ -160,6 +163,8 @@ class SharedTrafficProfiles(TrafficProfiles):
                 await self.sync(deployments())
             except (RedisError, OSError, ValueError) as exc:
                 log.debug("select profile sync failed: %s", exc)
+            except Exception:  # the poll must outlive a bug; learning goes on locally
+                log.exception("select profile sync failed")
             await asyncio.sleep(interval_s)
 
     def start(self, runtime: Callable[[], Runtime]) -> None:

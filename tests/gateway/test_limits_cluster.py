@@ -110,7 +110,10 @@ async def test_an_admission_across_slots_reserves_in_each(
     store: RedisLimitStore, client: aioredis.RedisCluster
 ) -> None:
     verdict = await store.admit(ask("a", 100_000, TEAM, KEY, ROUTE, rates=(KEY_RATE,), tokens=50))
-    assert verdict == Admitted(0, verdict.window, ((999, 999_950),), (False, False, False))
+    assert isinstance(verdict, Admitted) and verdict.windows == (verdict.window,)
+    assert verdict == Admitted(
+        0, verdict.window, ((999, 999_950),), (False, False, False), (verdict.window,)
+    )
     for rule in (TEAM, KEY, ROUTE):
         assert (await amounts(client, store, rule))["reserved"] == "100000"
     # Settled once per slot, however often it is sent.

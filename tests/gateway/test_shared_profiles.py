@@ -192,3 +192,21 @@ async def test_on_a_redis_cluster_the_profiles_share_one_slot(redis_cluster: Loc
         await first.stop()
         await second.stop()
         redis_cluster.delete_prefix(prefix)
+
+
+async def test_a_key_redis_lost_and_another_worker_seeded_afresh_is_adopted(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    """A long-running worker that confirmed 5 observations keeps listening after Redis
+    lost the key and a fresh worker started it again from one: its poll adopts the
+    lower count (none of its own observations is in flight)."""
+    old, fresh = worker(), worker()
+    for _ in range(5):
+        old.observe("d", predicted=0.8, observed=0.0)
+    await old.flush()
+    await client.delete(old.key("d"))
+    fresh.observe("d", predicted=0.2, observed=1.0)
+    await fresh.flush()
+    await old.sync(["d"])
+    assert old.observations("d") == 1
+    assert old.offset("d") == pytest.approx(fresh.offset("d")) and old.offset("d") > 0
