@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -142,11 +143,9 @@ class RedisLimitStore:
         return f"{self.tagged(scope, name)}rate:{scope}:{name}"
 
     async def admit(self, ask: Ask) -> Verdict:
-        groups = slot_groups(ask.rates, ask.budgets)
-        if not self._spread or len(groups) <= 1:
-            everything = SlotGroup(
-                "", "", tuple(range(len(ask.rates))), tuple(range(len(ask.budgets)))
-            )
+        groups = slot_groups(ask.rates, ask.budgets) if self._spread else []
+        if len(groups) <= 1:  # one slot: one script, as on a single Redis
+            everything = _everything(len(ask.rates), len(ask.budgets))
             keys, args = self._admit_call(ask, everything, ask.options, ask.downgrades)
             with self._translate():
                 reply = await self._patiently(self._admit(keys, args))
@@ -302,8 +301,7 @@ class RedisLimitStore:
         """The slots a charge touches: one group of everything off a cluster."""
         if self._spread:
             return slot_groups(charge.rates, charge.budgets)
-        everything = (tuple(range(len(charge.rates))), tuple(range(len(charge.budgets))))
-        return [SlotGroup("", "", *everything)]
+        return [_everything(len(charge.rates), len(charge.budgets))]
 
     async def spent(self, budgets: Sequence[tuple[BudgetRule, Period]]) -> list[int]:
         with self._translate():
@@ -380,6 +378,12 @@ class RedisLimitStore:
             yield
         except _UNAVAILABLE as exc:
             raise LimitsStoreUnavailable(f"redis failed for limits: {exc!r}") from exc
+
+
+@functools.lru_cache(maxsize=64)
+def _everything(n_rate: int, n_budget: int) -> SlotGroup:
+    """All of a request's rules as one group (its keys share one slot)."""
+    return SlotGroup("", "", tuple(range(n_rate)), tuple(range(n_budget)))
 
 
 def spread_tag(prefix: str, scope: str, name: str) -> str:
