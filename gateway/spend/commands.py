@@ -112,8 +112,9 @@ def add_spend_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         description="Move the ledger under CASCADE_REDIS_PREFIX on REDIS_URL from one hash "
         "tag ({ledger}) onto N ({ledger.K}), markers, aggregates and events, then record "
         "N; with CASCADE_REDIS_CLUSTER=true, budgets and rate limits move to their own "
-        "slots too (--shards 1: only they move). Run it with every gateway and exporter stopped, then start them with "
-        "CASCADE_LEDGER_SHARDS=N. A move cut short can be run again.",
+        "slots too (--shards 1: only they move). Run it with every gateway and exporter "
+        "stopped, then start them with CASCADE_LEDGER_SHARDS=N. A move cut short can be "
+        "run again.",
     )
     reshard.add_argument("--shards", type=int, required=True, help="the shard count, 2 or more")
     reshard.set_defaults(func=cmd_spend_reshard)
