@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -49,11 +50,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             unavailable(f"{mark.kwargs['what']} is unavailable: {mark.kwargs['missing']}")
 
 
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's cache directory (parsed encodings): never the user's own."""
+    return tmp_path_factory.mktemp("cascade-cache")
+
+
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def clean_environment(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> None:
     for name in list(os.environ):
         if name.startswith(OUR_PREFIXES) or name in OUR_VARIABLES:
             monkeypatch.delenv(name)
+    monkeypatch.setenv("CASCADE_CACHE_DIR", str(cache_dir))
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from typing import Any
 
 import tiktoken
 
+from gateway.billing import encodings
 from policies.prices import litellm_root
 
 # Encodings are built off the event loop, one at a time (`warm`).
@@ -61,7 +62,7 @@ def encoding_for(model: str) -> tiktoken.Encoding:
     if cache_dir is not None:
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", cache_dir)
     name = "o200k_base" if model.lower().startswith(_O200K_PREFIXES) else "cl100k_base"
-    return tiktoken.get_encoding(name)
+    return encodings.load(name)  # parsed once per machine, then from its cache
 
 
 def count_text(model: str, text: str) -> int:

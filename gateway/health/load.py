@@ -72,7 +72,9 @@ class LoadView:
 
     def __init__(self, latency: LatencyModel, client: httpx.AsyncClient | None = None) -> None:
         self._latency = latency
-        self._client = client or httpx.AsyncClient()
+        # Made on the first scrape: an httpx client loads the CA bundle (~0.1 s of a
+        # replica's start), which a policy with no engine to scrape never needs.
+        self._client = client
         self._meters: dict[str, ThroughputMeter] = {}
         self.readings: dict[str, EngineMetrics] = {}
         self.errors: dict[str, str] = {}
@@ -84,6 +86,8 @@ class LoadView:
 
     async def _scrape(self, target: ScrapeTarget) -> None:
         try:
+            if self._client is None:
+                self._client = httpx.AsyncClient()
             reading = await scrape(target.url, self._client, SCRAPE_TIMEOUT_S)
         except MetricsError as exc:
             if self.errors.get(target.deployment) is None:
@@ -149,4 +153,5 @@ class LoadView:
             await asyncio.sleep(interval_s)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
