@@ -54,6 +54,7 @@ class CostLedger:
         self._interval = replay_interval_s
         self._store_down = False  # the store failed and has not answered a ping since
         self._in_episode = False  # an outage was logged and its recovery not yet
+        self._layout_reported = False  # a shard-count mismatch is logged once
         self._dropped = 0
         self._task: asyncio.Task[None] | None = None
         self._queue: deque[SpendRecord] = deque()
@@ -225,11 +226,12 @@ class CostLedger:
 
     def _enter_outage(self, exc: LedgerUnavailable | LedgerLayoutError) -> None:
         self._store_down = True
-        if not self._in_episode:
-            self._in_episode = True
-            if isinstance(exc, LedgerLayoutError):  # a misconfiguration, not an outage
+        if isinstance(exc, LedgerLayoutError):  # a misconfiguration, not an outage: said
+            if not self._layout_reported:  # once, even inside an outage logged before it
+                self._layout_reported = self._in_episode = True
                 log.error("ledger store refused (%s); spooling spend to %s", exc, self._spool.path)
-            else:
-                log.warning(
-                    "ledger store unreachable (%s); spooling spend to %s", exc, self._spool.path
-                )
+        elif not self._in_episode:
+            self._in_episode = True
+            log.warning(
+                "ledger store unreachable (%s); spooling spend to %s", exc, self._spool.path
+            )

@@ -121,5 +121,8 @@ def test_start_up_builds_only_the_encodings_the_policy_counts_with(tmp_path: Pat
         **EXAMPLE_ENV,
         "CASCADE_POLICY": EXAMPLE,
         "CASCADE_SPOOL_PATH": str(tmp_path / "ledger.spool"),
+        "CASCADE_CACHE_DIR": str(tmp_path / "cache"),  # cold: tiktoken builds each one
     }
     assert json.loads(fresh_interpreter(START, env=env)) == ["cl100k_base"]
+    cached = sorted(path.name.split("-")[-1] for path in (tmp_path / "cache").iterdir())
+    assert cached == ["cl100k_base.ranks"]  # kept for the next start, and only it
