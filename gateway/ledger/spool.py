@@ -17,6 +17,7 @@ another worker process sharing the path; `<path>.lock` lets one replayer run at 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -92,7 +93,8 @@ class Spool:
                 return 0
             # A leftover `.replaying` file (crash, outage) goes first, then the live file.
             for _ in range(2):
-                if not self.replaying_path.exists() and not self._rotate():
+                # In a thread: the rename waits on the flock of an append mid-fsync.
+                if not self.replaying_path.exists() and not await asyncio.to_thread(self._rotate):
                     break
                 handled += await self._replay_file(store)
             # Re-count: appends may have raced the replay, or another process's replay ours.
@@ -120,7 +122,7 @@ class Spool:
         if batch:
             await store.record_many(batch)
         if expired:  # kept before the replayed file goes: a crash here replays nothing twice
-            self._keep_expired(expired)
+            await asyncio.to_thread(self._keep_expired, expired)
         self.replaying_path.unlink()
         return handled
 
