@@ -29,7 +29,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from redis import exceptions as errors
-from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 
 # Set while a task holds a slot: redirects a pipeline re-sends one by one must not wait
 # for a second slot (that could deadlock a full gate).
@@ -80,6 +80,17 @@ class ClusterClient(RedisCluster):
         if shard_hint:
             raise errors.RedisClusterException("shard_hint is deprecated in cluster mode")
         return _Pipeline(self, transaction)  # type: ignore[abstract]  # as redis-py's own
+
+    async def node_of(self, key: str) -> ClusterNode:
+        """The master serving `key`'s slot now (the cluster mapped first)."""
+        async with self.slot():
+            if self._initialize:
+                await self.initialize()
+        with _as_connection_errors():
+            node = self.get_node_from_key(key)
+        if node is None:
+            raise errors.ConnectionError(f"no master serves the slot of {key!r}")
+        return node
 
     async def ping(self, **kwargs: Any) -> Any:
         return await self.execute_command("PING", target_nodes=self.PRIMARIES, **kwargs)

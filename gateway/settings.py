@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     # spool within it is applied once; a spooled record older than it is refused (it
     # may be written already). Redis holds markers for this long, not the records' life.
     ledger_dedupe_window_s: int = Field(default=48 * 3600, gt=0)  # ledger.store's default
+    # Replicas that must take each batch of spend records (Redis WAIT) before the ledger
+    # counts it written: 0, off; 1, a master that crashes loses no spend it had not yet
+    # replicated (the batch is spooled and sent again; gateway.ledger.replicas).
+    ledger_min_replicas: int = Field(default=0, ge=0)
+    # How long WAIT waits for them: under the ledger's 1 s socket timeout.
+    ledger_replica_wait_ms: int = Field(default=100, ge=1, lt=1000)
     # Spend records written while Redis is unreachable; replayed when it returns.
     spool_path: Path = Path("var/ledger.spool")
     # Where the spend archive goes (daily Parquet files, every record once: see

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import uuid
@@ -150,6 +151,43 @@ class LocalCluster:
         eventually(lambda: replica in self.masters(), timeout_s, f"{replica} to take over")
         self.wait_healthy(timeout_s)
         return replica
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP the node until `resume` (what is sent to it meanwhile waits in its
+        socket buffers, to be read when it resumes)."""
+        self._procs[port].send_signal(signal.SIGSTOP)
+
+    def cut_off_replica(self, master: int) -> int:
+        """Pause `master`'s replica and drop its replication link: the master's later
+        writes stay on the master alone; returns the replica's port."""
+        replica = self.replica_of(master)
+        self.pause(replica)
+        with self.node(master) as client:
+            client.client_kill_filter(_type="replica")
+        return replica
+
+    def resume(self, port: int) -> None:
+        self._procs[port].send_signal(signal.SIGCONT)
+
+    def crash(self, port: int) -> None:
+        """SIGKILL the node: what it held in memory only is gone."""
+        self._procs[port].kill()
+        self._procs[port].wait()
+
+    def restart(self, port: int) -> None:
+        """Start a crashed node again, empty: it rejoins as a replica of its successor.
+        A node still running is left as it is."""
+        if self._procs[port].poll() is None:
+            return
+        self._start_node(port)
+        eventually(lambda: _answers(port), 10, f"redis-server on {port}")
+
+    def take_over(self, replica: int, timeout_s: float = 30) -> None:
+        """`CLUSTER FAILOVER TAKEOVER`: the replica becomes master at once, without its
+        master's consent or catching up (its master is gone)."""
+        with self.node(replica) as client:
+            client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+        eventually(lambda: replica in self.masters(), timeout_s, f"{replica} to take over")
 
     def wait_healthy(self, timeout_s: float = 30) -> None:
         """Until every node says `cluster_state:ok` and knows every other, and every

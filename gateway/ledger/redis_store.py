@@ -39,6 +39,7 @@ import orjson
 from redis import exceptions as redis_errors
 
 from gateway.ledger.record import DIMENSIONS, AggregateRow, SpendRecord
+from gateway.ledger.replicas import ReplicaAck
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
 from gateway.ledger.shards import ShardKeys, check_layout, day_ordinal, shard_of
 from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
@@ -119,9 +120,13 @@ class RedisStore:
         socket_timeout: float = 1.0,
         cluster: bool = False,
         shards: int = 1,
+        min_replicas: int = 0,
+        replica_wait_ms: int = 100,
     ) -> None:
         if shards < 1:
             raise ValueError(f"a ledger has at least one shard, not {shards}")
+        if min_replicas and replica_wait_ms >= socket_timeout * 1000:  # the read times out
+            raise ValueError(f"a replica wait of {replica_wait_ms} ms outlasts the socket's")
         self._client = redis_client(
             url,
             socket_timeout=socket_timeout,
@@ -136,6 +141,9 @@ class RedisStore:
         self._url = url
         self._cluster = cluster
         self._script = self._client.register_script(_RECORD_LUA)
+        self._ack = (
+            ReplicaAck(self._client, min_replicas, replica_wait_ms) if min_replicas else None
+        )
         self._prefix = prefix
         self._shards = [ShardKeys(prefix, k, shards) for k in range(shards)]
         self._layout_checked = False
@@ -156,10 +164,19 @@ class RedisStore:
             dedupe_ttl_s=settings.ledger_dedupe_window_s,
             cluster=settings.redis_cluster,
             shards=settings.ledger_shard_count,
+            min_replicas=settings.ledger_min_replicas,
+            replica_wait_ms=settings.ledger_replica_wait_ms,
         )
+
+    @property
+    def replica_ack(self) -> tuple[int, int] | None:
+        """(replicas, wait in ms) each batch waits for (`gateway.ledger.replicas`); None: off."""
+        return None if self._ack is None else (self._ack.min_replicas, self._ack.wait_ms)
 
     async def record(self, rec: SpendRecord) -> bool:
         """Add `rec` once; False (and no change) if its `record_id` was seen already."""
+        if self._ack is not None:  # the WAIT must follow on the connection that wrote
+            return (await self._record_batch([rec]))[0]
         with self._translate():
             await self._check_layout()
             added = await self._script(*self._script_call(rec))
@@ -174,6 +191,9 @@ class RedisStore:
         only those, so that each flag still says whether its record was new."""
         if len(recs) == 1:
             return [await self.record(recs[0])]
+        return await self._record_batch(recs)
+
+    async def _record_batch(self, recs: Sequence[SpendRecord]) -> list[bool]:
         with self._translate():
             await self._check_layout()
             added = await self._evalsha_batch(recs)
@@ -189,15 +209,22 @@ class RedisStore:
         return [bool(a) for a in added]
 
     async def _evalsha_batch(self, recs: Sequence[SpendRecord]) -> list[Any]:
-        """Each record's reply, or the error Redis answered for it."""
+        """Each record's reply, or the error Redis answered for it (`LedgerUnavailable`
+        if `min_replicas` replicas did not take it: `gateway.ledger.replicas`)."""
+        calls = [self._script_call(rec) for rec in recs]
+        written = [keys[0] for keys, _ in calls]
+        nodes = [] if self._ack is None else await self._ack.nodes(written)
         async with self._client.pipeline(transaction=False) as pipe:
-            for rec in recs:
-                keys, args = self._script_call(rec)
+            for keys, args in calls:
                 # The raw command: a cluster pipeline refuses `evalsha()`, which it cannot
                 # prove touches one slot (this script's keys share its shard's tag).
                 pipe.execute_command("EVALSHA", self._script.sha, len(keys), *keys, *args)
+            if self._ack is not None:
+                self._ack.queue(pipe, nodes)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
+        if self._ack is not None:
+            await self._ack.check(replies[len(recs) :], nodes, written)
+        return replies[: len(recs)]
 
     def _script_call(self, rec: SpendRecord) -> tuple[list[str], list[Any]]:
         day = rec.day
