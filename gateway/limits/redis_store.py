@@ -43,7 +43,7 @@ from typing import Any, TypeVar, cast
 from redis import exceptions as redis_errors
 
 from gateway.limits.rules import BudgetRule, Period
-from gateway.limits.scripts import ADMIT_LUA, RELEASE_LUA, SETTLE_LUA
+from gateway.limits.scripts import ADMIT_LUA, RELEASE_LUA, SETTLE_LUA, USED_LUA
 from gateway.limits.slots import SlotGroup, first_downgrade, merged, slot_groups
 from gateway.limits.store import (
     Admitted,
@@ -128,6 +128,7 @@ class RedisLimitStore:
         self._admit = self._client.register_script(ADMIT_LUA)
         self._settle = self._client.register_script(SETTLE_LUA)
         self._release = self._client.register_script(RELEASE_LUA)
+        self._used = self._client.register_script(USED_LUA)
         self._prefix = prefix
         self._base = f"{prefix}{{limits}}:"
         self._spread = cluster
@@ -202,17 +203,17 @@ class RedisLimitStore:
     async def _plan(self, ask: Ask) -> int:
         """The plan every slot admits: read the budgets that may downgrade, first."""
         readable = [i for i, down in enumerate(ask.downgrades) if down > 0]
-        async with self._client.pipeline(transaction=False) as pipe:
-            for i in readable:
-                budget, period = ask.budgets[i], ask.periods[i]
-                pipe.hmget(
-                    self.budget_key(budget.scope, budget.name, period.id), ["spent", "reserved"]
-                )
-            with self._translate():
-                replies = await self._patiently(pipe.execute())
+        keys = [
+            self.budget_key(ask.budgets[i].scope, ask.budgets[i].name, ask.periods[i].id)
+            for i in readable
+        ]
+        with self._translate():
+            replies = await self._patiently(
+                asyncio.gather(*(self._used([key, key + ":held"]) for key in keys))
+            )
         used: list[int | None] = [None] * len(ask.budgets)
-        for i, (spent, reserved) in zip(readable, replies, strict=True):
-            used[i] = int(spent or 0) + int(reserved or 0)
+        for i, reply in zip(readable, replies, strict=True):
+            used[i] = int(reply)
         return first_downgrade(ask.budgets, ask.downgrades, used)
 
     async def _release_admitted(

@@ -187,3 +187,18 @@ end
 return 1
 """
 )
+
+# KEYS: a budget's hash and its set of holds. Returns spent + reserved as the admission
+# sees it: less the holds past their expiry (a dead worker's; the admission releases
+# them, this only reads). On a cluster, the plan every slot admits is read with it.
+USED_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local s = redis.call('HMGET', KEYS[1], 'spent', 'reserved')
+local used = (tonumber(s[1]) or 0) + (tonumber(s[2]) or 0)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
+for _, rid in ipairs(expired) do
+  used = used - (tonumber(redis.call('HGET', KEYS[1], 'h:' .. rid)) or 0)
+end
+return string.format('%d', used)
+"""

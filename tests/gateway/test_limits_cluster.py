@@ -164,6 +164,26 @@ async def test_a_soft_limit_downgrades_every_slot_alike(
     assert (await amounts(client, store, soft_team))["reserved"] == "9000"
 
 
+async def test_a_dead_worker_s_expired_hold_does_not_downgrade(
+    store: RedisLimitStore, client: aioredis.RedisCluster
+) -> None:
+    """A hold past its expiry (its worker died before settling) is not spend: the plan
+    read before the slots' scripts leaves it out, as each slot's admission does."""
+    soft_team = BudgetRule("team", "research", "day", 1_000_000, 100_000, "cheap")
+    await store.settle_many([charge("spent", 50_000, soft_team)])  # under its soft limit
+    dead = await store.admit(ask("dead", 80_000, soft_team, hold_ms=50))
+    assert isinstance(dead, Admitted)
+    await asyncio.sleep(0.2)  # the hold expires, unreleased: 130,000 spent + reserved
+    assert (await amounts(client, store, soft_team))["reserved"] == "80000"
+    verdict = await store.admit(
+        ask("next", 0, soft_team, ROUTE, options=(90_000, 9_000), downgrades=(1, 0))
+    )
+    assert isinstance(verdict, Admitted) and verdict.option == 0
+    assert (await amounts(client, store, ROUTE))["reserved"] == "90000"  # the full plan's
+    # The team's slot released the dead hold and reserved the same plan.
+    assert (await amounts(client, store, soft_team))["reserved"] == "90000"
+
+
 async def test_concurrent_admissions_across_slots_never_overspend(
     redis_cluster: LocalCluster, prefix: str, client: aioredis.RedisCluster
 ) -> None:
