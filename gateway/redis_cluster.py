@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -81,16 +81,43 @@ class ClusterClient(RedisCluster):
             raise errors.RedisClusterException("shard_hint is deprecated in cluster mode")
         return _Pipeline(self, transaction)  # type: ignore[abstract]  # as redis-py's own
 
-    async def node_of(self, key: str) -> ClusterNode:
-        """The master serving `key`'s slot now (the cluster mapped first)."""
+    async def nodes_of(self, keys: Sequence[str]) -> list[ClusterNode]:
+        """The master serving each key's slot now (the cluster mapped first)."""
         async with self.slot():
             if self._initialize:
                 await self.initialize()
+        nodes = []
         with _as_connection_errors():
-            node = self.get_node_from_key(key)
-        if node is None:
-            raise errors.ConnectionError(f"no master serves the slot of {key!r}")
-        return node
+            for key in keys:
+                node = self.get_node_from_key(key)
+                if node is None:
+                    raise errors.ConnectionError(f"no master serves the slot of {key!r}")
+                nodes.append(node)
+        return nodes
+
+    async def on_node(self, node: ClusterNode, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """`commands` to `node` in one round trip on one of its connections: each reply,
+        or the error Redis answered for it. Nothing is retried or redirected (a MOVED
+        patches the map); a failed connection raises `ConnectionError`."""
+        async with self.slot():
+            connection = node.acquire_connection()
+            try:
+                await node.disconnect_if_needed(connection)
+                await connection.send_packed_command(connection.pack_commands(commands))
+                replies: list[Any] = []
+                for command in commands:
+                    try:
+                        replies.append(await node.parse_response(connection, command[0]))
+                    except errors.ResponseError as exc:
+                        if isinstance(exc, errors.MovedError):
+                            await self.nodes_manager.move_slot(exc)
+                        replies.append(exc)
+            except BaseException:
+                await connection.disconnect()  # replies left unread: not for the pool
+                raise
+            finally:
+                node.release(connection)
+        return replies
 
     async def ping(self, **kwargs: Any) -> Any:
         return await self.execute_command("PING", target_nodes=self.PRIMARIES, **kwargs)

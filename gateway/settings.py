@@ -50,8 +50,9 @@ class Settings(BaseSettings):
     # counts it written: 0, off; 1, a master that crashes loses no spend it had not yet
     # replicated (the batch is spooled and sent again; gateway.ledger.replicas).
     ledger_min_replicas: int = Field(default=0, ge=0)
-    # How long WAIT waits for them: under the ledger's 1 s socket timeout.
-    ledger_replica_wait_ms: int = Field(default=100, ge=1, lt=1000)
+    # How long WAIT waits for them: at most half the ledger's 1 s socket timeout (Redis
+    # answers a WAIT some tens of ms after its timeout).
+    ledger_replica_wait_ms: int = Field(default=100, ge=1, le=500)
     # Spend records written while Redis is unreachable; replayed when it returns.
     spool_path: Path = Path("var/ledger.spool")
     # Where the spend archive goes (daily Parquet files, every record once: see

@@ -66,11 +66,14 @@ _UNREACHABLE = (
 # KEYS: 1 rec, 2 day hash, 3..8 per-dimension hashes (DIMENSIONS order), 9 days, 10 events.
 # ARGV: 1 record JSON, 2 dedupe ttl, 3 aggregate ttl, 4 stream maxlen, 5 day score,
 #       6 day, 7 record_id, 8 dimension-tuple JSON, 9 metric amounts (METRICS order),
-#       comma-separated. The dimension values are decoded from ARGV[8] in Lua (they are
-# strings); the amounts stay strings, split in Lua, because cjson would round large
-# integers (and one argument encodes faster than 19).
+#       comma-separated, 10 ack: '1' rewrites a seen record's marker, a write for the
+#       replica WAIT that follows to count (gateway.ledger.replicas).
+# The dimension values are decoded from ARGV[8] in Lua (they are strings); the amounts
+# stay strings, split in Lua, because cjson would round large integers (and one argument
+# encodes faster than 19).
 _RECORD_LUA = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  if ARGV[10] == '1' then redis.call('SET', KEYS[1], ARGV[1], 'XX', 'KEEPTTL') end
   return 0
 end
 local dims = cjson.decode(ARGV[8])
@@ -125,8 +128,10 @@ class RedisStore:
     ) -> None:
         if shards < 1:
             raise ValueError(f"a ledger has at least one shard, not {shards}")
-        if min_replicas and replica_wait_ms >= socket_timeout * 1000:  # the read times out
-            raise ValueError(f"a replica wait of {replica_wait_ms} ms outlasts the socket's")
+        if min_replicas and replica_wait_ms > socket_timeout * 500:  # Redis answers WAIT late
+            raise ValueError(
+                f"a replica wait of {replica_wait_ms} ms is over half the socket timeout"
+            )
         self._client = redis_client(
             url,
             socket_timeout=socket_timeout,
@@ -189,6 +194,8 @@ class RedisStore:
         EXISTS round trip per batch. Where Redis lacks the script (restarted; on a
         cluster, a master that never ran it) it is loaded and those records re-sent:
         only those, so that each flag still says whether its record was new."""
+        if not recs:
+            return []
         if len(recs) == 1:
             return [await self.record(recs[0])]
         return await self._record_batch(recs)
@@ -210,21 +217,18 @@ class RedisStore:
 
     async def _evalsha_batch(self, recs: Sequence[SpendRecord]) -> list[Any]:
         """Each record's reply, or the error Redis answered for it (`LedgerUnavailable`
-        if `min_replicas` replicas did not take it: `gateway.ledger.replicas`)."""
+        if `min_replicas` replicas did not take them: `gateway.ledger.replicas`)."""
+        # The raw command: a cluster pipeline refuses `evalsha()`, which it cannot prove
+        # touches one slot (this script's keys share its shard's tag).
         calls = [self._script_call(rec) for rec in recs]
-        written = [keys[0] for keys, _ in calls]
-        nodes = [] if self._ack is None else await self._ack.nodes(written)
-        async with self._client.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                # The raw command: a cluster pipeline refuses `evalsha()`, which it cannot
-                # prove touches one slot (this script's keys share its shard's tag).
-                pipe.execute_command("EVALSHA", self._script.sha, len(keys), *keys, *args)
-            if self._ack is not None:
-                self._ack.queue(pipe, nodes)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        commands = [("EVALSHA", self._script.sha, len(k), *k, *a) for k, a in calls]
         if self._ack is not None:
-            await self._ack.check(replies[len(recs) :], nodes, written)
-        return replies[: len(recs)]
+            return await self._ack.send(commands, [keys[0] for keys, _ in calls])
+        async with self._client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
     def _script_call(self, rec: SpendRecord) -> tuple[list[str], list[Any]]:
         day = rec.day
@@ -241,6 +245,7 @@ class RedisStore:
             rec.record_id,
             orjson.dumps(dims),
             ",".join(map(str, metrics_of(rec))),
+            int(self._ack is not None),
         ]
         return keys, args
 

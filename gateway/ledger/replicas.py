@@ -1,30 +1,44 @@
 """Ledger writes that a replica has acknowledged (`CASCADE_LEDGER_MIN_REPLICAS`).
 
 Redis replicates asynchronously: a master that crashes can take with it the writes it
-acknowledged but had not yet sent on. With `min_replicas` set, each pipelined batch of
-record scripts ends with `WAIT min_replicas wait_ms` on every connection that wrote it
-(on a cluster, one per master: WAIT counts the replicas that have what this connection
-wrote). A batch that fewer replicas took in time, or whose slots moved while it was
-written (a redirected script ran on another connection), raises `LedgerUnavailable`:
-the ledger spools it and replays it, exactly once by the records' markers, until a
-replica has it too, so a master lost with it loses no spend.
+acknowledged but had not yet sent on. With `min_replicas` set, each batch of record
+scripts ends with `WAIT min_replicas wait_ms` on the connection that wrote it, since
+WAIT counts the replicas that have what its own connection wrote:
+
+- On a single Redis the batch is one pipeline, so one connection; should redis-py
+  re-send it on a new connection, the WAIT goes with it.
+- On a cluster each master's share goes on one of its connections, WAIT last
+  (`ClusterClient.on_node`), with no retry and no redirect: a script answered MOVED,
+  ASK or TRYAGAIN ran elsewhere or not at all, so the batch is not confirmed.
+
+A batch that fewer replicas took in time, that was redirected, or that failed on any
+master raises `LedgerUnavailable`: the ledger spools it and replays it, exactly once by
+the records' markers, until a replica has it. A replayed record that is already written
+rewrites its marker (the record script's `ack` argument), so its WAIT has a write to
+count even where Redis would not move a connection's offset for a read.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
+from redis import exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode
 
 from gateway.ledger.store import LedgerUnavailable
 from gateway.redis_client import RedisClient
 from gateway.redis_cluster import ClusterClient
 
+Command = tuple[Any, ...]
+# Replies that mean the script ran on another node, or not at all.
+_REDIRECTS = (redis_errors.AskError, redis_errors.TryAgainError)  # MovedError is an AskError
+
 
 class ReplicaAck:
-    """`WAIT` after each batch: `nodes = await ack.nodes(keys)`, `ack.queue(pipe, nodes)`
-    after the writes, then `await ack.check(wait_replies, nodes, keys)`."""
+    """`await ack.send(commands, keys)`: each command's reply (or the error Redis gave
+    it), once `min_replicas` replicas have them all; `keys[i]` is a key of command i."""
 
     def __init__(self, client: RedisClient, min_replicas: int, wait_ms: int) -> None:
         if min_replicas < 1 or wait_ms < 1:  # WAIT 0 would block for good
@@ -33,27 +47,44 @@ class ReplicaAck:
         self.min_replicas = min_replicas
         self.wait_ms = wait_ms
 
-    async def nodes(self, keys: Sequence[str]) -> list[ClusterNode | None]:
-        """The masters serving `keys` now; `[None]` on a single Redis (one connection)."""
+    async def send(self, commands: Sequence[Command], keys: Sequence[str]) -> list[Any]:
+        if not commands:
+            return []
+        wait: Command = ("WAIT", self.min_replicas, self.wait_ms)
         if not isinstance(self._client, ClusterClient):
-            return [None]
-        found: dict[str, ClusterNode] = {}
-        for key in keys:
-            node = await self._client.node_of(key)
-            found.setdefault(node.name, node)
-        return list(found.values())
+            async with self._client.pipeline(transaction=False) as pipe:
+                for command in (*commands, wait):
+                    pipe.execute_command(*command)
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            self._check({"": replies[-1]})
+            return replies[:-1]
+        groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+        for i, node in enumerate(await self._client.nodes_of(keys)):
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        outcomes = await asyncio.gather(
+            *(
+                self._client.on_node(node, [*(commands[i] for i in indices), wait])
+                for node, indices in groups.values()
+            ),
+            return_exceptions=True,
+        )
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
+            raise failed  # a master that failed: `RedisStore` reports Redis unreachable
+        sent = cast(list[list[Any]], outcomes)
+        out: list[Any] = [None] * len(commands)
+        for (_, indices), node_replies in zip(groups.values(), sent, strict=True):
+            for i, reply in zip(indices, node_replies, strict=False):  # the last is WAIT's
+                out[i] = reply
+        if any(isinstance(reply, _REDIRECTS) for reply in out):
+            raise LedgerUnavailable("slots moved while a batch was written; it is sent again")
+        self._check({name: replies[-1] for name, replies in zip(groups, sent, strict=True)})
+        return out
 
-    def queue(self, pipe: Any, nodes: Sequence[ClusterNode | None]) -> None:
-        for node in nodes:
-            target = {} if node is None else {"target_nodes": node}
-            pipe.execute_command("WAIT", self.min_replicas, self.wait_ms, **target)
-
-    async def check(
-        self, replies: Sequence[Any], nodes: Sequence[ClusterNode | None], keys: Sequence[str]
-    ) -> None:
+    def _check(self, waits: dict[str, Any]) -> None:
         short = [
-            "" if node is None else node.name
-            for node, reply in zip(nodes, replies, strict=True)
+            name
+            for name, reply in waits.items()
             if isinstance(reply, Exception) or int(reply) < self.min_replicas
         ]
         if short:
@@ -62,9 +93,3 @@ class ReplicaAck:
                 f"fewer than {self.min_replicas} replica(s) took the write{where} within "
                 f"{self.wait_ms} ms; it is kept to be sent again"
             )
-        if nodes[0] is not None and _names(await self.nodes(keys)) != _names(nodes):
-            raise LedgerUnavailable("slots moved while a batch was written; it is sent again")
-
-
-def _names(nodes: Sequence[ClusterNode | None]) -> list[str]:
-    return [node.name for node in nodes if node is not None]

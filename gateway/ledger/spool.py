@@ -121,10 +121,14 @@ class Spool:
                 handled += 1
         if batch:
             await store.record_many(batch)
-        if expired:  # kept before the replayed file goes: a crash here replays nothing twice
-            await asyncio.to_thread(self._keep_expired, expired)
-        self.replaying_path.unlink()
+        # One thread call, so that a cancelled replay still ends both.
+        await asyncio.to_thread(self._finish, expired)
         return handled
+
+    def _finish(self, expired: list[bytes]) -> None:
+        if expired:  # kept before the replayed file goes: a crash here replays nothing twice
+            self._keep_expired(expired)
+        self.replaying_path.unlink()
 
     def _keep_expired(self, lines: list[bytes]) -> None:
         with self.expired_path.open("ab") as file:
@@ -148,7 +152,11 @@ class Spool:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_size == 0:
+            # A replay cancelled mid-rename (its thread runs on) may have moved this file
+            # meanwhile: never rename another live file over one still to be replayed.
+            if self.replaying_path.exists():
+                return True
+            if not _same_file(fd, self.path) or os.fstat(fd).st_size == 0:
                 return False
             os.rename(self.path, self.replaying_path)
             return True

@@ -133,10 +133,11 @@ class RedisServer:
     """A private `redis-server` on a free port; its AOF (fsync always) lets it lose
     nothing when killed, as a crashed production Redis with AOF would."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, replica_of: int | None = None) -> None:
         self.port = free_port()
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.replica_of = replica_of  # the port of the server it replicates, if any
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -147,6 +148,8 @@ class RedisServer:
         command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         command += ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
         command += ["--dir", str(self.workdir), "--daemonize", "no"]
+        if self.replica_of is not None:
+            command += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_ready()
 

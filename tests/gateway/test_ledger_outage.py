@@ -185,6 +185,26 @@ async def test_replay_after_partial_replay_does_not_double_count(
     await assert_exactly(store, records + late)
 
 
+async def test_a_rename_never_lands_on_a_file_still_to_be_replayed(
+    store: LedgerStore, tmp_path: Path
+) -> None:
+    """A replay cancelled at shutdown leaves its thread to finish the rename while the
+    next replay starts: that one must replay the renamed file first, never rename the
+    new live file over it."""
+    spool = Spool(tmp_path / "spool.jsonl")
+    first = [make_record(i) for i in range(5)]
+    for rec in first:
+        spool.append(rec)
+    spool.path.rename(spool.replaying_path)  # the cancelled replay's thread
+    later = [make_record(i) for i in range(5, 8)]
+    for rec in later:  # a record spooled at shutdown: a fresh live file
+        spool.append(rec)
+    assert spool._rotate()  # the next replay: what waits first, nothing renamed over it
+    assert len(spool.replaying_path.read_bytes().splitlines()) == 5
+    assert await Spool(spool.path).replay(store) == 8
+    await assert_exactly(store, first + later)
+
+
 async def test_appends_during_replay_are_not_lost(store: LedgerStore, tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.jsonl")
     records = [make_record(i) for i in range(10)]

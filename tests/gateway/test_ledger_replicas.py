@@ -6,30 +6,30 @@ for a replica kept them spooled and writes them to the promoted replica, exactly
 from __future__ import annotations
 
 import asyncio
-import uuid
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 
-from gateway.ledger import CostLedger, LedgerUnavailable, RedisStore, Spool
+from gateway.ledger import CostLedger, LedgerUnavailable, RedisStore, SpendRecord, Spool
 from gateway.settings import CLUSTER_LEDGER_SHARDS, Settings
 from tests.cluster import LocalCluster, cluster_prefix, redis_cluster
-from tests.gateway.ledger_fixtures import DAY0, delete_prefix, expected_rows, make_record
-from tests.support import eventually_async
+from tests.gateway.ledger_fixtures import (
+    DAY0,
+    OUTAGE_DB,
+    RedisServer,
+    expected_rows,
+    make_record,
+)
+from tests.support import eventually, eventually_async
 
 __all__ = ["cluster_prefix", "redis_cluster"]
 
 WIDE = (DAY0 - timedelta(days=30), DAY0 + timedelta(days=30))
-
-
-@pytest.fixture
-async def prefix(redis_url: str) -> AsyncIterator[str]:
-    prefix = f"cgtest-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    await delete_prefix(redis_url, prefix)
 
 
 def test_the_settings_name_the_replicas_and_the_wait() -> None:
@@ -40,25 +40,72 @@ def test_the_settings_name_the_replicas_and_the_wait() -> None:
     assert RedisStore("redis://127.0.0.1:6379/0").replica_ack is None
     with pytest.raises(ValueError, match="WAIT needs a replica and a timeout"):
         RedisStore("redis://127.0.0.1:6379/0", min_replicas=1, replica_wait_ms=0)
-    with pytest.raises(ValueError, match="outlasts the socket's"):
-        RedisStore("redis://127.0.0.1:6379/0", min_replicas=1, replica_wait_ms=1000)
+    with pytest.raises(ValueError, match="over half the socket timeout"):
+        RedisStore("redis://127.0.0.1:6379/0", min_replicas=1, replica_wait_ms=501)
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A private Redis and its replica, in sync."""
+    master = RedisServer(tmp_path / "master")
+    master.start()
+    replica = RedisServer(tmp_path / "replica", replica_of=master.port)
+    replica.start()
+    with redis.Redis(port=replica.port) as client:
+        eventually(lambda: client.info("replication")["master_link_status"] == "up", 10)
+    yield master, replica
+    replica.stop()
+    master.stop()
 
 
 @pytest.mark.parametrize("batch", [1, 5], ids=["one record", "a batch"])
-async def test_a_redis_without_the_replicas_asked_for_leaves_the_write_unconfirmed(
-    redis_url: str, prefix: str, batch: int
+async def test_a_single_redis_confirms_a_write_once_its_replica_has_it(
+    replicated: tuple[RedisServer, RedisServer], batch: int
 ) -> None:
-    """Redis here has no replica: WAIT answers 0, the write is refused as unconfirmed
-    (the ledger spools it), and sending it again is a no-op, as a replay is."""
+    """With the replica in sync the write is confirmed; with the replica cut off (paused,
+    its link dropped) WAIT answers 0 and the write is refused as unconfirmed (the ledger
+    spools it). Sent again once the replica is back, as a replay is, it is confirmed
+    and counted once."""
+    master, replica = replicated
+    waiting = RedisStore(master.url, min_replicas=1, replica_wait_ms=200)
+    assert await _until_acked(waiting, [make_record(100 + i) for i in range(batch)])
     records = [make_record(i) for i in range(batch)]
-    waiting = RedisStore(redis_url, prefix=prefix, min_replicas=1, replica_wait_ms=20)
+    replica.pause()
+    with redis.Redis(port=master.port) as client:
+        client.client_kill_filter(_type="replica")
     with pytest.raises(LedgerUnavailable, match="fewer than 1 replica"):
         await waiting.record_many(records)
-    plain = RedisStore(redis_url, prefix=prefix)
-    assert await plain.record_many(records) == [False] * batch  # it was written, once
-    assert await plain.aggregate(*WIDE, ["day"]) == expected_rows(records, ["day"])
+    replica.resume()
+    assert await _until_acked(waiting, records) == [False] * batch  # written before, once
+    with redis.Redis(port=replica.port, db=OUTAGE_DB) as client:  # and on the replica
+        assert all(client.exists(f"cg:{{ledger}}:rec:{r.record_id}") for r in records)
+    assert await waiting.aggregate(*WIDE, ["day"]) == expected_rows(
+        [*records, *(make_record(100 + i) for i in range(batch))], ["day"]
+    )
     await waiting.close()
-    await plain.close()
+
+
+async def test_a_redis_without_the_replicas_asked_for_leaves_every_write_unconfirmed(
+    redis_server: RedisServer,
+) -> None:
+    waiting = RedisStore(redis_server.url, min_replicas=1, replica_wait_ms=20)
+    with pytest.raises(LedgerUnavailable, match="fewer than 1 replica"):
+        await waiting.record_many([make_record(1), make_record(2)])
+    assert await waiting.record_many([]) == []
+    await waiting.close()
+
+
+async def _until_acked(store: RedisStore, records: list[SpendRecord]) -> list[bool]:
+    """`record_many`, again until a replica confirms it (a replica just (re)synced
+    acknowledges its first write after a few hundred ms)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await store.record_many(records)
+        except LedgerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def test_a_crashed_master_loses_no_spend_a_replica_was_asked_to_take(
@@ -87,7 +134,11 @@ async def test_a_crashed_master_loses_no_spend_a_replica_was_asked_to_take(
         name: CostLedger(store, Spool(tmp_path / f"{name}.spool"), replay_interval_s=0.1)
         for name, store in stores.items()
     }
-    await _until_replicas_ack(url, cluster_prefix + "warm-up:")
+    warm_up = RedisStore(
+        url, prefix=cluster_prefix + "warm-up:", cluster=True, shards=shards, min_replicas=1
+    )
+    assert await _until_acked(warm_up, [make_record(i) for i in range(shards * 4)])
+    await warm_up.close()
     for ledger in ledgers.values():
         ledger.start()
     records = [make_record(i, day=i % 2) for i in range(120)]
@@ -108,7 +159,8 @@ async def test_a_crashed_master_loses_no_spend_a_replica_was_asked_to_take(
         await asyncio.to_thread(redis_cluster.crash, victim)
         redis_cluster.resume(replica)
         await asyncio.to_thread(redis_cluster.take_over, replica)
-        assert ledgers["acked"].degraded  # the new master has no replica yet
+        await asyncio.sleep(1.0)  # replays meanwhile: the new master has no replica yet
+        assert ledgers["acked"].degraded and ledgers["acked"].spooled_count > 0
         await asyncio.to_thread(redis_cluster.restart, victim)  # now it has
         await eventually_async(
             lambda: not ledgers["acked"].degraded, 60, "the acked ledger to replay", 0.1
@@ -135,22 +187,25 @@ async def test_a_crashed_master_loses_no_spend_a_replica_was_asked_to_take(
     assert ledgers["acked"].dropped_count == ledgers["acked"].expired_count == 0
 
 
-async def _until_replicas_ack(url: str, prefix: str) -> None:
-    """A replica just synced acknowledges its first write after a few hundred ms."""
+async def test_a_batch_redirected_by_a_failover_is_not_confirmed_until_sent_again(
+    redis_cluster: LocalCluster, cluster_prefix: str
+) -> None:
+    """After a planned failover the store's map is stale: its scripts for that master are
+    answered MOVED and run nowhere, so the batch is refused, not redirected past its
+    WAIT. Sent again (the map patched), it is confirmed and counted once."""
     shards = CLUSTER_LEDGER_SHARDS
-    waiting = RedisStore(
-        url, prefix=prefix, cluster=True, shards=shards, min_replicas=1, replica_wait_ms=500
+    store = RedisStore(
+        redis_cluster.url, prefix=cluster_prefix, cluster=True, shards=shards, min_replicas=1
     )
-    records = [make_record(i) for i in range(shards * 4)]  # every master
-
-    async def acked() -> bool:
-        try:
-            return len(await waiting.record_many(records)) == len(records)
-        except LedgerUnavailable:
-            return False
-
-    await eventually_async(acked, 30, "every master's replica to acknowledge a write")
-    await waiting.close()
+    warm = [make_record(1000 + i) for i in range(shards * 4)]
+    assert await _until_acked(store, warm)
+    await asyncio.to_thread(redis_cluster.failover, redis_cluster.masters()[1])
+    records = [make_record(i) for i in range(shards * 4)]
+    with pytest.raises(LedgerUnavailable, match="slots moved"):
+        await store.record_many(records)
+    await _until_acked(store, records)
+    assert await store.aggregate(*WIDE, ["day"]) == expected_rows([*warm, *records], ["day"])
+    await store.close()
 
 
 def _rejoin(cluster: LocalCluster, port: int) -> None:
