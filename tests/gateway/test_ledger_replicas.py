@@ -8,16 +8,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from gateway.ledger import CostLedger, LedgerUnavailable, RedisStore, SpendRecord, Spool
 from gateway.settings import CLUSTER_LEDGER_SHARDS, Settings
 from tests.cluster import LocalCluster, cluster_prefix, redis_cluster
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.gateway.conftest import AUTH, StartGateway, openai_compatible_policy
 from tests.gateway.ledger_fixtures import (
     DAY0,
     OUTAGE_DB,
@@ -83,6 +86,57 @@ async def test_a_single_redis_confirms_a_write_once_its_replica_has_it(
         [*records, *(make_record(100 + i) for i in range(batch))], ["day"]
     )
     await waiting.close()
+
+
+async def test_the_gateway_spools_spend_its_redis_replica_has_not_taken(
+    replicated: tuple[RedisServer, RedisServer],
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    redis_prefix: str,
+) -> None:
+    """The running gateway with CASCADE_LEDGER_MIN_REPLICAS=1: while its Redis's replica
+    is cut off it answers as ever, its ledger reports degraded and keeps the spend in
+    the spool; with the replica back every answer is recorded once, on the replica too."""
+    master, replica = replicated
+    server = start_gateway(
+        openai_compatible_policy(),
+        redis=master.url,
+        UPSTREAM_BASE_URL=fake_openai.url,
+        CASCADE_LEDGER_MIN_REPLICAS="1",
+        CASCADE_LEDGER_REPLICA_WAIT_MS="200",
+    )
+    store = RedisStore(master.url, prefix=redis_prefix)
+
+    async def chat(client: httpx.AsyncClient, text: str) -> str:
+        body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+        response = await client.post("/v1/chat/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+        return response.headers["x-request-id"]
+
+    async def ledger_state(client: httpx.AsyncClient) -> str:
+        return str((await client.get("/readyz")).json()["ledger"])
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        answered = [await chat(client, f"hello {i}") for i in range(3)]
+        replica.pause()
+        with redis.Redis(port=master.port) as node:
+            node.client_kill_filter(_type="replica")
+        answered += [await chat(client, f"while cut off {i}") for i in range(3)]
+        await eventually_async(
+            lambda: _is(ledger_state(client), "degraded"), 10, "the ledger degraded"
+        )
+        replica.resume()
+        await eventually_async(lambda: _is(ledger_state(client), "ok"), 30, "the ledger ok")
+
+    recorded = [event.request_id for event in await store.events(limit=100)]
+    await store.close()
+    assert sorted(recorded) == sorted(answered)
+    with redis.Redis(port=replica.port, db=OUTAGE_DB, decode_responses=True) as node:
+        assert all(node.exists(f"{redis_prefix}{{ledger}}:rec:{rid}") for rid in answered)
+
+
+async def _is(value: Awaitable[str], expected: str) -> bool:
+    return await value == expected
 
 
 async def test_a_redis_without_the_replicas_asked_for_leaves_every_write_unconfirmed(
