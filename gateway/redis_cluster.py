@@ -97,27 +97,15 @@ class ClusterClient(RedisCluster):
 
     async def on_node(self, node: ClusterNode, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """`commands` to `node` in one round trip on one of its connections: each reply,
-        or the error Redis answered for it. Nothing is retried or redirected (a MOVED
-        patches the map); a failed connection raises `ConnectionError`."""
+        or the error Redis answered for it. Nothing is redirected (a MOVED patches the
+        map); a dropped connection is tried once more on a fresh one, all the commands
+        again (callers send idempotent ones); a failed connection raises ConnectionError."""
         async with self.slot():
-            connection = node.acquire_connection()
-            try:
-                await node.disconnect_if_needed(connection)
-                await connection.send_packed_command(connection.pack_commands(commands))
-                replies: list[Any] = []
-                for command in commands:
-                    try:
-                        replies.append(await node.parse_response(connection, command[0]))
-                    except errors.ResponseError as exc:
-                        if isinstance(exc, errors.MovedError):
-                            await self.nodes_manager.move_slot(exc)
-                        replies.append(exc)
-            except BaseException:
-                await connection.disconnect()  # replies left unread: not for the pool
-                raise
-            finally:
-                node.release(connection)
-        return replies
+            with _as_connection_errors():
+                try:
+                    return await _on_connection(self, node, commands)
+                except errors.ConnectionError:
+                    return await _on_connection(self, node, commands)
 
     async def ping(self, **kwargs: Any) -> Any:
         return await self.execute_command("PING", target_nodes=self.PRIMARIES, **kwargs)
@@ -161,6 +149,29 @@ class _Pipeline(ClusterPipeline):
                 replies = await super().execute(raise_on_error, allow_redirections)
         # Without raise_on_error a command's error is its reply: the same goes for those.
         return [_connection_error(r) if isinstance(r, AttributeError) else r for r in replies]
+
+
+async def _on_connection(
+    client: ClusterClient, node: ClusterNode, commands: Sequence[Sequence[Any]]
+) -> list[Any]:
+    connection = node.acquire_connection()
+    try:
+        await node.disconnect_if_needed(connection)
+        await connection.send_packed_command(connection.pack_commands(commands))
+        replies: list[Any] = []
+        for command in commands:
+            try:
+                replies.append(await node.parse_response(connection, command[0]))
+            except errors.ResponseError as exc:
+                if isinstance(exc, errors.MovedError):
+                    await client.nodes_manager.move_slot(exc)
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await connection.disconnect()  # replies left unread: not for the pool
+        raise
+    finally:
+        node.release(connection)
 
 
 @contextlib.contextmanager

@@ -73,7 +73,7 @@ _UNREACHABLE = (
 # encodes faster than 19).
 _RECORD_LUA = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  if ARGV[10] == '1' then redis.call('SET', KEYS[1], ARGV[1], 'XX', 'KEEPTTL') end
+  if ARGV[10] == '1' then redis.call('SET', KEYS[1], redis.call('GET', KEYS[1]), 'KEEPTTL') end
   return 0
 end
 local dims = cjson.decode(ARGV[8])

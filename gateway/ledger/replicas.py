@@ -8,14 +8,16 @@ WAIT counts the replicas that have what its own connection wrote:
 - On a single Redis the batch is one pipeline, so one connection; should redis-py
   re-send it on a new connection, the WAIT goes with it.
 - On a cluster each master's share goes on one of its connections, WAIT last
-  (`ClusterClient.on_node`), with no retry and no redirect: a script answered MOVED,
-  ASK or TRYAGAIN ran elsewhere or not at all, so the batch is not confirmed.
+  (`ClusterClient.on_node`; a dropped connection is tried once more, WAIT and all, on
+  a fresh one). Nothing is redirected: a script answered MOVED, ASK or TRYAGAIN ran
+  elsewhere or not at all, so the batch is not confirmed.
 
 A batch that fewer replicas took in time, that was redirected, or that failed on any
 master raises `LedgerUnavailable`: the ledger spools it and replays it, exactly once by
 the records' markers, until a replica has it. A replayed record that is already written
-rewrites its marker (the record script's `ack` argument), so its WAIT has a write to
-count even where Redis would not move a connection's offset for a read.
+rewrites its marker with its own value (the record script's `ack` argument), so its
+WAIT has a write to count even where Redis would not move a connection's offset for a
+read.
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import orjson
 
@@ -35,6 +36,7 @@ REPLAY_BATCH = 256  # records per pipelined write while replaying
 SPOOLED_AT = "spooled_at"  # the field each line adds to its record
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Spool:
@@ -94,7 +96,7 @@ class Spool:
             # A leftover `.replaying` file (crash, outage) goes first, then the live file.
             for _ in range(2):
                 # In a thread: the rename waits on the flock of an append mid-fsync.
-                if not self.replaying_path.exists() and not await asyncio.to_thread(self._rotate):
+                if not self.replaying_path.exists() and not await _to_thread(self._rotate):
                     break
                 handled += await self._replay_file(store)
             # Re-count: appends may have raced the replay, or another process's replay ours.
@@ -121,8 +123,7 @@ class Spool:
                 handled += 1
         if batch:
             await store.record_many(batch)
-        # One thread call, so that a cancelled replay still ends both.
-        await asyncio.to_thread(self._finish, expired)
+        await _to_thread(self._finish, expired)
         return handled
 
     def _finish(self, expired: list[bytes]) -> None:
@@ -190,6 +191,17 @@ class Spool:
             yield True
         finally:
             os.close(fd)
+
+
+async def _to_thread(call: Callable[..., T], *args: Any) -> T:
+    """`call` in a thread; a replay cancelled meanwhile waits for the thread to end, so
+    the replay lock is not released while its rename or unlink is still to come."""
+    future = asyncio.ensure_future(asyncio.to_thread(call, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await future
+        raise
 
 
 def _parse(line: bytes, path: Path, number: int) -> tuple[SpendRecord, float] | None:

@@ -262,6 +262,26 @@ async def test_a_batch_redirected_by_a_failover_is_not_confirmed_until_sent_agai
     await store.close()
 
 
+async def test_a_dropped_connection_is_tried_again_before_a_batch_counts_unconfirmed(
+    redis_cluster: LocalCluster, cluster_prefix: str
+) -> None:
+    """Every master closes the store's pooled connections (a restart, an idle timeout):
+    the next batch goes again, WAIT and all, on fresh ones, and is confirmed."""
+    shards = CLUSTER_LEDGER_SHARDS
+    store = RedisStore(
+        redis_cluster.url, prefix=cluster_prefix, cluster=True, shards=shards, min_replicas=1
+    )
+    first = [make_record(i) for i in range(shards * 4)]
+    assert await _until_acked(store, first)
+    for port in redis_cluster.masters():
+        with redis_cluster.node(port) as node:
+            assert node.client_kill_filter(_type="normal") >= 1  # ours among them
+    later = [make_record(i) for i in range(shards * 4, shards * 8)]
+    assert await store.record_many(later) == [True] * len(later)
+    assert await store.aggregate(*WIDE, ["day"]) == expected_rows(first + later, ["day"])
+    await store.close()
+
+
 def _rejoin(cluster: LocalCluster, port: int) -> None:
     """The crashed master back, as its successor's replica: the session's cluster healthy."""
     cluster.restart(port)
