@@ -14,7 +14,6 @@ checks at startup too) is handled as an outage: spooled, logged once, retried.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -112,7 +111,7 @@ class CostLedger:
         return True
 
     async def _write_loop(self) -> None:
-        while True:
+        while self._queue or not self._stopped:  # `stop` flushes the queue through here
             await self._wakeup.wait()
             await asyncio.sleep(LINGER_S)
             self._wakeup.clear()
@@ -173,13 +172,19 @@ class CostLedger:
         self._stopped = True  # from now on `submit` spools synchronously
         if not await self.flush(timeout_s):
             log.error("ledger writes did not finish in %.0fs; spooling the rest", timeout_s)
-        tasks = [self._writer, self._task]
+        tasks = [task for task in (self._writer, self._task) if task is not None]
         self._writer = self._task = None
+        self._wakeup.set()  # a writer that missed its cancel sees `_stopped` and ends
         for task in tasks:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            task.cancel()
+        if tasks:
+            # Not `await task`: that would swallow a cancel of `stop` itself. The loops
+            # also end on `_stopped`, should a library under them eat the cancel (a
+            # timeout expiring as it comes: asyncio.timeout does that on Python 3.11).
+            await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("a ledger task failed", exc_info=task.exception())
         # A batch cut off mid-write may be in the store already: replay dedupes it.
         leftover = self._in_flight + list(self._queue)
         self._in_flight = []
@@ -187,7 +192,7 @@ class CostLedger:
         await self._to_spool(leftover)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopped:
             try:
                 if self.degraded:
                     await self.catch_up()

@@ -325,3 +325,38 @@ async def test_submitted_records_are_batched_and_flushed(tmp_path: Path) -> None
     ledger.submit(make_record(600))
     await ledger.stop()  # stop flushes what is still queued
     assert len(await store.events(limit=10_000)) == 601
+
+
+class CancelEatingStore(MemoryStore):
+    """A ping that eats the cancel meeting it, as `asyncio.timeout` can on Python 3.11
+    when its deadline expires at the same moment (redis-py times its reads with it)."""
+
+    async def ping(self) -> bool:
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            return False
+        return True
+
+
+async def test_stop_ends_the_ledger_s_tasks_even_if_a_store_call_eats_the_cancel(
+    tmp_path: Path,
+) -> None:
+    store = CancelEatingStore()
+    ledger = CostLedger(store, Spool(tmp_path / "spool"), replay_interval_s=0)
+    ledger.start()
+    ledger.submit(make_record(1))
+    await asyncio.sleep(0.1)  # the replay task pings all the while
+    await asyncio.wait_for(ledger.stop(), 5)
+    assert await store.get("req-1") is not None and ledger.spooled_count == 0
+
+
+async def test_a_cancelled_stop_is_cancelled(tmp_path: Path) -> None:
+    """`stop` waits for the ledger's tasks without swallowing a cancel of its own."""
+    ledger = CostLedger(MemoryStore(), Spool(tmp_path / "spool"))
+    ledger.start()
+    stopping = asyncio.ensure_future(ledger.stop())
+    await asyncio.sleep(0)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
