@@ -19,7 +19,6 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 
 from gateway.errors import RateLimited, UpstreamUnavailable
@@ -36,6 +35,7 @@ from gateway.health.warmup import Warmup
 from gateway.metrics import Metrics
 from gateway.redis_client import RedisClient, redis_client
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, sla_met
+from gateway.tasks import stop_tasks
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamFailure
 from policies.schema import Policy
 from router.selection import Health, SlaMissType, select
@@ -232,11 +232,7 @@ class SlaGuard:
                 m.child(m.predicted_ttft, target.deployment).set(min(predicted, 1e6))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(*self._tasks)
         await self.load.close()
         await self.warmup.close()
         if self._redis is not None:

@@ -25,7 +25,6 @@ second until it answers, so an outage costs no per-request timeouts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -62,6 +61,7 @@ from gateway.limits.store import (
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
+from gateway.tasks import stop_tasks
 from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)
@@ -485,11 +485,7 @@ class Limiter:
                 "their spend is in the ledger only",
                 len(self._queue),
             )
-        for task in (self._writer, self._prober, self._watcher):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_tasks(self._writer, self._prober, self._watcher)
         self._writer = self._prober = self._watcher = None
         if self._store is not None:
             await self._store.close()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 
 from redis.exceptions import RedisError
 
@@ -36,6 +35,7 @@ from gateway.pipeline.selector import (
 )
 from gateway.redis_client import RedisClient, redis_client
 from gateway.runtime import Runtime
+from gateway.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +177,8 @@ class SharedTrafficProfiles(TrafficProfiles):
 
     async def stop(self) -> None:
         """Stop polling, let the observations in flight land, close the client."""
-        if self._poll is not None:
-            self._poll.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._poll
+        await stop_tasks(self._poll)
+        self._poll = None
         await self.flush()
         await self._client.aclose()
 
