@@ -28,6 +28,7 @@ tag, so that each script touches one slot. `RedisClient` is either kind.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -102,3 +103,13 @@ def address(client: RedisClient) -> str:
         return client.address
     kw = client.connection_pool.connection_kwargs
     return kw.get("path") or f"{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"
+
+
+async def pipelined(client: RedisClient, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """`commands` in one pipeline (no transaction: on a cluster, split by node): each
+    reply, or the error Redis answered for it."""
+    async with client.pipeline(transaction=False) as pipe:
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+    return replies

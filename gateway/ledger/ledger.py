@@ -25,6 +25,7 @@ from gateway.ledger.record import AggregateRow, SpendRecord
 from gateway.ledger.shards import LedgerLayoutError
 from gateway.ledger.spool import Spool
 from gateway.ledger.store import LedgerStore, LedgerUnavailable
+from gateway.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -172,19 +173,10 @@ class CostLedger:
         self._stopped = True  # from now on `submit` spools synchronously
         if not await self.flush(timeout_s):
             log.error("ledger writes did not finish in %.0fs; spooling the rest", timeout_s)
-        tasks = [task for task in (self._writer, self._task) if task is not None]
+        tasks = (self._writer, self._task)
         self._writer = self._task = None
         self._wakeup.set()  # a writer that missed its cancel sees `_stopped` and ends
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            # Not `await task`: that would swallow a cancel of `stop` itself. The loops
-            # also end on `_stopped`, should a library under them eat the cancel (a
-            # timeout expiring as it comes: asyncio.timeout does that on Python 3.11).
-            await asyncio.wait(tasks)
-            for task in tasks:
-                if not task.cancelled() and task.exception() is not None:
-                    log.error("a ledger task failed", exc_info=task.exception())
+        await stop_tasks(*tasks)
         # A batch cut off mid-write may be in the store already: replay dedupes it.
         leftover = self._in_flight + list(self._queue)
         self._in_flight = []

@@ -44,7 +44,7 @@ from gateway.ledger.rollup import METRICS, Rollup, check_group_by, metrics_of
 from gateway.ledger.shards import ShardKeys, check_layout, day_ordinal, shard_of
 from gateway.ledger.store import DEDUPE_WINDOW_S, LedgerUnavailable
 from gateway.ledger.stream_ids import parse_id
-from gateway.redis_client import RedisClient, address, redis_client
+from gateway.redis_client import RedisClient, address, pipelined, redis_client
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -224,11 +224,7 @@ class RedisStore:
         commands = [("EVALSHA", self._script.sha, len(k), *k, *a) for k, a in calls]
         if self._ack is not None:
             return await self._ack.send(commands, [keys[0] for keys, _ in calls])
-        async with self._client.pipeline(transaction=False) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
+        return await pipelined(self._client, commands)
 
     def _script_call(self, rec: SpendRecord) -> tuple[list[str], list[Any]]:
         day = rec.day

@@ -30,7 +30,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import ClusterNode
 
 from gateway.ledger.store import LedgerUnavailable
-from gateway.redis_client import RedisClient
+from gateway.redis_client import RedisClient, pipelined
 from gateway.redis_cluster import ClusterClient
 
 Command = tuple[Any, ...]
@@ -54,10 +54,7 @@ class ReplicaAck:
             return []
         wait: Command = ("WAIT", self.min_replicas, self.wait_ms)
         if not isinstance(self._client, ClusterClient):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for command in (*commands, wait):
-                    pipe.execute_command(*command)
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            replies = await pipelined(self._client, [*commands, wait])
             self._check({"": replies[-1]})
             return replies[:-1]
         groups: dict[str, tuple[ClusterNode, list[int]]] = {}

@@ -194,14 +194,21 @@ class Spool:
 
 
 async def _to_thread(call: Callable[..., T], *args: Any) -> T:
-    """`call` in a thread; a replay cancelled meanwhile waits for the thread to end, so
-    the replay lock is not released while its rename or unlink is still to come."""
+    """`call` in a thread; a replay cancelled meanwhile (once or more) waits for the
+    thread to end, so the replay lock is not released while its rename or unlink is
+    still to come, then is cancelled."""
     future = asyncio.ensure_future(asyncio.to_thread(call, *args))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        await future
-        raise
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:  # the thread's: raised by `result()` below
+            break
+    if cancelled:
+        raise asyncio.CancelledError
+    return future.result()
 
 
 def _parse(line: bytes, path: Path, number: int) -> tuple[SpendRecord, float] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -25,6 +26,7 @@ from gateway.ledger import (
     SpendRecord,
     Spool,
 )
+from gateway.ledger.spool import _to_thread
 from tests.gateway.ledger_fixtures import (
     DAY0,
     OUTAGE_DB,
@@ -360,3 +362,27 @@ async def test_a_cancelled_stop_is_cancelled(tmp_path: Path) -> None:
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
+
+
+async def test_a_cancelled_replay_waits_for_its_file_work_to_end() -> None:
+    """Cancelled, even twice, while its rename or unlink runs in a thread, a replay ends
+    only after the thread has: the replay lock outlasts the file work."""
+    started, release = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def file_work() -> None:
+        started.set()
+        release.wait(5)
+        done.append("renamed")
+
+    replay = asyncio.ensure_future(_to_thread(file_work))
+    await asyncio.to_thread(started.wait, 5)
+    replay.cancel()
+    await asyncio.sleep(0.05)
+    replay.cancel()
+    await asyncio.sleep(0.05)
+    assert not replay.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await replay
+    assert done == ["renamed"]
