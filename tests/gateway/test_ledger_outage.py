@@ -7,6 +7,7 @@ pause and restart it without touching the shared Redis.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import threading
 import time
@@ -205,6 +206,32 @@ async def test_a_rename_never_lands_on_a_file_still_to_be_replayed(
     assert len(spool.replaying_path.read_bytes().splitlines()) == 5
     assert await Spool(spool.path).replay(store) == 8
     await assert_exactly(store, first + later)
+
+
+def test_rotate_renames_only_the_file_it_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between opening the live file and locking it, another process may replay and
+    remove that file and an append start a fresh one: the rename must not move the
+    fresh file, whose appender holds the lock on it and may still be writing."""
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.append(make_record(0))
+    real_flock = fcntl.flock
+    swapped = False
+
+    def replayed_by_another_process_first(fd: int, operation: int) -> None:
+        nonlocal swapped
+        if not swapped:
+            swapped = True
+            spool.path.unlink()  # the other process replayed it
+            Spool(spool.path).append(make_record(1))  # a fresh live file
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", replayed_by_another_process_first)
+    assert not spool._rotate()
+    assert swapped
+    assert not spool.replaying_path.exists()
+    assert len(spool.path.read_bytes().splitlines()) == 1
 
 
 async def test_appends_during_replay_are_not_lost(store: LedgerStore, tmp_path: Path) -> None:
