@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies import DEFAULT_POLICY_PATH
@@ -22,11 +22,17 @@ CLUSTER_LEDGER_SHARDS = 16
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CASCADE_", extra="ignore")
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
     policy: Path = DEFAULT_POLICY_PATH
     host: str = "127.0.0.1"
-    port: int = 8080
-    workers: int = 1
-    log_level: str = "info"
+    port: int = Field(default=8080, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1)
+    # Python's level names, any case (uvicorn takes the lower-case form).
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     # One INFO line per request on the `gateway.decisions` logger: the route, its plan
     # and why (the score, tiers, skipped deployments), and a cascade's verdicts. Off by
     # default: per-request logging costs more than the proxying itself.

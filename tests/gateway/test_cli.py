@@ -79,10 +79,13 @@ def test_serve_refuses_a_bad_policy_or_setting_with_the_message_alone(tmp_path: 
     assert result.returncode == 1
     assert f"{bad}:2:" in result.stderr and "deployments.a.timeout_s" in result.stderr
     assert "Traceback" not in result.stderr
-    env = {**os.environ, "CASCADE_PORT": "eighty"}
-    result = run("serve", env=env)
+    for name, value in [("PORT", "eighty"), ("PORT", "70000"), ("LOG_LEVEL", "loud")]:
+        result = run("serve", env={**os.environ, f"CASCADE_{name}": value})
+        assert result.returncode == 2, result.stderr
+        assert f"CASCADE_{name}='{value}'" in result.stderr and "Traceback" not in result.stderr
+    result = run("serve", "--port", "70001")  # never bound as 70001 - 65536
     assert result.returncode == 2
-    assert "CASCADE_PORT='eighty'" in result.stderr and "Traceback" not in result.stderr
+    assert "--port=70001" in result.stderr and "less than or equal to 65535" in result.stderr
 
 
 def test_policy_check_reports_file_line_and_field(tmp_path: Path) -> None:
@@ -312,9 +315,9 @@ async def test_spend_report_matches_the_ledger(
     today = datetime.now(UTC).date().isoformat()
     env = {**os.environ, "REDIS_URL": redis_url, "CASCADE_REDIS_PREFIX": redis_prefix}
     args = ("spend", "report", "--from", today, "--to", today, "--group-by", "team,model")
-    rows = json.loads(run(*args, "--format", "json", env=env).stdout)
-    assert len(rows) == 1
-    row = rows[0]
+    body = json.loads(run(*args, "--format", "json", env=env).stdout)
+    [row] = body["data"]
+    assert body["total"]["cost_usd"] == row["cost_usd"] and body["note"] is None
     assert (row["team"], row["model"], row["requests"]) == ("test", "fake-model", 3)
     assert row["cost_usd"] == round(sum(r.cost_nanos for r in records) / 1e9, 9)
     reference = sum(r.reference_cost_nanos for r in records) / 1e9
