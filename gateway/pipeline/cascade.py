@@ -68,14 +68,12 @@ class CascadeResult:
     second_opinions: tuple[int, int] | None = None
     # The judge's score of each answer it graded (None: the verifier decided instead).
     judge_scores: tuple[float | None, ...] = ()
+    # Upstream calls of every tier that answered (the header's count), not only the last.
+    attempts: int = 0
 
     @property
     def cost_nanos(self) -> int:
         return sum(r.cost_nanos for r in self.records)
-
-    @property
-    def attempts(self) -> int:
-        return self.final.attempts
 
 
 class Cascade:
@@ -113,7 +111,7 @@ class Cascade:
         records: list[SpendRecord] = []
         graded = _Graded()
         try:
-            final, scores, escalations = await self._climb(
+            final, scores, escalations, attempts = await self._climb(
                 call, groups, ends_at, opinions, records, graded
             )
         finally:
@@ -125,7 +123,7 @@ class Cascade:
             tally = (opinions.agreeing, opinions.answered)
         records += graded.records
         judged = tuple(graded.scores)
-        return CascadeResult(final, tuple(records), escalations, scores, tally, judged)
+        return CascadeResult(final, tuple(records), escalations, scores, tally, judged, attempts)
 
     async def _climb(
         self,
@@ -135,14 +133,16 @@ class Cascade:
         opinions: SecondOpinions | None,
         records: list[SpendRecord],
         graded: _Graded,
-    ) -> tuple[Completed, tuple[float, ...], int]:
+    ) -> tuple[Completed, tuple[float, ...], int, int]:
         """Ask tier after tier while the verifier rejects the answer; the answer kept,
-        the verifier's scores and the escalations (the tiers climbed to the answer
-        kept: past rejected answers and past tiers that failed). Each answer is priced
+        the verifier's scores, the escalations (the tiers climbed to the answer
+        kept: past rejected answers and past tiers that failed) and the upstream calls
+        of the tiers that answered. Each answer is priced
         into `records`; a rejected one once the next tier's outcome says whether the
         client gets it after all (its escalation failed), so that only the answer the
         client gets is judged against the route's SLA: one verdict per request."""
         scores: list[float] = []
+        attempts = 0
         closing: asyncio.Task[None] | None = None  # the opinions' early close
         latest: _Answer | None = None  # the last answer, not priced yet
         delivered = False  # whether `latest` is the client's answer
@@ -182,6 +182,7 @@ class Cascade:
                     # The client gets it now, after the failed escalation: so its latency.
                     latest.answered_at, delivered = time.perf_counter(), True
                     break
+                attempts += done.attempts
                 # The answer before, rejected, is not the client's now that another came.
                 rejected, latest = latest, _Answer(done, step, time.perf_counter())
                 if rejected is not None:
@@ -213,7 +214,7 @@ class Cascade:
                 await _finished(closing)
         assert latest is not None  # the first group either answered or raised
         final = without_logprobs(latest.done) if ask else latest.done
-        return final, tuple(scores), latest.step
+        return final, tuple(scores), latest.step, attempts
 
     async def _evidence(
         self,

@@ -288,7 +288,7 @@ class Proxy:
         m = self._metrics
         m.child(m.escalations, call.route.name).inc(result.escalations)
         self._observe(call, final.deployment, "200")
-        headers = cascade_headers(call, final.deployment, final.attempts)
+        headers = cascade_headers(call, final.deployment, result.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
         if result.judge_scores:  # the judge's grade of each checked answer
             headers["x-cascade-judge"] = ",".join(

@@ -50,6 +50,7 @@ async def test_a_good_cheap_answer_is_kept(
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "cheap"
     assert response.headers["x-cascade-escalations"] == "0"
+    assert response.headers["x-cascade-attempts"] == "1"
     assert premium.requests == []
     record = await wait_for_record(ledger_store, response.headers["x-request-id"])
     assert record.tier == "local-small"
@@ -66,6 +67,8 @@ async def test_a_rejected_answer_escalates_and_both_are_priced(
     assert response.headers["x-cascade-deployment"] == "premium"
     assert response.headers["x-cascade-tier"] == "premium"
     assert response.headers["x-cascade-escalations"] == "1"
+    assert response.headers["x-cascade-attempts"] == "2"  # both tiers' calls
+    assert len(fake_openai.requests) == len(premium.requests) == 1
     request_id = response.headers["x-request-id"]
     cheap = await wait_for_record(ledger_store, request_id)
     escalated = await wait_for_record(ledger_store, f"{request_id}:1")
@@ -119,6 +122,7 @@ def test_streams_are_verified_whole_then_sent(
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-cascade-escalations"] == "1"
+        assert response.headers["x-cascade-attempts"] == "2"
         body = response.read().decode()
     assert body.endswith("data: [DONE]\n\n")
     assert GOOD in body and REFUSAL not in body
