@@ -42,7 +42,10 @@ _VALUE = re.compile(_VALUE_TEXT)
 _LATEX_FRACTION = re.compile(r"\\d?frac\{(-?\d++(?:\.\d++)?)\}\{(\d++(?:\.\d++)?)\}")
 _MATH_PROMPT = re.compile(
     r"\b(how many|how much|how long|how far|how old|what is the (?:total|sum|value|"
-    r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^][ \t]*+\d",
+    r"product|difference)|calculate|compute|solve|percent|per cent)\b|[=+*/^][ \t]*+\d"
+    # Arithmetic in words: "6 times 7", "12 divided by 4", "9 squared".
+    r"|\d[ \t]*+(?:times|plus|minus|multiplied by|divided by|to the power of)[ \t]++-?\d"
+    r"|\d[ \t]*+(?:squared|cubed)\b|answer with (?:a|one|just a) number",
     re.IGNORECASE,
 )
 # Where an answer states its result: GSM8K's "#### 42", LaTeX's \boxed{42}, "answer is

@@ -138,6 +138,8 @@ def test_a_prompt_that_asks_for_code_is_of_the_code_kind() -> None:
     # Loose cues give way to a maths question.
     assert prompt_kind("A python at the zoo eats 3 mice a day. How many in 7 days?") == "math"
     assert prompt_kind("Sam must complete a 12-week program. How many days is it?") == "math"
+    assert prompt_kind("What is 6 times 7?") == "math"  # arithmetic in words
+    assert prompt_kind("Write 6 haiku, 7 lines each, about sums.") is None
 
 
 def test_code_agreement_is_how_alike_the_code_is() -> None:

@@ -153,6 +153,26 @@ def test_a_maths_answer_in_words_or_yes_no_has_its_number(prompt: str, response:
     assert features["math_unused_numbers"] == 0.0  # a bare answer restates none by nature
 
 
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "What is 6 times 7?",
+        "What is 6 times 7? Answer with a number.",
+        "How much is 12 divided by 4",
+        "What's 9 squared?",
+    ],
+)
+def test_arithmetic_in_words_is_maths_and_a_non_answer_is_capped(
+    verifier: Verifier, prompt: str
+) -> None:
+    """A greeting in place of the result scored 0.998 while "6 times 7" read as chat."""
+    features = features_of(prompt, "Hello! This is a fake upstream answering your request.")
+    assert (features["math_prompt"], features["math_no_number"]) == (1.0, 1.0)
+    non_answer = verifier.score(prompt, "Hello! This is a fake upstream answering your request.")
+    assert non_answer <= verifier_module.SCORE_CAPS["math_no_number"]
+    assert verifier.score(prompt, "42") > non_answer
+
+
 def test_a_maths_answer_that_shows_no_working_is_not_a_skipped_fact() -> None:
     bare = features_of("What is 12 * 7?", "84")
     worked = features_of(MATHS, "3 boxes make 36 apples, so 31 are left.\n#### 31")
