@@ -332,7 +332,9 @@
     $("kpi-reference").textContent = usd(total.reference_cost_usd);
     $("kpi-savings").textContent = usd(total.savings_usd);
     const part = total.reference_coverage === "partial" ? " where compared" : "";
-    $("kpi-savings-pct").textContent = noReference ? "no reference model" : `${pct(total.savings_pct)} saved${part}`;
+    const nothing = !total.requests && !total.errors; // an empty range: nothing to compare
+    $("kpi-savings-pct").textContent = nothing ? "no requests"
+      : noReference ? "no reference model" : `${pct(total.savings_pct)} saved${part}`;
     // What prompt caching saved on the tokens actually sent, beside what routing saved.
     $("kpi-cache-savings").textContent = usd(total.cache_savings_usd);
     $("kpi-cached-tokens").textContent = `${count(total.cache_read_tokens)} cached prompt tokens`;

@@ -38,7 +38,14 @@ from gateway.runtime import Runtime
 from gateway.spend import budgets as budget_report
 from gateway.spend import sla as sla_report
 from gateway.spend.query import SpendQuery, parse_query
-from gateway.spend.report import COLUMNS, aggregate, csv_text, report_row, total
+from gateway.spend.report import (
+    COLUMNS,
+    aggregate,
+    csv_text,
+    range_of,
+    report_body,
+    report_row,
+)
 from policies.keys import hash_key
 
 RoleType = Literal["admin", "finance"]
@@ -105,15 +112,7 @@ async def spend(request: Request) -> Response:
     data = ordered([report_row(row) for row in rows], query)
     if query.fmt == "csv":
         return csv_response(csv_text(data, columns), "spend", query)
-    body = {
-        "object": "spend.report",
-        **range_of(query),
-        "group_by": list(query.group_by),
-        "data": data,
-        "total": report_row(total(rows)),  # of every matching row, whatever `limit` kept
-        "note": None if data else no_spend_note(query),
-    }
-    return JSONResponse(body, headers=NO_STORE)
+    return JSONResponse(report_body(query, rows, data), headers=NO_STORE)
 
 
 async def budgets(request: Request) -> Response:
@@ -170,17 +169,6 @@ def ordered(rows: list[dict[str, Any]], query: SpendQuery) -> list[dict[str, Any
         known.sort(key=itemgetter(query.sort), reverse=query.descending)
         rows = known + [row for row in rows if row[query.sort] is None]
     return rows if query.limit is None else rows[: query.limit]
-
-
-def no_spend_note(query: SpendQuery) -> str:
-    """Why a report has no rows: nothing was recorded in its range (for its teams)."""
-    teams = "" if query.teams is None else f" by team {', '.join(sorted(query.teams))}"
-    return f"no requests{teams} from {query.day_from} to {query.day_to}"
-
-
-def range_of(query: SpendQuery) -> dict[str, Any]:
-    teams = None if query.teams is None else sorted(query.teams)
-    return {"from": query.day_from.isoformat(), "to": query.day_to.isoformat(), "team": teams}
 
 
 def csv_response(text: str, name: str, query: SpendQuery | None) -> Response:

@@ -220,9 +220,20 @@ class AggregateRow:
     cache_savings_nanos: int = 0
 
     @property
+    def has_records(self) -> bool:
+        """Whether any record went into the row (the total of no rows has none). Every
+        record counts a call or an error; days written before `calls` existed show
+        theirs as requests or cost."""
+        return bool(self.calls or self.errors or self.requests or self.cost_nanos)
+
+    @property
     def coverage(self) -> ReferenceCoverageType:
-        """How much of the row has a reference to be compared with. Every record is
-        either an error or a call, so `calls + errors` counts the row's records."""
+        """How much of the row has a reference to be compared with: "none" when no
+        record of it had one, which a row with no records at all has neither. Every
+        record is either an error or a call, so `calls + errors` counts the row's
+        records."""
+        if not self.has_records:
+            return "none"
         if not self.unreferenced:
             return "full"
         return "none" if self.unreferenced >= self.calls + self.errors else "partial"

@@ -7,7 +7,9 @@ its rows exactly as they format the ledger's. Each metric is the SQL twin of
 tests compare the two on the same records.
 
 A column missing from every file in the range (archived before the field existed)
-reads as NULL, which the sums take as 0, as the ledger reads a metric added later.
+reads as NULL, which the sums take as 0, as the ledger reads a metric added later. A
+file DuckDB cannot read (not Parquet, cut short, columns of other types) is an
+`ArchiveUnreadable` naming it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ if tuple(METRIC_SQL) != METRICS:
     raise RuntimeError(f"METRIC_SQL must follow METRICS: {tuple(METRIC_SQL)} != {METRICS}")
 
 
+class ArchiveUnreadable(Exception):
+    """A file of the archive (or the archive as a whole) cannot be read as the ledger's
+    Parquet files."""
+
+
 class ArchiveAggregates:
     """`aggregate` over the archive under `root`.
 
@@ -68,31 +75,57 @@ class ArchiveAggregates:
         names = check_group_by(group_by)
         [duckdb] = require("duckdb")
         try:
-            found = self._rows(day_from, day_to, names)
-        except duckdb.IOException:  # a compaction replaced a file listed: list them again
-            found = self._rows(day_from, day_to, names)
+            found = self._rows_listed_again(day_from, day_to, names)
+        except duckdb.Error as exc:
+            raise self._unreadable(day_from, day_to, names, exc) from exc
         rollup = Rollup(names)
         for row in found:
             rollup.add(tuple(row[: len(names)]), [int(amount) for amount in row[len(names) :]])
         return rollup.rows()
 
+    def _rows_listed_again(
+        self, day_from: date, day_to: date, names: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """`_rows`, read once more if a file listed was gone when DuckDB opened it."""
+        [duckdb] = require("duckdb")
+        try:
+            return self._rows(day_from, day_to, names)
+        except duckdb.IOException:  # a compaction replaced a file listed: list them again
+            return self._rows(day_from, day_to, names)
+
     def _rows(self, day_from: date, day_to: date, names: Sequence[str]) -> list[tuple[Any, ...]]:
         """The summed rows of the files the range has now."""
         files = [str(path) for path in files_between(self.root, day_from, day_to)]
-        if not files:
-            return []
+        return _summed(files, day_from, day_to, names) if files else []
+
+    def _unreadable(
+        self, day_from: date, day_to: date, names: Sequence[str], error: Exception
+    ) -> ArchiveUnreadable:
+        """The error to report: the first file the query fails on alone (DuckDB's own
+        message names no file for some damage), else the archive as a whole."""
         [duckdb] = require("duckdb")
-        with duckdb.connect() as db:
-            # By name: files written before a field existed lack its column.
-            db.read_parquet(files, union_by_name=True, hive_partitioning=False).create_view(
-                "archive"
-            )
-            present = {row[0] for row in db.execute("DESCRIBE archive").fetchall()}
-            sql = _query(names, present)
-            rows: list[tuple[Any, ...]] = db.execute(
-                sql, [day_from.isoformat(), day_to.isoformat()]
-            ).fetchall()
-        return rows
+        for path in files_between(self.root, day_from, day_to):
+            try:
+                _summed([str(path)], day_from, day_to, names)
+            except duckdb.Error as exc:
+                return ArchiveUnreadable(f"cannot read {path} in the archive: {_first_line(exc)}")
+        return ArchiveUnreadable(f"cannot read the archive at {self.root}: {_first_line(error)}")
+
+
+def _summed(
+    files: list[str], day_from: date, day_to: date, names: Sequence[str]
+) -> list[tuple[Any, ...]]:
+    """The summed rows of `files`, grouped by `names`."""
+    [duckdb] = require("duckdb")
+    with duckdb.connect() as db:
+        # By name: files written before a field existed lack its column.
+        db.read_parquet(files, union_by_name=True, hive_partitioning=False).create_view("archive")
+        present = {row[0] for row in db.execute("DESCRIBE archive").fetchall()}
+        sql = _query(names, present)
+        rows: list[tuple[Any, ...]] = db.execute(
+            sql, [day_from.isoformat(), day_to.isoformat()]
+        ).fetchall()
+    return rows
 
 
 def _query(names: Sequence[str], present: set[str]) -> str:
@@ -116,3 +149,8 @@ def _group_sql(name: str, present: set[str]) -> str:
     if name not in present:
         return "'None'"
     return f"COALESCE(CAST(\"{name}\" AS VARCHAR), 'None')"
+
+
+def _first_line(error: Exception) -> str:
+    """DuckDB's message without the candidates and hints it adds on later lines."""
+    return str(error).strip().splitlines()[0]

@@ -39,7 +39,11 @@ COLUMNS = (
     "forecast_over_limit",
     "exhausted_on",
 )
+# Dollar columns and the integer nano-dollar fields they are written from (exact, nine
+# places, as the spend report's), limits included.
 USD_NANOS = {
+    "limit_usd": "limit_nanos",
+    "soft_limit_usd": "soft_limit_nanos",
     "spent_usd": "spent_nanos",
     "remaining_usd": "remaining_nanos",
     "burn_rate_usd_per_day": "burn_rate_nanos_per_day",
@@ -93,8 +97,8 @@ def budget_status(
         "period": budget.period,
         "period_start": period.start.isoformat(),
         "period_end": period.end.isoformat(),
-        "limit_usd": budget.limit_usd,
-        "soft_limit_usd": budget.soft_limit_usd,
+        "limit_usd": usd(limit),
+        "soft_limit_usd": None if soft is None else usd(soft),
         "spent_usd": usd(spent),
         "remaining_usd": usd(limit - spent),  # negative once overspent
         "used_pct": percent(spent, limit),
@@ -106,6 +110,8 @@ def budget_status(
         "exhausted_on": exhausted_on(period, now, spent, rate, limit),
         "burn_down": burn_down_line(period, now, daily),
         "forecast": forecast_line(period, now, spent, rate),
+        "limit_nanos": limit,
+        "soft_limit_nanos": soft,
         "spent_nanos": spent,
         "remaining_nanos": limit - spent,
         "burn_rate_nanos_per_day": rate,

@@ -174,26 +174,27 @@ def _report_query(args: argparse.Namespace) -> SpendQuery | None:
 
 
 async def _render_report(store: Aggregates, query: SpendQuery, fmt: FormatType) -> str:
-    """The same rows and formatting whether `store` is the Redis ledger or the archive."""
-    from gateway.spend import render, spend_report
+    """The API's reply (JSON with its total and note, or CSV), whether `store` is the
+    Redis ledger or the archive."""
+    from gateway.spend.report import aggregate, render
 
-    rows = await spend_report(store, query.day_from, query.day_to, query.group_by)
-    return render(rows, query.group_by, fmt)
+    rows = await aggregate(store, query.day_from, query.day_to, query.group_by)
+    return render(query, rows, fmt)
 
 
 def _archive_report(root: Path, query: SpendQuery, fmt: FormatType) -> int:
     from gateway.ledger.archive import ArchiveDependencyMissing
-    from gateway.spend.archive_report import ArchiveAggregates
+    from gateway.spend.archive_report import ArchiveAggregates, ArchiveUnreadable
 
     if not root.is_dir():
         print(f"spend report: no archive at {root}", file=sys.stderr)
         return 1
     try:
-        archive = ArchiveAggregates(root)
-    except ArchiveDependencyMissing as exc:
+        text = asyncio.run(_render_report(ArchiveAggregates(root), query, fmt))
+    except (ArchiveDependencyMissing, ArchiveUnreadable) as exc:
         print(f"spend report: {exc}", file=sys.stderr)
         return 1
-    print(asyncio.run(_render_report(archive, query, fmt)), end="")
+    print(text, end="")
     return 0
 
 
@@ -203,12 +204,35 @@ def _print_from_ledger(settings: Settings, read: Callable[[RedisStore], Awaitabl
     from gateway.ledger import LedgerUnavailable, read_ledger
 
     try:
-        text = read_ledger(settings, read)
-    except (ValueError, LedgerUnavailable) as exc:
+        text = read_ledger(settings, _refusal_named(read))
+    except (ValueError, LedgerUnavailable, LedgerRefused) as exc:
         print(exc, file=sys.stderr)
         return 1
     print(text, end="")
     return 0
+
+
+class LedgerRefused(Exception):
+    """Redis answered the ledger's reads with an error (a database it does not have,
+    a command it refuses): reached, unlike `LedgerUnavailable`, but of no use."""
+
+
+def _refusal_named(
+    read: Callable[[RedisStore], Awaitable[str]],
+) -> Callable[[RedisStore], Awaitable[str]]:
+    """`read`, its Redis errors raised as `LedgerRefused` naming the server."""
+    from redis.exceptions import RedisError
+
+    from gateway.redis_client import address
+
+    async def named(store: RedisStore) -> str:
+        try:
+            return await read(store)
+        except RedisError as exc:
+            where = address(store.client)
+            raise LedgerRefused(f"redis at {where} refused to read the ledger: {exc}") from exc
+
+    return named
 
 
 def cmd_spend_budgets(args: argparse.Namespace) -> int:

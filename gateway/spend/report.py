@@ -22,11 +22,14 @@ import io
 import json
 from collections.abc import Collection, Mapping, Sequence
 from datetime import date
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gateway.ledger import AggregateRow
 from gateway.ledger.record import NANOS_PER_USD, usd
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by
+
+if TYPE_CHECKING:  # the query's module reads FormatType from this one
+    from gateway.spend.query import SpendQuery
 
 FormatType = Literal["csv", "json"]
 COLUMNS = (
@@ -79,8 +82,10 @@ def usd_text(nanos: int) -> str:
     return f"{sign}{whole}.{frac:09d}"
 
 
-def percent(part: int, whole: int) -> float:
-    return round(100 * part / whole, 2) if whole else 0.0
+def percent(part: int, whole: int) -> float | None:
+    """`part` as a percentage of `whole`; None when the whole is 0 (a share of nothing
+    is no figure, not 0%)."""
+    return round(100 * part / whole, 2) if whole else None
 
 
 def dollars(nanos: int | None) -> float | None:
@@ -95,7 +100,7 @@ def report_row(row: AggregateRow) -> dict[str, Any]:
         **row.group,
         "requests": row.requests,
         "errors": row.errors,
-        "error_rate_pct": percent(row.errors, row.requests) if row.requests else None,
+        "error_rate_pct": percent(row.errors, row.requests),
         "prompt_tokens": row.prompt_tokens,
         "completion_tokens": row.completion_tokens,
         "cost_usd": dollars(row.cost_nanos),
@@ -183,7 +188,37 @@ def csv_value(row: Mapping[str, Any], column: str, usd_nanos: Mapping[str, str])
     return "" if value is None else value
 
 
-def render(rows: list[dict[str, Any]], group_by: Sequence[str], fmt: FormatType) -> str:
+def report_body(
+    query: SpendQuery, rows: Sequence[AggregateRow], data: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The JSON reply of `GET /v1/spend`, which `spend report --format json` prints too:
+    `data` (the report rows, as sorted and cut for the reply), the total of every row
+    in `rows` (whatever `limit` kept), and why there are no rows in `note`."""
+    return {
+        "object": "spend.report",
+        **range_of(query),
+        "group_by": list(query.group_by),
+        "data": data,
+        "total": report_row(total(rows)),
+        "note": None if data else no_spend_note(query),
+    }
+
+
+def range_of(query: SpendQuery) -> dict[str, Any]:
+    teams = None if query.teams is None else sorted(query.teams)
+    return {"from": query.day_from.isoformat(), "to": query.day_to.isoformat(), "team": teams}
+
+
+def no_spend_note(query: SpendQuery) -> str:
+    """Why a report has no rows: nothing was recorded in its range (for its teams)."""
+    teams = "" if query.teams is None else f" by team {', '.join(sorted(query.teams))}"
+    return f"no requests{teams} from {query.day_from} to {query.day_to}"
+
+
+def render(query: SpendQuery, rows: Sequence[AggregateRow], fmt: FormatType) -> str:
+    """What `spend report` prints: the API's JSON reply (`report_body`) or its CSV,
+    newline-terminated either way."""
+    data = [report_row(row) for row in rows]
     if fmt == "json":
-        return json.dumps(rows, indent=2)
-    return csv_text(rows, [*check_group_by(group_by), *COLUMNS])
+        return json.dumps(report_body(query, rows, data), indent=2) + "\n"
+    return csv_text(data, [*check_group_by(query.group_by), *COLUMNS])

@@ -63,7 +63,7 @@ async def sla_report(
                 "sla_requests": judged,
                 "sla_met": met,
                 "sla_missed": missed,
-                "attainment_pct": percent(met, judged) if judged else None,
+                "attainment_pct": percent(met, judged),
             }
         )
     return report

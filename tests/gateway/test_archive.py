@@ -168,7 +168,7 @@ def test_archive_report_has_the_redis_reports_columns_and_totals(
         assert main(["spend", "report", *window, "--format", fmt, *archive]) == 0
         assert capsys.readouterr().out == from_redis
         if fmt == "json":  # a real comparison: rows of every kind
-            rows = json.loads(from_redis)
+            rows = json.loads(from_redis)["data"]
             assert rows and sum(row["requests"] for row in rows) < sum(r["calls"] for r in rows)
             assert any(row["unreferenced_cost_usd"] for row in rows)
 
@@ -182,7 +182,8 @@ def test_archive_report_spans_any_range_and_says_when_there_is_no_archive(
     assert main(["spend", "report", *window, "--archive", str(tmp_path / "none")]) == 1
     assert f"no archive at {tmp_path / 'none'}" in capsys.readouterr().err
     assert main(["spend", "report", *window, "--archive", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    body = json.loads(capsys.readouterr().out)
+    assert (body["data"], body["note"]) == ([], "no requests from 2020-01-01 to 2026-12-31")
 
 
 def test_a_missing_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

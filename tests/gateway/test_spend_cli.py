@@ -44,12 +44,12 @@ def test_spend_report_defaults_to_the_last_thirty_days_as_the_api(
     assert main(["spend", "report", "--group-by", "day", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     first = (NOW - timedelta(days=29)).date().isoformat()
-    assert [row["day"] for row in json.loads(out)] == [first, NOW.date().isoformat()]
+    assert [row["day"] for row in json.loads(out)["data"]] == [first, NOW.date().isoformat()]
     assert f"from {first} to {NOW.date().isoformat()} (UTC)" in err
 
     to = (NOW - timedelta(days=1)).date().isoformat()  # `from` defaults to 29 days before `to`
     assert main(["spend", "report", "--to", to, "--group-by", "day", "--format", "json"]) == 0
-    days = [row["day"] for row in json.loads(capsys.readouterr().out)]
+    days = [row["day"] for row in json.loads(capsys.readouterr().out)["data"]]
     assert days == [(NOW - timedelta(days=30)).date().isoformat(), first]
 
 
