@@ -39,6 +39,8 @@ def training(name: str) -> Callable[[argparse.Namespace], int]:
 
 # Optional request fields a score row may carry, with their JSON type.
 REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
+# The chat roles a message may have, as the gateway takes them (gateway/http/validation.py).
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 # The scores of a route's recent requests, from the gateway's ledger: (route, how many
@@ -269,7 +271,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_calibrate_verify(args: argparse.Namespace) -> int:
-    from router.training.calibration import verify_threshold
+    from router.training.calibration import verify_cut, verify_yaml
 
     try:
         if not 0.0 <= args.escalate <= 1.0:
@@ -278,20 +280,17 @@ def run_calibrate_verify(args: argparse.Namespace) -> int:
             scores = _ledger_sample(args, "verifier_score")
         else:
             scores = _verifier_scores(list(read_rows(args.input, _verify_request)))
-        threshold = verify_threshold(scores, args.escalate)
+        cut = verify_cut(scores, args.escalate)
     except RoutingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    below = sum(score < threshold for score in scores) / len(scores)
-    if abs(below - args.escalate) > 0.05:
+    if f"{cut.share:.1%}" != f"{args.escalate:.1%}":  # as printed: 34.55% is 34.6%
         print(
-            f"warning: tied scores: the nearest share to {args.escalate:.1%} this sample "
-            f"allows is {below:.1%}",
+            f"warning: the nearest share to {args.escalate:.1%} that these {cut.answers} "
+            f"answers allow ({len(set(scores))} distinct scores) is {cut.share:.1%}",
             file=sys.stderr,
         )
-    return print_lines(
-        [f"verify_threshold: {threshold}  # escalates {below:.1%} of {len(scores)} answers"]
-    )
+    return print_lines([verify_yaml(cut)])
 
 
 def _verifier_scores(rows: Sequence[Row[VerifyRow]], *, run_code: bool = False) -> list[float]:
@@ -337,10 +336,8 @@ def _user(text: str) -> dict[str, str]:
 def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(row.get("prompt"), str):
         messages: Any = [_user(row["prompt"])]
-    elif isinstance(row.get("messages"), list) and all(
-        isinstance(m, dict) for m in row["messages"]
-    ):
-        messages = row["messages"]
+    elif "messages" in row:
+        messages = _messages(row["messages"])
     else:
         raise ValueError("expected 'prompt' (a string) or 'messages' (a list of chat messages)")
     request = {"messages": messages}
@@ -349,7 +346,56 @@ def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
             if not isinstance(row[name], kind) or isinstance(row[name], bool):
                 raise ValueError(f"'{name}' must be {kind.__name__}, not {row[name]!r:.40}")
             request[name] = row[name]
+    if request.get("max_tokens", 1) < 1:
+        raise ValueError(f"'max_tokens' must be a positive integer, not {request['max_tokens']}")
     return request
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """A row's chat messages, checked as the gateway checks a request's, and stricter on
+    content: a message without text would be scored as empty, silently."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(
+            f"'messages' must be a non-empty list of chat messages, not {messages!r:.40}"
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"'messages[{i}]' must be an object, not {message!r:.40}")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise ValueError(
+                f"'messages[{i}].role' must be one of {', '.join(sorted(CHAT_ROLES))}, "
+                f"not {role!r:.40}"
+            )
+        if not _has_content(message):
+            found = json.dumps(message["content"])[:40] if "content" in message else "none"
+            raise ValueError(
+                f"'messages[{i}].content' must be a string or a list of content parts "
+                f'({{"type": "text", "text": ...}}; null only beside an assistant\'s '
+                f"tool_calls), got {found}"
+            )
+    return messages
+
+
+def _has_content(message: Mapping[str, Any]) -> bool:
+    """A string, a non-empty list of content parts, or null for an assistant's tool
+    calls (which carry no text)."""
+    content = message.get("content")
+    if content is None:
+        return message["role"] == "assistant" and bool(
+            message.get("tool_calls") or message.get("function_call")
+        )
+    if isinstance(content, list):
+        return bool(content) and all(map(_is_content_part, content))
+    return isinstance(content, str)
+
+
+def _is_content_part(part: Any) -> bool:
+    """An OpenAI content part: `{"type": "text", "text": ...}`, or another type (an
+    image, audio, a file), whose text the scorers do not read."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        return False
+    return part["type"] != "text" or isinstance(part.get("text"), str)
 
 
 @dataclass(frozen=True, slots=True)

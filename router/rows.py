@@ -83,18 +83,28 @@ def finite(rows: Sequence[Row[Any]], scores: list[float]) -> list[float]:
 
 
 def print_lines(lines: Iterable[str]) -> int:
-    """Print the lines to stdout: 0, or 1 when the reader has gone (`... | head -1`).
-    That ends the output quietly, as Python's docs advise (the note on SIGPIPE): stdout
-    is pointed at devnull, so that the flush at exit cannot fail again."""
+    """Print the lines to stdout: 0, or 1 when the reader has gone (`... | head -1`) or
+    stdout cannot be written (`> /dev/full`). A reader that goes ends the output quietly,
+    as Python's docs advise (the note on SIGPIPE); a failed write says why, on stderr.
+    Either way stdout is then pointed at devnull, so that the flush at exit cannot fail
+    again."""
     try:
         for line in lines:
             print(line)
         sys.stdout.flush()
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
+        return 1
+    except OSError as exc:
+        _silence_stdout()
+        print(f"error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _read_text(path: Path) -> tuple[str, str]:
@@ -118,7 +128,7 @@ def _read_text(path: Path) -> tuple[str, str]:
 
 def _read_row(where: str, line: str, parse: Callable[[Mapping[str, Any]], T]) -> Row[T]:
     try:
-        row = json.loads(line)
+        row = _parse_json(line)
         if not isinstance(row, dict) or "id" not in row:
             raise ValueError("expected a JSON object with an 'id'")
         _check_id(row["id"])
@@ -127,6 +137,52 @@ def _read_row(where: str, line: str, parse: Callable[[Mapping[str, Any]], T]) ->
         raise RoutingError(f"{where}: {exc}") from exc
     except RecursionError as exc:
         raise RoutingError(f"{where}: nested too deeply to read") from exc
+
+
+def _parse_json(line: str) -> Any:
+    """The line's JSON; an integer longer than Python converts (4300 digits) is an error
+    naming its field, not Python's advice to raise the limit."""
+    too_long: list[str] = []
+
+    def integer(digits: str) -> Any:
+        if _too_long(digits):
+            too_long.append(digits)
+            return TOO_LONG
+        return int(digits)
+
+    value = json.loads(line, parse_int=integer)
+    if too_long:
+        field = _field_of(value, TOO_LONG)
+        raise ValueError(
+            f"{f'{field!r}' if field else 'the row'} is an integer of "
+            f"{len(too_long[0].lstrip('-')):,} digits; at most "
+            f"{sys.get_int_max_str_digits():,} are read"
+        )
+    return value
+
+
+TOO_LONG = object()  # stands for a too-long integer while its field is looked for
+
+
+def _too_long(digits: str) -> bool:
+    limit = sys.get_int_max_str_digits()  # 0: no limit
+    return limit > 0 and len(digits.lstrip("-")) > limit
+
+
+def _field_of(value: Any, target: object, path: str = "") -> str | None:
+    """Where `target` is in `value`, as `messages[0].content`; None if it is not."""
+    if value is target:
+        return path
+    if isinstance(value, dict):
+        children = [(f"{path}.{key}" if path else key, child) for key, child in value.items()]
+    elif isinstance(value, list):
+        children = [(f"{path}[{i}]", child) for i, child in enumerate(value)]
+    else:
+        return None
+    for where, child in children:
+        if (found := _field_of(child, target, where)) is not None:
+            return found
+    return None
 
 
 def _check_id(value: Any) -> None:

@@ -6,7 +6,7 @@ send a target share of requests to each tier, cheapest first;
 
 and for a cascade route, the verifier threshold that escalates a target share of answers:
 
-    verify_threshold(verifier_scores, escalate=0.2)  # -> 0.63
+    verify_threshold(verifier_scores, escalate=0.2)  # -> 0.6301
 
 Shipped policies take theirs from the shipped data (`router/data/`), each task weighing
 the same (at most `SAMPLE_PER_TASK` rows of each, chosen by a hash of the id):
@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +93,7 @@ def _check_shares(shares: Mapping[str, float]) -> None:
     for name, share in shares.items():
         if not (math.isfinite(share) and share >= 0):
             raise RoutingError(f"tier '{name}' has share {share}; shares are finite and >= 0")
-    if sum(shares.values()) <= 0:  # shares are scaled to sum to 1: 70,30 reads as 0.7,0.3
+    if sum(shares.values()) <= 0:  # shares are scaled to sum to 1: a=70,b=30 is a=0.7,b=0.3
         raise RoutingError(f"tier shares must sum above 0, got {dict(shares)}")
 
 
@@ -100,17 +104,73 @@ def _floor(score: float) -> float:
 
 
 def verify_threshold(scores: Sequence[float], escalate: float) -> float:
-    """The cascade `verify_threshold` at which about `escalate` of a sample's answers
-    (their verifier scores) fall below it, and so escalate."""
+    """The cascade `verify_threshold` that escalates the share of a sample's answers
+    (their verifier scores) nearest `escalate`: `verify_cut`'s."""
+    return verify_cut(scores, escalate).threshold
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyCut:
+    """A `verify_threshold` and how many of the sample's answers score below it, and so
+    escalate (the gateway accepts a score at or above it)."""
+
+    threshold: float
+    escalated: int
+    answers: int
+
+    @property
+    def share(self) -> float:
+        return self.escalated / self.answers
+
+
+def verify_cut(scores: Sequence[float], escalate: float) -> VerifyCut:
+    """Of the thresholds a sample tells apart (one escalating none of it, one above each
+    distinct score: just above it, or 1.0 above the highest), the one whose share
+    escalated is nearest `escalate`. Of two as near, the one escalating more: a tie costs
+    a premium answer rather than passing a doubtful one."""
     if not scores:
         raise RoutingError("calibration needs at least one scored answer")
     if not 0.0 <= escalate <= 1.0:
         raise RoutingError(f"--escalate must be a share in [0, 1], got {escalate}")
-    values = np.asarray(scores, dtype=float)
-    if escalate >= 1.0:
-        return 1.0  # nothing scores 1 or above: every answer escalates
-    # Rounded down: rounding up could pass answers at the quantile itself to escalation.
-    return math.floor(float(np.quantile(values, escalate)) * 10_000) / 10_000
+    outside = [score for score in scores if not 0.0 <= score <= 1.0]
+    if outside:
+        raise RoutingError(f"verifier scores are in [0, 1], got {outside[0]}")
+    target = Fraction(escalate)  # exact, so that equally near shares do tie
+    return min(
+        _verify_cuts(sorted(scores)),
+        key=lambda cut: (abs(Fraction(cut.escalated, cut.answers) - target), -cut.escalated),
+    )
+
+
+def _verify_cuts(values: Sequence[float]) -> Iterator[VerifyCut]:
+    """A threshold for each share of the sorted `values` a threshold can escalate."""
+    answers = len(values)
+    yield VerifyCut(_floor(values[0]), 0, answers)
+    for below, (score, above) in enumerate(itertools.pairwise(values), start=1):
+        if above != score:  # a threshold above a score is above its ties too
+            yield VerifyCut(_just_above(score, above), below, answers)
+    if values[-1] < TOP:  # every answer: the highest a policy takes, so future ones too
+        yield VerifyCut(TOP, answers, answers)
+
+
+def _just_above(score: float, ceiling: float) -> float:
+    """A threshold above `score` and at most `ceiling` (the next score up): `score`
+    rounded up at 4 decimals, or at more where the next score is nearer, so that the
+    printed threshold escalates the same answers."""
+    shortest = Decimal(repr(score))  # the float's own digits, not its binary expansion
+    for places in range(4, 18):
+        step = Decimal(1).scaleb(-places)
+        cut = float(shortest.quantize(step, rounding=ROUND_FLOOR) + step)
+        if score < cut <= ceiling:
+            return cut
+    return ceiling
+
+
+def verify_yaml(cut: VerifyCut) -> str:
+    """The `verify_threshold:` line to paste into a cascade route, with what it escalates;
+    the threshold without an exponent (YAML reads `1e-05` as a string)."""
+    threshold = np.format_float_positional(cut.threshold, trim="0")
+    return f"verify_threshold: {threshold}  # escalates {cut.share:.1%} of {cut.answers} answers"
 
 
 def tiers_yaml(tiers: Sequence[Threshold]) -> str:

@@ -8,7 +8,14 @@ import pytest
 
 from router.errors import RoutingError
 from router.planner import Threshold, choose_tier
-from router.training.calibration import calibrate, tiers_yaml, verify_threshold
+from router.training.calibration import (
+    VerifyCut,
+    calibrate,
+    tiers_yaml,
+    verify_cut,
+    verify_threshold,
+    verify_yaml,
+)
 
 
 def test_shares_of_a_uniform_sample() -> None:
@@ -51,6 +58,39 @@ def test_the_verify_threshold_is_rounded_down_so_the_quantile_is_kept() -> None:
     scores = [0.123456, 0.9]
     threshold = verify_threshold(scores, 0.0)
     assert sum(s < threshold for s in scores) == 0
+
+
+def test_tied_scores_escalate_the_nearest_share_a_threshold_can_give() -> None:
+    """A threshold cannot split tied scores: of 0%, 66.7% and 100%, 66.7% is nearest 50%
+    and 40%; the threshold just above the tie escalates both."""
+    tied = [0.011, 0.011, 0.998]
+    assert verify_cut(tied, 0.5) == verify_cut(tied, 0.4) == VerifyCut(0.0111, 2, 3)
+    assert verify_cut(tied, 0.2) == VerifyCut(0.011, 0, 3)
+    assert verify_cut(tied, 0.9) == VerifyCut(1.0, 3, 3)
+    assert verify_threshold(tied, 0.5) == 0.0111
+
+
+def test_of_two_shares_as_near_the_larger_is_escalated() -> None:
+    assert verify_cut([0.3, 0.3, 0.7, 0.7], 0.25) == VerifyCut(0.3001, 2, 4)
+    assert verify_cut([0.3, 0.3, 0.7, 0.7], 0.75) == VerifyCut(1.0, 4, 4)
+
+
+def test_a_score_of_one_passes_every_threshold_a_policy_takes() -> None:
+    """`verify_threshold` is at most 1: an answer scoring 1 is never escalated."""
+    assert verify_cut([0.1, 1.0], 1.0) == VerifyCut(0.1001, 1, 2)
+
+
+def test_a_threshold_has_the_digits_that_keep_the_next_score_above_it() -> None:
+    assert verify_cut([0.12341, 0.12342], 0.5) == VerifyCut(0.12342, 1, 2)
+    cut = verify_cut([0.00001, 0.000011, 0.5], 0.3)
+    assert cut == VerifyCut(0.000011, 1, 3)
+    assert verify_yaml(cut) == "verify_threshold: 0.000011  # escalates 33.3% of 3 answers"
+
+
+@pytest.mark.parametrize("bad", [math.nan, -0.1, 1.5])
+def test_verifier_scores_are_shares(bad: float) -> None:
+    with pytest.raises(RoutingError, match=r"verifier scores are in \[0, 1\]"):
+        verify_cut([0.5, bad], 0.5)
 
 
 def test_a_tier_with_the_whole_share_takes_every_score_and_one_with_none_none() -> None:
