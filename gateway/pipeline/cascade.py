@@ -338,9 +338,10 @@ async def _finished(closing: asyncio.Task[None]) -> None:
 
 
 def _upstream_failed(error: GatewayError) -> bool:
-    """The tier's deployments failed or were rate limited (another tier may answer),
-    as opposed to a request its upstream rejected (which every tier would)."""
-    return error.status >= 500 or error.status == 429
+    """The tier's deployments failed, were rate limited or lack a parameter the request
+    sets (another tier may answer), as opposed to a request its upstream rejected
+    (which every tier would)."""
+    return error.status >= 500 or error.status == 429 or error.code == "unsupported_parameter"
 
 
 def without_logprobs(done: Completed) -> Completed:

@@ -1,6 +1,7 @@
 """What the client is told when upstreams fail: a client fault with the upstream's own
 error `type`, `code` and `param` (short strings only, nothing else of its body), or
-one error for a run in which every deployment failed, by what they had in common."""
+one error for a run in which every deployment failed, by what they had in common
+(a 400 naming the field when none supported a parameter the request sets)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import orjson
 
 from gateway.errors import (
     GatewayError,
+    InvalidRequest,
     RateLimited,
     UpstreamError,
     UpstreamRejected,
@@ -23,6 +25,7 @@ from gateway.upstreams.base import (
     UpstreamFailure,
     UpstreamStatus,
     UpstreamTimedOut,
+    UpstreamUnsupported,
 )
 
 # What of an upstream's error body reaches the client on a client fault, and how long.
@@ -66,6 +69,9 @@ def final_error(
         return UpstreamUnavailable("no deployment is available for this route")
     summary = "; ".join(dict.fromkeys(f.message for f in failures[-3:]))  # no repeats
     names = ", ".join(d.name for d in candidates)
+    unsupported = [f for f in failures if isinstance(f, UpstreamUnsupported)]
+    if unsupported and len(unsupported) == len(failures):
+        return unsupported_parameters(unsupported)
     if failures and all(f.status == 429 for f in failures):
         waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
         return RateLimited(
@@ -82,6 +88,26 @@ def final_error(
             retry_after_s=min(waits) if waits else None,
         )
     return UpstreamError(f"every deployment failed ({names}): {summary}")
+
+
+def unsupported_parameters(failures: list[UpstreamUnsupported]) -> InvalidRequest:
+    """Every deployment tried lacks a parameter the request sets: the client's 400,
+    naming the first such field (as OpenAI's own `unsupported_parameter` does) and who
+    lacks what. Removing the field, or another route, would serve it."""
+    params = list(dict.fromkeys(p for f in failures for p in f.params))
+    reasons = "; ".join(dict.fromkeys(f.message for f in failures))
+    if not params:
+        what = "the request is not supported"
+    elif len(params) == 1:
+        what = f"parameter '{params[0]}' is not supported"
+    else:
+        named = ", ".join(f"'{p}'" for p in params)
+        what = f"parameters {named} are not supported"
+    return InvalidRequest(
+        f"{what} by the deployments tried: {reasons}",
+        param=params[0] if params else None,
+        code="unsupported_parameter",
+    )
 
 
 def _is_unavailable(failure: UpstreamFailure) -> bool:

@@ -3,7 +3,8 @@
     UpstreamFailure             anything that kept an attempt from producing an answer
     ├── UpstreamStatus          the upstream answered with an HTTP error status
     ├── UpstreamConnectFailed   could not connect / connection reset before the answer
-    └── UpstreamTimedOut        no answer within the deployment's timeout
+    ├── UpstreamTimedOut        no answer within the deployment's timeout
+    └── UpstreamUnsupported     this deployment cannot take a parameter the request sets
 
 Implementations translate their library's exceptions into these, `raise ... from exc`,
 so the executor decides retries and fallback from one small vocabulary.
@@ -70,6 +71,23 @@ class UpstreamConnectFailed(UpstreamFailure):
 
 class UpstreamTimedOut(UpstreamFailure):
     pass
+
+
+class UpstreamUnsupported(UpstreamFailure):
+    """The deployment's provider does not support parameters the request sets (`n`,
+    `seed`, `logprobs` on Anthropic, ...), refused before any call. Not the client's
+    fault: another deployment of the route may support them, so the next one is tried;
+    never retried here. `params`: the fields named, in the provider's order."""
+
+    retryable = False
+
+    def __init__(
+        self, message: str, *, deployment: str, provider: str, params: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.deployment = deployment
+        self.provider = provider
+        self.params = params
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ import functools
 import importlib
 import logging
 import os
+import re
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -37,6 +38,7 @@ from gateway.upstreams.base import (
     UpstreamStatus,
     UpstreamTarget,
     UpstreamTimedOut,
+    UpstreamUnsupported,
     retry_after,
 )
 
@@ -108,6 +110,15 @@ DEFAULT_MAX_TOKENS: dict[str, int] = {"anthropic": 4096}
 # Message and delta fields litellm adds that are not OpenAI's.
 LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "thinking_blocks", "citations"})
 
+# litellm's `UnsupportedParamsError` names what the provider lacks in one of these forms
+# ("anthropic does not support parameters: ['n', 'seed'], for model=...", "Setting
+# `seed` is not supported by ..."), then advises on its own settings and proxy, which
+# mean nothing to our clients: only the names are kept.
+UNSUPPORTED_LIST = re.compile(r"does not support parameters: \[([^\]]*)\]")
+UNSUPPORTED_ONE = re.compile(r"Setting `([^`]+)` is not supported")
+LISTED_NAME = re.compile(r"[^'\",\s]+")
+LITELLM_ADVICE = re.compile(r"\s*(To drop|If you want to use these params)\b.*", re.DOTALL)
+
 MAX_MESSAGE_CHARS = 500
 MAX_CHAIN = 16  # exceptions searched for the transport error under a litellm one
 
@@ -121,7 +132,9 @@ def _import_litellm() -> Any:
     _build_response_models(importlib.import_module("litellm.types.utils"))
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" prints on errors
     litellm.set_verbose = False
-    litellm.drop_params = False  # an unsupported parameter is the caller's 400, not silence
+    # Never drop an unsupported parameter silently (without `n` or `logprobs` the answer
+    # changes shape): litellm refuses it, and the next deployment is tried instead.
+    litellm.drop_params = False
     litellm.disable_aiohttp_transport = True  # plain httpx: one transport, closable
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(name).setLevel(logging.WARNING)  # its DEBUG logs carry payloads
@@ -296,9 +309,13 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
     litellm reports transport failures inconsistently (a refused connection is an
     `InternalServerError` 500, a mid-stream reset a `MidStreamFallbackError`), so the
     exception's chain is searched for the transport error first; the HTTP status
-    decides only when the upstream really answered."""
+    decides only when the upstream really answered. A parameter the provider does not
+    support is refused by litellm before any call: `UpstreamUnsupported`."""
     message = f"deployment '{target.deployment}': {type(exc).__name__}: {_short(str(exc))}"
     chain = _chain(exc)
+    refusal = next((c for c in chain if type(c).__name__ == "UnsupportedParamsError"), None)
+    if refusal is not None:
+        return unsupported(target, refusal)
     for cause in chain:
         if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
             return UpstreamConnectFailed(message)
@@ -317,6 +334,32 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
         )
     log.warning("%s: unexpected litellm failure", target.deployment, exc_info=exc)
     return UpstreamFailure(message)
+
+
+def unsupported(target: UpstreamTarget, exc: BaseException) -> UpstreamUnsupported:
+    """The failure for litellm's `UnsupportedParamsError`, in our words: the parameter
+    names it gives, without its advice (`drop_params`, its proxy's settings)."""
+    text = str(getattr(exc, "message", "") or exc).removeprefix("litellm.UnsupportedParamsError: ")
+    params = unsupported_params(text)
+    if params:
+        what = f"parameters: {', '.join(params)}"
+    else:  # a form without names: its own sentence, advice cut off
+        what = f"this request: {_short(LITELLM_ADVICE.sub('', text))}"
+    return UpstreamUnsupported(
+        f"deployment '{target.deployment}' (provider '{target.provider}') does not support {what}",
+        deployment=target.deployment,
+        provider=target.provider,
+        params=params,
+    )
+
+
+def unsupported_params(text: str) -> tuple[str, ...]:
+    """The parameter names in an `UnsupportedParamsError` message, in its order."""
+    listed = UNSUPPORTED_LIST.search(text)
+    if listed is not None:
+        return tuple(LISTED_NAME.findall(listed.group(1)))
+    one = UNSUPPORTED_ONE.search(text)
+    return (one.group(1),) if one is not None else ()
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

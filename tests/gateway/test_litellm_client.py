@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import socket
 from collections.abc import AsyncIterator
 
@@ -13,8 +14,10 @@ from gateway.upstreams.base import (
     UpstreamStatus,
     UpstreamTarget,
     UpstreamTimedOut,
+    UpstreamUnsupported,
+    retry_after,
 )
-from gateway.upstreams.litellm_impl import LiteLLMClient, retry_after
+from gateway.upstreams.litellm_impl import LiteLLMClient, translate_error, unsupported_params
 from tests.fakes.anthropic_upstream import FakeAnthropic
 from tests.fakes.fixtures import fake_anthropic, fake_openai
 from tests.fakes.openai_upstream import Behaviour, FakeOpenAI
@@ -212,6 +215,60 @@ async def test_completions_endpoint_is_refused(
     assert not caught.value.retryable
     assert "completions" in caught.value.message
     assert fake_anthropic.requests == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_unsupported_parameters_are_named_not_retried(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic, stream: bool
+) -> None:
+    """litellm refuses what Anthropic lacks, before calling: this deployment cannot
+    serve the request (the next may), in our words, without litellm's advice."""
+    target = anthropic_target(fake_anthropic)
+    body = {**CHAT, "n": 2, "seed": 7}
+    with pytest.raises(UpstreamUnsupported) as caught:
+        if stream:
+            await anext(client.stream(target, "chat", body))
+        else:
+            await client.complete(target, "chat", body)
+    failure = caught.value
+    assert failure.params == ("n", "seed")
+    assert (failure.deployment, failure.provider) == ("claude-haiku", "anthropic")
+    assert not failure.retryable and failure.status is None
+    assert failure.message == (
+        "deployment 'claude-haiku' (provider 'anthropic') does not support parameters: n, seed"
+    )
+    assert fake_anthropic.requests == []
+
+
+@pytest.mark.parametrize(
+    ("text", "params"),
+    [
+        (
+            "anthropic does not support parameters: ['n', 'seed'], for model=m. To drop",
+            ("n", "seed"),
+        ),
+        ('x does not support parameters: ["logit_bias"], for model=m', ("logit_bias",)),
+        ("Setting `user` is not supported by vertex_ai, m. To drop it", ("user",)),
+        ("Function calling is not supported by ollama.", ()),
+    ],
+)
+def test_unsupported_parameter_names(text: str, params: tuple[str, ...]) -> None:
+    assert unsupported_params(text) == params
+
+
+async def test_an_unsupported_form_without_names_loses_litellms_advice(
+    client: LiteLLMClient, fake_anthropic: FakeAnthropic
+) -> None:
+    await client.preload()
+    exceptions = importlib.import_module("litellm.exceptions")
+    refusal = exceptions.UnsupportedParamsError(
+        message="thinking.budget_tokens must be a number, got str. To drop it, set "
+        "`litellm.drop_params=True`, or `drop_params: true` under `litellm_settings`"
+    )
+    failure = translate_error(anthropic_target(fake_anthropic), refusal)
+    assert isinstance(failure, UpstreamUnsupported) and failure.params == ()
+    assert failure.message.endswith("thinking.budget_tokens must be a number, got str.")
+    assert "drop_params" not in failure.message
 
 
 async def test_embeddings_through_litellm(client: LiteLLMClient, fake_openai: FakeOpenAI) -> None:
