@@ -5,6 +5,7 @@ ledger at its chat equivalent's cost."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -135,6 +136,22 @@ def test_a_tool_call_and_its_result(base: str, fake_openai: FakeOpenAI) -> None:
     assert streamed.content[0].input == {"city": "test"}  # type: ignore[union-attr]
 
 
+def test_a_stream_names_the_model_the_reply_names(base: str) -> None:
+    """Before: `message_start` named the route the client asked for ("auto"), the
+    reply the upstream's model."""
+    body = {"model": "auto", "max_tokens": 10, "messages": HELLO}
+    reply = httpx.post(f"{base}/v1/messages", json=body, headers=AUTH, timeout=30).json()
+    with httpx.stream(
+        "POST", f"{base}/v1/messages", json={**body, "stream": True}, headers=AUTH, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    start = json.loads(lines[0])
+    assert start["type"] == "message_start"
+    assert start["message"]["model"] == reply["model"] == "fake-model"
+    assert json.loads(lines[-1])["type"] == "message_stop"
+
+
 def test_the_bearer_header_works_too(base: str) -> None:
     body = {"model": "auto", "max_tokens": 10, "messages": HELLO}
     reply = httpx.post(f"{base}/v1/messages", json=body, headers=AUTH, timeout=30)
@@ -177,6 +194,7 @@ def test_errors_are_in_anthropic_shape(base: str, fake_openai: FakeOpenAI) -> No
             {"max_tokens": 10, "messages": HELLO, "tool_choice": {"type": "tool"}},
             "tool_choice.name",
         ),
+        ({"max_tokens": 2**64, "messages": HELLO}, "max_tokens"),  # not read as a float
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(

@@ -112,6 +112,21 @@ async def test_a_streamed_response_sends_the_responses_events(
     assert record.completion_tokens == completed.usage.output_tokens
 
 
+def test_a_stream_names_the_model_the_reply_names(base: str) -> None:
+    """Before: `response.created` and `response.in_progress` named the route the client
+    asked for ("auto"), `response.completed` and the reply the upstream's model."""
+    body = {"model": "auto", "input": "count to five"}
+    reply = httpx.post(f"{base}/v1/responses", json=body, headers=AUTH, timeout=30).json()
+    with httpx.stream(
+        "POST", f"{base}/v1/responses", json={**body, "stream": True}, headers=AUTH, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line[:6] == "data: "]
+    named = {e["type"]: e["response"]["model"] for e in events if "response" in e}
+    assert set(named) == {"response.created", "response.in_progress", "response.completed"}
+    assert set(named.values()) == {reply["model"]} == {"fake-model"}
+
+
 def test_a_function_tool_is_called_and_its_output_sent_back(
     base: str, fake_openai: FakeOpenAI
 ) -> None:

@@ -135,6 +135,14 @@ class Translation:
         """The chat stream as this API's SSE events; failures become its error event."""
         raise NotImplementedError
 
+    async def answering_model(self, chunks: ChunkSource) -> str:
+        """The model the upstream names in its first chunk, which the non-streaming
+        reply reports too (the stream's first event, sent before any chunk is read,
+        would name the route instead); the model asked for when the stream has none.
+        Raises StreamFailed for a stream that failed at once."""
+        model = getattr(await chunks.peek(), "model", None)
+        return model if isinstance(model, str) and model else self.model
+
 
 class StreamFailed(Exception):
     """The chat stream ended in an in-band error event (its upstream broke)."""
@@ -149,11 +157,27 @@ class ChunkSource:
     def __init__(self, payloads: AsyncIterator[bytes], chunk: Any) -> None:
         self._payloads = payloads
         self._chunk = chunk
+        self._peeked: list[Any] = []  # read by `peek`, not yet iterated
 
     def __aiter__(self) -> ChunkSource:
         return self
 
+    async def peek(self) -> Any | None:
+        """The first chunk not yet iterated, left for `__anext__` (None: the stream is
+        over). Raises StreamFailed as `__anext__` would."""
+        if not self._peeked:
+            try:
+                self._peeked.append(await self._read())
+            except StopAsyncIteration:
+                return None
+        return self._peeked[0]
+
     async def __anext__(self) -> Any:
+        if self._peeked:
+            return self._peeked.pop(0)
+        return await self._read()
+
+    async def _read(self) -> Any:
         event = orjson.loads(await anext(self._payloads))
         if not isinstance(event, dict) or "error" in event:
             error = event.get("error") if isinstance(event, dict) else None

@@ -117,10 +117,11 @@ class MessagesTranslation(Translation):
         return body
 
     async def events(self, chunks: ChunkSource) -> AsyncIterator[bytes]:
-        stream = self.lib.messages_stream(
-            chunks, model=self.model, tool_name_mapping=self.tool_names
-        )
         try:
+            model = await self.answering_model(chunks)
+            stream = self.lib.messages_stream(
+                chunks, model=model, tool_name_mapping=self.tool_names
+            )
             async for event in stream:
                 data = plain(event)
                 if data.get("type") == "message_start" and isinstance(data.get("message"), dict):

@@ -149,15 +149,15 @@ class ResponsesTranslation(Translation):
         return body
 
     async def events(self, chunks: ChunkSource) -> AsyncIterator[bytes]:
-        stream = self.lib.responses_stream(
-            model=self.model,
-            litellm_custom_stream_wrapper=chunks,
-            request_input=self.input,
-            responses_api_request=self.params,
-            custom_llm_provider="openai",
-        )
         sequence = 0
         try:
+            stream = self.lib.responses_stream(
+                model=await self.answering_model(chunks),
+                litellm_custom_stream_wrapper=chunks,
+                request_input=self.input,
+                responses_api_request=self.params,
+                custom_llm_provider="openai",
+            )
             async for event in stream:
                 data = plain(event)
                 if isinstance(data.get("response"), dict):
