@@ -276,4 +276,12 @@ async def test_dashboard_shows_errors_missing_references_and_why_panels_are_empt
     assert await page.text_content("#kpi-savings-pct") == "no reference model"
     assert (await page.get_attribute("#kpi-savings", "title")).startswith("No reference model")
     assert await page.text_content("#kpi-error-rate") == "57.14%"
+
+    # A range with no requests at all: nothing to compare, not "no reference model".
+    await page.select_option("#team", "")
+    await page.fill("#from", "2020-01-01")
+    await page.fill("#to", "2020-01-02")
+    await page.click("#filters button[type=submit]")
+    await page.wait_for_selector("body[data-state=ready][data-loads='3']")
+    assert await page.text_content("#kpi-savings-pct") == "no requests"
     assert tab.problems == []
