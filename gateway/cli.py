@@ -47,12 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**given)
         policy = _load_policy(settings.policy).policy  # fail fast, before binding
-    except ValidationError as exc:  # a bad setting: named as the operator set it
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "?"
-            where = f"--{field}" if field in given else f"CASCADE_{field.upper()}"
-            print(f"serve: {where}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        return _bad_settings("serve", exc, given)
     except PolicyError as exc:
         print(f"serve: the policy does not load:\n{exc}", file=sys.stderr)
         return 1
@@ -434,7 +430,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Command = args.func
-    return func(args)
+    try:
+        return func(args)
+    except ValidationError as exc:
+        if exc.title != "Settings":  # not the environment's: a fault, not the operator's
+            raise
+        return _bad_settings(args.command, exc, {})  # a bad CASCADE_* setting, met elsewhere
+
+
+def _bad_settings(command: str, exc: ValidationError, given: Collection[str]) -> int:
+    """Exit 2 naming each bad setting as the operator set it: a flag in `given`, else
+    its environment variable."""
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        where = f"--{field}" if field in given else f"CASCADE_{field.upper()}"
+        print(f"{command}: {where}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

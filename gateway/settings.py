@@ -25,13 +25,16 @@ class Settings(BaseSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_case_level(cls, value: object) -> object:
-        return value.lower() if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        return "warning" if value.lower() == "warn" else value.lower()
 
     policy: Path = DEFAULT_POLICY_PATH
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
     workers: int = Field(default=1, ge=1)
-    # Python's level names, any case (uvicorn takes the lower-case form).
+    # Python's level names, any case (uvicorn takes the lower-case form; "warn" is
+    # logging's alias of "warning").
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     # One INFO line per request on the `gateway.decisions` logger: the route, its plan
     # and why (the score, tiers, skipped deployments), and a cascade's verdicts. Off by

@@ -86,6 +86,17 @@ def test_serve_refuses_a_bad_policy_or_setting_with_the_message_alone(tmp_path: 
     result = run("serve", "--port", "70001")  # never bound as 70001 - 65536
     assert result.returncode == 2
     assert "--port=70001" in result.stderr and "less than or equal to 65535" in result.stderr
+    # Every command that reads the settings names a bad one the same way.
+    result = run("spend", "report", env={**os.environ, "CASCADE_PORT": "70000"})
+    assert result.returncode == 2
+    assert "spend: CASCADE_PORT='70000'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_log_levels_read_as_logging_reads_them() -> None:
+    from gateway.settings import Settings
+
+    assert Settings(log_level="WARN").log_level == "warning"  # logging's alias
+    assert Settings(log_level="Debug").log_level == "debug"
 
 
 def test_policy_check_reports_file_line_and_field(tmp_path: Path) -> None:
