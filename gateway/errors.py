@@ -43,6 +43,7 @@ class GatewayError(Exception):
         self.param = param
         self.code = code or self.default_code
         self.headers = headers or {}
+        self.attempts = 0  # upstream calls made before it, where the executor raised it
 
     def body(self) -> dict[str, Any]:
         return {

@@ -68,7 +68,7 @@ class CascadeResult:
     second_opinions: tuple[int, int] | None = None
     # The judge's score of each answer it graded (None: the verifier decided instead).
     judge_scores: tuple[float | None, ...] = ()
-    # Upstream calls of every tier that answered (the header's count), not only the last.
+    # Upstream calls of every tier (the header's count), not only the last one's.
     attempts: int = 0
 
     @property
@@ -137,7 +137,7 @@ class Cascade:
         """Ask tier after tier while the verifier rejects the answer; the answer kept,
         the verifier's scores, the escalations (the tiers climbed to the answer
         kept: past rejected answers and past tiers that failed) and the upstream calls
-        of the tiers that answered. Each answer is priced
+        of every tier, failed ones included. Each answer is priced
         into `records`; a rejected one once the next tier's outcome says whether the
         client gets it after all (its escalation failed), so that only the answer the
         client gets is judged against the route's SLA: one verdict per request."""
@@ -166,6 +166,7 @@ class Cascade:
                         native=call.native,
                     )
                 except GatewayError as error:
+                    attempts += error.attempts
                     if latest is None and verified and _upstream_failed(error):
                         # A tier that cannot answer counts as rejected: the next one is up.
                         log.warning(

@@ -49,6 +49,7 @@ from gateway.upstreams.base import (
     UpstreamReply,
     UpstreamStatus,
     UpstreamTimedOut,
+    UpstreamUnsupported,
     close_stream,
 )
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
@@ -246,6 +247,20 @@ class Executor:
         run = _Run(cut_off=cut_off)
         candidates = self._ready_first(candidates)
         try:
+            return await self._run_within(candidates, call, deadline_s, hedge, run)
+        except GatewayError as error:  # what it cost: a cascade counts its tiers' calls
+            error.attempts = run.attempts
+            raise
+
+    async def _run_within(
+        self,
+        candidates: list[DeploymentRuntime],
+        call: AttemptFn,
+        deadline_s: float,
+        hedge: Hedge | None,
+        run: _Run,
+    ) -> tuple[DeploymentRuntime, Any, _Run, list[Loser]]:
+        try:
             async with asyncio.timeout(deadline_s):
                 if hedge is None or len(candidates) < 2:
                     deployment, result = await self._attempts(candidates, call, run)
@@ -342,6 +357,12 @@ class Executor:
                     except UpstreamFailure as failure:
                         run.current.pop(chain, None)  # nothing in flight while it waits
                         run.failures.append(failure)
+                        if isinstance(failure, UpstreamUnsupported):
+                            # Refused before any call: no upstream call, no verdict on
+                            # the deployment's health; the next one may take it.
+                            run.attempts -= 1
+                            self._count(deployment, "fallback")
+                            break
                         if isinstance(failure, UpstreamTimedOut):
                             run.cut_off(deployment)
                         if guard is not None:

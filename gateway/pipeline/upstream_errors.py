@@ -72,6 +72,9 @@ def final_error(
     unsupported = [f for f in failures if isinstance(f, UpstreamUnsupported)]
     if unsupported and len(unsupported) == len(failures):
         return unsupported_parameters(unsupported)
+    # The deployments that could serve it say what happened: busy (429 and its wait),
+    # timed out, down; the ones that could not are in the summary only.
+    failures = [f for f in failures if not isinstance(f, UpstreamUnsupported)]
     if failures and all(f.status == 429 for f in failures):
         waits = [f.retry_after_s for f in failures if f.retry_after_s is not None]
         return RateLimited(

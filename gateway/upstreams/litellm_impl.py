@@ -114,9 +114,14 @@ LITELLM_ONLY_FIELDS = frozenset({"provider_specific_fields", "thinking_blocks", 
 # ("anthropic does not support parameters: ['n', 'seed'], for model=...", "Setting
 # `seed` is not supported by ..."), then advises on its own settings and proxy, which
 # mean nothing to our clients: only the names are kept.
-UNSUPPORTED_LIST = re.compile(r"does not support parameters: \[([^\]]*)\]")
-UNSUPPORTED_ONE = re.compile(r"Setting `([^`]+)` is not supported")
-LISTED_NAME = re.compile(r"[^'\",\s]+")
+# The names come as a list, a dict of the values sent, backticked or bare.
+UNSUPPORTED_NAMES = re.compile(
+    r"does not support parameters: (.+?)(?:, for model=|$)|Setting (.+?) is not supported",
+    re.DOTALL,
+)
+QUOTED_KEY = re.compile(r"""['"]([^'"]+)['"]\s*:""")
+QUOTED_NAME = re.compile(r"""['"`]([^'"`]+)['"`]""")
+BARE_NAME = re.compile(r"[A-Za-z_]\w*")
 LITELLM_ADVICE = re.compile(r"\s*(To drop|If you want to use these params)\b.*", re.DOTALL)
 
 MAX_MESSAGE_CHARS = 500
@@ -355,11 +360,16 @@ def unsupported(target: UpstreamTarget, exc: BaseException) -> UpstreamUnsupport
 
 def unsupported_params(text: str) -> tuple[str, ...]:
     """The parameter names in an `UnsupportedParamsError` message, in its order."""
-    listed = UNSUPPORTED_LIST.search(text)
-    if listed is not None:
-        return tuple(LISTED_NAME.findall(listed.group(1)))
-    one = UNSUPPORTED_ONE.search(text)
-    return (one.group(1),) if one is not None else ()
+    found = UNSUPPORTED_NAMES.search(text)
+    if found is None:
+        return ()
+    named = (found.group(1) or found.group(2)).strip()
+    if named.startswith("{"):  # {'dimensions': 256}: the keys
+        return tuple(QUOTED_KEY.findall(named))
+    if named[:1] in "['\"`":
+        return tuple(QUOTED_NAME.findall(named))
+    bare = [name.strip() for name in named.split(",")]  # "tools, tool_choice"
+    return tuple(bare) if all(BARE_NAME.fullmatch(name) for name in bare) else ()
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

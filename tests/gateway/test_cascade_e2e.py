@@ -138,6 +138,8 @@ def test_escalation_failure_answers_with_the_cheap_answer(
     response = ask(base)
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "cheap"
+    calls = len(fake_openai.requests) + len(premium.requests)
+    assert int(response.headers["x-cascade-attempts"]) == calls >= 2
     assert response.json()["choices"][0]["message"]["content"] == REFUSAL
 
 
@@ -152,6 +154,9 @@ async def test_a_cheap_tier_that_fails_escalates_to_the_next(
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "premium"
     assert response.headers["x-cascade-escalations"] == "1"
+    # Every call counts, the failed tier's (and its retries) too.
+    calls = len(fake_openai.requests) + len(premium.requests)
+    assert int(response.headers["x-cascade-attempts"]) == calls >= 2
     assert response.json()["choices"][0]["message"]["content"] == GOOD
     request_id = response.headers["x-request-id"]
     answer = await wait_for_record(ledger_store, request_id)

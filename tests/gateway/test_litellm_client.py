@@ -250,6 +250,17 @@ async def test_unsupported_parameters_are_named_not_retried(
         ('x does not support parameters: ["logit_bias"], for model=m', ("logit_bias",)),
         ("Setting `user` is not supported by vertex_ai, m. To drop it", ("user",)),
         ("Function calling is not supported by ollama.", ()),
+        (
+            "bedrock does not support parameters: {'dimensions': 256, 'user': 'u'}, for model=m",
+            ("dimensions", "user"),
+        ),
+        ("Setting {'user': 'u-1'} is not supported by cohere. To drop it", ("user",)),
+        (
+            "together_ai does not support parameters: tools, tool_choice, for model=m",
+            ("tools", "tool_choice"),
+        ),
+        ("Setting dimensions is not supported for OpenAI `text-embedding-3`", ("dimensions",)),
+        ("Setting user/encoding format is not supported by bedrock. To drop it", ()),
     ],
 )
 def test_unsupported_parameter_names(text: str, params: tuple[str, ...]) -> None:

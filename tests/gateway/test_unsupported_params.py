@@ -95,7 +95,7 @@ def test_the_next_deployment_serves_what_the_first_cannot(
     response = post(base, chat("either", **extra))
     assert response.status_code == 200, response.text
     assert response.headers["x-cascade-deployment"] == "local"
-    assert response.headers["x-cascade-attempts"] == "2"  # claude refused, never retried
+    assert response.headers["x-cascade-attempts"] == "1"  # claude refused before any call
     assert len(response.json()["choices"]) == extra.get("n", 1)
     sent = fake_openai.requests[-1]["body"]
     assert {name: sent[name] for name in extra} == extra  # passed on, not dropped
@@ -150,6 +150,18 @@ def test_mixed_failures_are_an_upstream_failure(base: str) -> None:
     assert error["type"] == "upstream_error"
     assert "does not support parameters: seed" in error["message"]
     assert "drop_params" not in error["message"]
+
+
+def test_a_busy_deployment_behind_one_that_cannot_serve_it_says_busy(
+    base: str, fake_openai: FakeOpenAI
+) -> None:
+    """Unsupported on claude, rate limited on the one that could serve it: the client
+    is told to wait (429, Retry-After), not that the upstreams are broken."""
+    fake_openai.fail(429, times=None, retry_after="7")
+    response = post(base, chat("either", seed=7))
+    assert response.status_code == 429, response.text
+    assert response.headers["retry-after"] == "7"
+    assert response.json()["error"]["code"] == "upstream_rate_limited"
 
 
 def test_a_cascade_climbs_past_a_tier_that_cannot_serve_it(
