@@ -28,6 +28,7 @@
   const NONE = "—"; // a figure that does not exist (no reference, no requests), never a zero
   const NO_REFERENCE = "No reference model: the routes of these requests set no " +
     "reference_model, so there is nothing to compare their cost with.";
+  const NO_REQUESTS = "No requests in this range: nothing to compare with the reference model.";
   const LABELS = {
     errors: "Errors", error_rate_pct: "Error rate",
     calls: "Upstream calls", cost_usd: "Cost", reference_cost_usd: "Reference cost", savings_usd: "Savings",
@@ -90,6 +91,7 @@
 
   // Why a figure compared with the reference model is empty, or covers part of the row.
   function referenceNote(row) {
+    if (!row.calls && !row.errors && !row.cost_nanos) return NO_REQUESTS; // no records at all
     if (row.reference_coverage === "none") return NO_REFERENCE;
     if (row.reference_coverage === "partial") {
       return `Compared for the requests on routes with a reference_model only; ` +
@@ -332,7 +334,7 @@
     $("kpi-reference").textContent = usd(total.reference_cost_usd);
     $("kpi-savings").textContent = usd(total.savings_usd);
     const part = total.reference_coverage === "partial" ? " where compared" : "";
-    const nothing = !total.requests && !total.errors; // an empty range: nothing to compare
+    const nothing = referenceNote(total) === NO_REQUESTS;
     $("kpi-savings-pct").textContent = nothing ? "no requests"
       : noReference ? "no reference model" : `${pct(total.savings_pct)} saved${part}`;
     // What prompt caching saved on the tokens actually sent, beside what routing saved.

@@ -224,7 +224,14 @@ class AggregateRow:
         """Whether any record went into the row (the total of no rows has none). Every
         record counts a call or an error; days written before `calls` existed show
         theirs as requests or cost."""
-        return bool(self.calls or self.errors or self.requests or self.cost_nanos)
+        return bool(
+            self.calls
+            or self.errors
+            or self.requests
+            or self.cost_nanos
+            or self.reference_cost_nanos
+            or self.unreferenced
+        )
 
     @property
     def coverage(self) -> ReferenceCoverageType:

@@ -1,7 +1,7 @@
 """Spend aggregates from the archive's Parquet files, with DuckDB: the same rows the
 Redis ledger's daily aggregates give (`AggregateRow`), for any range of days.
 
-It is an `Aggregates` (gateway.spend.report), so `spend_report` and `render` format
+It is an `Aggregates` (gateway.spend.report), so `aggregate` and `render` format
 its rows exactly as they format the ledger's. Each metric is the SQL twin of
 `rollup.metrics_of`; `METRIC_SQL` must name every metric (checked on import), and the
 tests compare the two on the same records.

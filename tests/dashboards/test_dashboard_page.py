@@ -284,4 +284,6 @@ async def test_dashboard_shows_errors_missing_references_and_why_panels_are_empt
     await page.click("#filters button[type=submit]")
     await page.wait_for_selector("body[data-state=ready][data-loads='3']")
     assert await page.text_content("#kpi-savings-pct") == "no requests"
+    assert (await page.text_content("#note-savings")).startswith("No requests in this range")
+    assert (await page.get_attribute("#kpi-savings", "title")).startswith("No requests")
     assert tab.problems == []
