@@ -39,7 +39,9 @@ def training(name: str) -> Callable[[argparse.Namespace], int]:
 
 # Optional request fields a score row may carry, with their JSON type.
 REQUEST_FIELDS: Mapping[str, type] = {"tools": list, "response_format": dict, "max_tokens": int}
-# The chat roles a message may have, as the gateway takes them (gateway/http/validation.py).
+# The chat roles a message may have: a copy of the gateway's `CHAT_ROLES` in
+# gateway/http/validation.py (router/ does not import the gateway); a test in
+# tests/router/test_cli_fixes.py checks that the two are equal.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -352,8 +354,12 @@ def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
-    """A row's chat messages, checked as the gateway checks a request's, and stricter on
-    content: a message without text would be scored as empty, silently."""
+    """A row's chat messages, checked as the gateway checks a request's (`_check_messages`
+    in gateway/http/validation.py), so that a row of its traffic scores as it did there:
+    a non-empty list of objects, each with one of `CHAT_ROLES` and, if any, content that
+    is a string, a list of parts (objects) or null. The scorers read the text of a string
+    and of parts' `text`; no content, null, an empty list or parts without text are no
+    text."""
     if not isinstance(messages, list) or not messages:
         raise ValueError(
             f"'messages' must be a non-empty list of chat messages, not {messages!r:.40}"
@@ -367,35 +373,21 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
                 f"'messages[{i}].role' must be one of {', '.join(sorted(CHAT_ROLES))}, "
                 f"not {role!r:.40}"
             )
-        if not _has_content(message):
-            found = json.dumps(message["content"])[:40] if "content" in message else "none"
+        content = message.get("content")
+        if not _is_content(content):
             raise ValueError(
-                f"'messages[{i}].content' must be a string or a list of content parts "
-                f'({{"type": "text", "text": ...}}; null only beside an assistant\'s '
-                f"tool_calls), got {found}"
+                f"'messages[{i}].content' must be a string, a list of content parts "
+                f"(objects) or null, got {json.dumps(content)[:40]}"
             )
     return messages
 
 
-def _has_content(message: Mapping[str, Any]) -> bool:
-    """A string, a non-empty list of content parts, or null for an assistant's tool
-    calls (which carry no text)."""
-    content = message.get("content")
-    if content is None:
-        return message["role"] == "assistant" and bool(
-            message.get("tool_calls") or message.get("function_call")
-        )
-    if isinstance(content, list):
-        return bool(content) and all(map(_is_content_part, content))
-    return isinstance(content, str)
-
-
-def _is_content_part(part: Any) -> bool:
-    """An OpenAI content part: `{"type": "text", "text": ...}`, or another type (an
-    image, audio, a file), whose text the scorers do not read."""
-    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-        return False
-    return part["type"] != "text" or isinstance(part.get("text"), str)
+def _is_content(content: Any) -> bool:
+    """What the gateway accepts as a message's content: a string, a list of parts, each
+    an object (`{"type": "text", "text": ...}`, an image, ...), or null."""
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(part, dict) for part in content)
 
 
 @dataclass(frozen=True, slots=True)

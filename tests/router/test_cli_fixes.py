@@ -1,5 +1,6 @@
-"""`router calibrate-verify` on tied scores, bad `messages` rows, too-long integers and
-output that cannot be written: what each command prints and its exit status."""
+"""`router calibrate-verify` on tied scores, `messages` rows (exactly those the gateway's
+request validation takes, scored as their text), too-long integers and output that cannot
+be written: what each command prints and its exit status."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,24 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.errors import InvalidRequest
+from gateway.http import validation
+from router import cli
 from router.cli import LedgerScores, add_router_commands
 from router.verifier import Verifier
-from tests.router.test_cli import SCORE_ROWS, write_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TIED = {"a": 0.011, "b": 0.011, "c": 0.998}  # response -> its verifier score
+SCORE_ROWS = [
+    {"id": 1, "prompt": "What is 2+2?"},
+    {"id": 2, "messages": [{"role": "user", "content": "Prove that sqrt(2) is irrational."}]},
+]
+
+
+def write_rows(path: Path, rows: Sequence[object]) -> Path:
+    """`rows` as JSONL (a string row as written)."""
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
 
 
 def run(argv: list[str], ledger_scores: LedgerScores | None = None) -> tuple[int, str, str]:
@@ -156,33 +170,186 @@ def test_calibrate_takes_percentages_as_the_docs_say() -> None:
     assert outputs[0] == outputs[1] and outputs[0][0] == 0
 
 
-BAD_MESSAGES: list[tuple[Any, str]] = [
-    ([{"role": "user", "content": 123}], "'messages[0].content' must be a string or a list"),
-    ([{"role": "user"}], "'messages[0].content' must be"),
-    ([{"role": "user", "content": None}], "'messages[0].content' must be"),
-    ([{"role": "user", "content": []}], "'messages[0].content' must be"),
-    ([{"role": "user", "content": [{"type": "text"}]}], "'messages[0].content' must be"),
-    ([{"role": "user", "content": ["hi"]}], "'messages[0].content' must be"),
-    ([{"role": "assistant", "content": None}], "'messages[0].content' must be"),
-    ([{"role": "user", "content": "hi"}, "hi"], "'messages[1]' must be an object"),
-    ([{"content": "hi"}], "'messages[0].role' must be one of"),
-    ([{"role": ["user"], "content": "hi"}], "'messages[0].role' must be one of"),
-    ([], "'messages' must be a non-empty list"),
-    ("hi", "'messages' must be a non-empty list"),
+def gateway_refusal(messages: Any) -> str | None:
+    """The field the gateway's request validation names refusing a chat request with
+    these messages (`param`), or None when it accepts them."""
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    try:
+        validation.parse_body(body, "chat")
+    except InvalidRequest as exc:
+        assert exc.param is not None
+        return exc.param
+    return None
+
+
+def test_the_router_takes_the_gateways_chat_roles() -> None:
+    """router/cli.py keeps a copy of the gateway's roles (router/ cannot import it)."""
+    assert cli.CHAT_ROLES == validation.CHAT_ROLES
+
+
+Q = "Prove that sqrt(2) is irrational."
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+# Messages the gateway serves, each with the same messages as plain strings (the text
+# the scorers read): a row of either scores the same. No content, null, an empty list
+# and parts without text are no text.
+ACCEPTED: dict[str, tuple[list[Any], list[Any]]] = {
+    "text": ([{"role": "user", "content": Q}], [{"role": "user", "content": Q}]),
+    "every role": (
+        [{"role": r, "content": f"{r}: {Q}"} for r in sorted(validation.CHAT_ROLES)],
+        [{"role": r, "content": f"{r}: {Q}"} for r in sorted(validation.CHAT_ROLES)],
+    ),
+    "null on system, user and tool": (
+        [{"role": "system", "content": None}, {"role": "user", "content": Q},
+         {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+         {"role": "tool", "tool_call_id": "c1", "content": None},
+         {"role": "user", "content": None}],
+        [{"role": "system", "content": ""}, {"role": "user", "content": Q},
+         {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
+         {"role": "tool", "tool_call_id": "c1", "content": ""},
+         {"role": "user", "content": ""}],
+    ),
+    "an assistant's null beside audio": (
+        [{"role": "user", "content": Q},
+         {"role": "assistant", "content": None, "audio": {"id": "audio_1"}},
+         {"role": "user", "content": "And sqrt(3)?"}],
+        [{"role": "user", "content": Q},
+         {"role": "assistant", "content": "", "audio": {"id": "audio_1"}},
+         {"role": "user", "content": "And sqrt(3)?"}],
+    ),
+    "parts without type": (
+        [{"role": "user", "content": [{"text": Q}]}], [{"role": "user", "content": Q}]
+    ),
+    "text and image parts": (
+        [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+            {"type": "text", "text": Q},
+        ]}],
+        [{"role": "user", "content": f"What is in this picture?\n{Q}"}],
+    ),
+    "an empty list": (
+        [{"role": "system", "content": []}, {"role": "user", "content": Q}],
+        [{"role": "system", "content": ""}, {"role": "user", "content": Q}],
+    ),
+    "a part without text": (
+        [{"role": "user", "content": [{"type": "text"}, {"type": "input_audio"}]}],
+        [{"role": "user", "content": ""}],
+    ),
+    "no content": ([{"role": "user"}], [{"role": "user", "content": ""}]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+@pytest.mark.parametrize("command", ["score", "predict"])
+def test_what_the_gateway_takes_scores_as_its_text(case: str, command: str, tmp_path: Path) -> None:
+    messages, as_text = ACCEPTED[case]
+    assert gateway_refusal(messages) is None
+    rows = [{"id": "given", "messages": messages}, {"id": "text", "messages": as_text}]
+    status, out, err = run([command, str(write_rows(tmp_path / "in.jsonl", rows))])
+    assert (status, err) == (0, "")
+    given_row, text_row = (json.loads(line) for line in out.splitlines())
+    assert (given_row.pop("id"), text_row.pop("id")) == ("given", "text")
+    assert given_row == text_row
+
+
+# Messages the gateway refuses: the router refuses them too, naming the same field.
+REFUSED: list[Any] = [
+    [{"role": "user", "content": 123}],
+    [{"role": "user", "content": True}],
+    [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+    [{"role": "user", "content": ["hi"]}],
+    [{"role": "user", "content": [{"type": "text", "text": "hi"}, 5]}],
+    [{"role": "assistant", "content": 0, "tool_calls": [TOOL_CALL]}],
+    [{"role": "user", "content": "hi"}, "hi"],
+    [{"role": "user", "content": "hi"}, None],
+    [{"content": "hi"}],
+    [{"role": None, "content": "hi"}],
+    [{"role": ["user"], "content": "hi"}],
+    [{"role": "bot", "content": "hi"}],
+    [{"role": "User", "content": "hi"}],
+    [],
+    "hi",
+    None,
+    {"role": "user", "content": "hi"},
 ]
 
 
-@pytest.mark.parametrize(("messages", "message"), BAD_MESSAGES)
+@pytest.mark.parametrize("messages", REFUSED)
 @pytest.mark.parametrize("command", ["score", "predict"])
-def test_a_bad_message_is_an_error_naming_its_line_and_field(
-    messages: Any, message: str, command: str, tmp_path: Path
+def test_what_the_gateway_refuses_is_an_error_naming_its_line_and_field(
+    messages: Any, command: str, tmp_path: Path
 ) -> None:
+    field = gateway_refusal(messages)
+    assert field is not None
     path = write_rows(
         tmp_path / "in.jsonl", [{"id": 0, "prompt": "fine"}, {"id": 1, "messages": messages}]
     )
     status, out, err = run([command, str(path)])
     assert (status, out) == (1, "")
-    assert err.startswith(f"error: {path}:2: {message}")
+    assert err.startswith(f"error: {path}:2: '{field}' must be ")
+    assert err.count("\n") == 1
+
+
+# JSON values (integers within what the gateway reads exactly), and messages near and
+# far from what the gateway takes: most lists hold objects with one of its roles.
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(validation.INT64_MIN, validation.INT64_MAX)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+)
+TEXT_PARTS = st.dictionaries(
+    st.sampled_from(["type", "text", "image_url"]), st.none() | st.text(max_size=4), max_size=3
+)
+CONTENTS = st.one_of(
+    st.none(),
+    st.text(max_size=4),
+    st.lists(TEXT_PARTS, max_size=3),
+    JSON_SCALARS,
+    st.lists(TEXT_PARTS | JSON_SCALARS, min_size=1, max_size=3),
+    st.dictionaries(st.text(max_size=2), JSON_SCALARS, max_size=2),
+)
+GATEWAY_ROLES = st.sampled_from(sorted(validation.CHAT_ROLES))
+ROLES = st.one_of(
+    GATEWAY_ROLES,
+    st.sampled_from(["bot", "User", ""]),
+    JSON_SCALARS,
+    st.lists(GATEWAY_ROLES, max_size=2),
+)
+EXTRA_FIELDS = {"tool_calls": st.just([TOOL_CALL]), "audio": st.just({"id": "audio_1"})}
+WITH_ROLE = st.fixed_dictionaries(
+    {"role": GATEWAY_ROLES}, optional={"content": CONTENTS, **EXTRA_FIELDS}
+)
+ANY_MESSAGE = st.one_of(
+    st.fixed_dictionaries({}, optional={"role": ROLES, "content": CONTENTS, **EXTRA_FIELDS}),
+    JSON_SCALARS,
+    st.lists(JSON_SCALARS, max_size=2),
+)
+MESSAGES = st.one_of(
+    st.lists(WITH_ROLE, min_size=1, max_size=3),
+    st.tuples(st.lists(WITH_ROLE, max_size=2), ANY_MESSAGE, st.lists(WITH_ROLE, max_size=2)).map(
+        lambda parts: [*parts[0], parts[1], *parts[2]]
+    ),
+    st.lists(ANY_MESSAGE, max_size=2),
+    JSON_SCALARS,
+    st.dictionaries(st.sampled_from(["role", "content"]), st.text(max_size=4)),
+)
+
+
+@given(MESSAGES)
+def test_the_router_refuses_exactly_the_messages_the_gateway_refuses(messages: Any) -> None:
+    """Any `messages`: a row is refused, naming the field, where the gateway's request
+    validation refuses it and names that field; otherwise it is a request to score."""
+    field = gateway_refusal(messages)
+    try:
+        request = cli._score_request({"id": 0, "messages": messages})
+    except ValueError as exc:
+        assert field is not None, f"the gateway takes it, the router does not: {exc}"
+        assert str(exc).startswith(f"'{field}' must be ")
+    else:
+        assert field is None, f"the gateway refuses '{field}', the router does not"
+        assert request["messages"] == messages
 
 
 @pytest.mark.parametrize("max_tokens", [-5, 0])
@@ -191,50 +358,6 @@ def test_max_tokens_must_be_positive(max_tokens: int, tmp_path: Path) -> None:
     status, out, err = run(["score", str(path)])
     assert (status, out) == (1, "")
     assert err == f"error: {path}:1: 'max_tokens' must be a positive integer, not {max_tokens}\n"
-
-
-TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
-GOOD_MESSAGES = [
-    [{"role": "user", "content": "What is 2+2?"}],
-    [
-        {"role": "system", "content": ""},
-        {"role": "user", "content": "Add 2 and 2."},
-        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
-        {"role": "tool", "tool_call_id": "c1", "content": "4"},
-    ],
-    [
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is in this picture?"},
-            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
-        ]},
-    ],
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("command", ["score", "predict"])
-def test_strings_parts_and_an_assistants_tool_calls_are_messages(
-    command: str, tmp_path: Path
-) -> None:
-    path = write_rows(
-        tmp_path / "in.jsonl", [{"id": i, "messages": m} for i, m in enumerate(GOOD_MESSAGES)]
-    )
-    status, out, err = run([command, str(path)])
-    assert (status, err) == (0, "")
-    assert [json.loads(line)["id"] for line in out.splitlines()] == [0, 1, 2]
-
-
-def test_parts_score_as_their_text(tmp_path: Path) -> None:
-    text = "Prove that sqrt(2) is irrational."
-    rows = [
-        {"id": "plain", "messages": [{"role": "user", "content": text}]},
-        {
-            "id": "parts",
-            "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
-        },
-    ]
-    status, out, _ = run(["score", str(write_rows(tmp_path / "in.jsonl", rows))])
-    plain, parts = (json.loads(line)["score"] for line in out.splitlines())
-    assert status == 0 and plain == parts
 
 
 LONG = "1" * 5000  # beyond Python's 4300-digit limit on converting an integer
