@@ -39,7 +39,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.settings import Settings
+    from gateway.settings import Settings, configure_logging
     from local_engine.autostart import start_engines, stop_engines
 
     given = {"policy": args.policy, "host": args.host, "port": args.port, "workers": args.workers}
@@ -54,11 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     # Workers are separate processes that build their own Settings from the environment.
     os.environ["CASCADE_POLICY"] = str(settings.policy)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
-    # httpx logs every request at INFO: per-request logging costs more than proxying.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging(settings.log_level)
     engines = start_engines(settings.policy, policy.engines, settings.spool_path.parent / "engines")
     # uvicorn re-raises the SIGTERM it caught once it has shut down: make that an exit
     # that runs `finally` (Ctrl-C's KeyboardInterrupt already does), so engines stop too.

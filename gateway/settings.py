@@ -6,6 +6,7 @@ process itself. `REDIS_URL` is read without the prefix, as most platforms set it
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Literal
 
@@ -97,3 +98,11 @@ class Settings(BaseSettings):
         if self.ledger_shards is not None:
             return self.ledger_shards
         return CLUSTER_LEDGER_SHARDS if self.redis_cluster else 1
+
+
+def configure_logging(level: str) -> None:
+    """Root logging at `level`, once per process (a no-op where it is set up already):
+    the CLI's, and each uvicorn worker's, which starts unconfigured. httpx's INFO line
+    per request stays off: per-request logging costs more than the proxying."""
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -47,7 +47,7 @@ from gateway.pipeline.scoring import install_problems, warm
 from gateway.pipeline.selector import TrafficProfiles
 from gateway.pipeline.shared_profiles import SharedTrafficProfiles
 from gateway.runtime import build_runtime, log_new_warnings
-from gateway.settings import Settings
+from gateway.settings import Settings, configure_logging
 from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
@@ -74,6 +74,7 @@ async def openapi_json(request: Request) -> Response:
 def create_app(settings: Settings | None = None) -> GatewayApp:
     settings = settings or Settings()
     # Set here, in every worker process (uvicorn's workers do not inherit the CLI's setup).
+    configure_logging(settings.log_level)
     decisions_level = logging.INFO if settings.log_decisions else logging.WARNING
     logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -386,7 +385,7 @@ async def _reshard(settings: Settings, shards: int) -> int:
 
 def cmd_spend_export(args: argparse.Namespace) -> int:
     from gateway.ledger.archive import ArchiveDependencyMissing, check_installed
-    from gateway.settings import Settings
+    from gateway.settings import Settings, configure_logging
 
     settings = Settings()
     if not _redis_set(settings, "the exporter reads the Redis ledger's event streams"):
@@ -396,9 +395,7 @@ def cmd_spend_export(args: argparse.Namespace) -> int:
     except ArchiveDependencyMissing as exc:
         print(f"spend export: {exc}", file=sys.stderr)
         return 1
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
     return asyncio.run(_export(args, settings))
 
 

@@ -57,14 +57,16 @@ def test_every_scrape_counts_every_workers_requests(tmp_path: Path) -> None:
     counters.mkdir()
     env |= {"GATEWAY_TEST_KEY": KEY, "CASCADE_SPOOL_PATH": str(tmp_path / "spool")}
     env["PROMETHEUS_MULTIPROC_DIR"] = str(counters)
-    with FakeOpenAI() as upstream:
+    env["CASCADE_LOG_DECISIONS"] = "true"  # INFO lines, which each worker must set up
+    log = tmp_path / "gateway.log"
+    with FakeOpenAI() as upstream, log.open("wb") as stderr:
         env["UPSTREAM_URL"] = upstream.url
         argv = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy)]
         proc = subprocess.Popen(
             [*argv, "--port", str(port), "--workers", "2"],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=stderr,
         )
         base = f"http://127.0.0.1:{port}"
         try:
@@ -81,3 +83,6 @@ def test_every_scrape_counts_every_workers_requests(tmp_path: Path) -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+    # Every request's decision line, from both workers, with its level and logger.
+    decided = re.findall(r"^INFO gateway\.decisions: ", log.read_text(), re.M)
+    assert len(decided) >= sent
