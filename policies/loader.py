@@ -91,7 +91,9 @@ def policy_files(path: Path) -> list[Path]:
             child
             for child in path.iterdir()
             if child.suffix in POLICY_SUFFIXES
-            and child.is_file()
+            # A dangling link is a file that cannot be read (a broken ConfigMap mount),
+            # not one to skip: skipped, its budgets or keys would vanish silently.
+            and (child.is_file() or child.is_symlink())
             and not child.name.startswith(".")
         )
         if not files:

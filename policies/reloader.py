@@ -82,7 +82,13 @@ class PolicyReloader:
         """Load the policy if its files changed; True when a new policy was applied."""
         async with self._lock:
             try:
-                sources = await asyncio.to_thread(read_sources, self.path)
+                try:
+                    sources = await asyncio.to_thread(read_sources, self.path)
+                except PolicyError:
+                    # Gone or unreadable: whatever comes back next is new, even the
+                    # serving policy's own files (which then clear this error).
+                    self._tried_digest = None
+                    raise
                 digest = sources_digest(sources)
                 if digest == self._tried_digest:
                     return False
@@ -107,7 +113,7 @@ class PolicyReloader:
                 self._tried_digest = sources_digest(sources)
                 loaded = await asyncio.to_thread(self._load, sources)
             except PolicyError as exc:
-                self._reject(exc)
+                self._reject(exc, asked=True)
                 raise
             self._apply(loaded)
             return loaded
@@ -117,14 +123,19 @@ class PolicyReloader:
 
     def _apply(self, loaded: LoadedPolicy) -> None:
         self.on_reload(loaded)
-        self.current = loaded
+        previous, self.current = self.current, loaded
+        interval = loaded.policy.gateway.reload_interval_s
+        if previous is not None and interval != previous.policy.gateway.reload_interval_s:
+            self.interval_s = interval  # an edit of the polling interval applies too
         self.last_error = None
         # on_reload logs what changed (the gateway: Services.apply); this says only when
         log.debug("policy applied from %s", ", ".join(map(str, loaded.source)))
 
-    def _reject(self, exc: PolicyError) -> None:
-        if self.last_error is not None and str(self.last_error) == str(exc):
-            return  # the same problem again (e.g. a missing file): logged already
+    def _reject(self, exc: PolicyError, asked: bool = False) -> None:
+        """Record a rejected edit; a poll meeting the same problem again (a missing
+        file) is not another rejection, an operator's reload (`asked`) is."""
+        if not asked and self.last_error is not None and str(self.last_error) == str(exc):
+            return  # logged and counted already
         self.last_error = exc
         if self.on_reject is not None:
             self.on_reject(exc)

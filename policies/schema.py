@@ -97,7 +97,7 @@ class Deployment(Section):
     # "openai" or "anthropic" or any other litellm provider name: typed as plain str so
     # an unknown provider name is accepted and a wrong type gives a single error
     provider: str = Field(OPENAI_COMPATIBLE, examples=["openai", "anthropic"])
-    model: str
+    model: Annotated[str, Field(min_length=1)]  # sent upstream: never empty (an unset ${M:-})
     api_base: str | None = None
     api_key: str | None = None
     requires_key: bool = False

@@ -239,8 +239,9 @@ class SlaGuard:
             await self._redis.aclose()
 
     def configure(self, policy: Policy) -> None:
-        """A reloaded policy's breaker knobs and engines apply from now on."""
+        """A reloaded policy's breaker knobs, latency window and engines apply from now on."""
         self.breakers.settings = breaker_settings(policy)
+        self.latency.window_s = policy.gateway.latency_window_s
         self.warmup.watch(policy)
         watched = self.warmup.watched
         self._metrics.prune(self._metrics.deployment_warming, lambda labels: labels[0] in watched)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from gateway.health.latency import MIN_SAMPLES, EngineLoad, LatencyModel
+from policies import Policy
 
 
 def test_unknown_until_enough_samples() -> None:
@@ -63,3 +65,19 @@ def test_busy_means_a_certain_miss_for_a_while() -> None:
     model.mark_busy("a", 2.0, now=10.0)
     assert model.predict("a", now=11.0).ttft_s == math.inf
     assert model.predict("a", now=12.5).ttft_s is None
+
+
+def test_a_reloaded_latency_window_applies(tmp_path: Path) -> None:
+    """`gateway.latency_window_s` is read at each reload, not only at start."""
+    from gateway.health.sla import build_guard
+    from gateway.metrics import Metrics
+    from policies.loader import load_sources
+
+    def policy(extra: str) -> Policy:
+        text = "deployments: {a: {model: m, api_base: 'http://h/v1'}}\nroutes: {}\n" + extra
+        return load_sources([(tmp_path / "p.yaml", text.encode())], {}).policy
+
+    guard = build_guard(Metrics(), policy(""), None, "test:", tmp_path)
+    assert guard.latency.window_s == 60.0
+    guard.configure(policy("gateway: {latency_window_s: 15}\n"))
+    assert guard.latency.window_s == 15.0

@@ -245,6 +245,18 @@ def test_directory_merge(tmp_path: Path) -> None:
     assert [path.name for path in loaded.source] == ["10-base.yaml", "20-more.yml"]
 
 
+def test_a_dangling_link_in_a_policy_directory_is_an_error(tmp_path: Path) -> None:
+    """A ConfigMap's link whose target is gone: its budgets must not vanish silently."""
+    write(tmp_path, MINIMAL, "a.yaml")
+    target = write(tmp_path, "admin_keys: ['${A}']\n", "target.txt")
+    (tmp_path / "b.yaml").symlink_to(target)
+    assert load_policy(tmp_path, env={"A": "aa"}).policy.admin_keys == ["aa"]
+    target.unlink()
+    with pytest.raises(PolicyError) as raised:
+        load_policy(tmp_path, env={"A": "aa"})
+    assert str(tmp_path / "b.yaml") in str(raised.value)
+
+
 def test_directory_merge_locates_errors_in_the_right_file(tmp_path: Path) -> None:
     write(tmp_path, MINIMAL + "admin_keys: ['${A}']\n", "10-base.yaml")
     second = write(tmp_path, "admin_keys: ['${A}', 5]\n", "20-admins.yaml")
@@ -342,3 +354,10 @@ def test_without_a_check_every_classifier_is_taken_to_run(
 def test_a_route_whose_classifier_loads_is_accepted(tmp_path: Path) -> None:
     policy = load_policy(write(tmp_path, MINILM_ROUTE), env={}).policy
     assert policy.routes["smart"].classifier == "minilm"
+
+
+def test_an_empty_model_name_is_refused(tmp_path: Path) -> None:
+    """`model: ${M:-}` with M unset would send an empty model name upstream."""
+    text = "deployments:\n  a: {model: '${M:-}', api_base: http://h/v1}\nroutes: {}\n"
+    [problem] = problems(write(tmp_path, text), env={})
+    assert problem.field == "deployments.a.model"

@@ -129,6 +129,38 @@ async def test_deleted_file_keeps_the_policy(path: Path) -> None:
     assert reloader.current is initial
 
 
+async def test_a_deleted_file_put_back_unchanged_clears_the_error(path: Path) -> None:
+    """As a ConfigMap's files vanish and return: the alert must not stay on for good."""
+    reloader = PolicyReloader(path, lambda _: None, env=ENV, initial=load_policy(path, env=ENV))
+    text = path.read_text()
+    path.unlink()
+    assert await reloader.check_now() is False
+    assert reloader.last_error is not None
+    path.write_text(text)
+    assert await reloader.check_now() is False  # the serving policy: nothing to apply
+    assert reloader.last_error is None
+
+
+async def test_each_operator_reload_that_fails_is_counted(path: Path) -> None:
+    rejected: list[PolicyError] = []
+    reloader = PolicyReloader(
+        path, lambda _: None, env=ENV, initial=load_policy(path, env=ENV), on_reject=rejected.append
+    )
+    path.unlink()
+    assert await reloader.check_now() is False
+    assert await reloader.check_now() is False  # the same problem polled again: once
+    with pytest.raises(PolicyError):
+        await reloader.reload_now()  # asked for: counted again
+    assert len(rejected) == 2
+
+
+async def test_an_edited_reload_interval_applies(path: Path) -> None:
+    reloader = PolicyReloader(path, lambda _: None, env=ENV, initial=load_policy(path, env=ENV))
+    path.write_text(path.read_text() + "gateway: {reload_interval_s: 60}\n")
+    assert await reloader.check_now() is True
+    assert reloader.interval_s == 60
+
+
 async def test_reload_now(path: Path) -> None:
     applied: list[LoadedPolicy] = []
     reloader = PolicyReloader(path, applied.append, env=ENV)
