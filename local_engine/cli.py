@@ -42,12 +42,23 @@ def add_engine_commands(subparsers: argparse._SubParsersAction[argparse.Argument
     serve_cpu.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K")
     serve_cpu.add_argument("--served-model-name", default=None)
     serve_cpu.add_argument("--host", default="127.0.0.1")
-    serve_cpu.add_argument("--port", type=int, default=DEFAULT_CPU_PORT)
+    serve_cpu.add_argument("--port", type=tcp_port, default=DEFAULT_CPU_PORT)
     serve_cpu.add_argument("--max-num-seqs", type=int, default=None, help="running batch size")
     serve_cpu.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence")
     serve_cpu.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     serve_cpu.add_argument("--log-level", default="info")
     serve_cpu.set_defaults(func=run_serve_cpu)
+
+
+def tcp_port(text: str) -> int:
+    """A port to bind, 1-65535: the OS would take 99999 as 99999 mod 65536, silently."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {port}")
+    return port
 
 
 def run_serve_cpu(args: argparse.Namespace) -> int:

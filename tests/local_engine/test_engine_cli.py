@@ -357,3 +357,14 @@ def test_the_engine_gets_none_of_the_gateway_secrets(
     }
     assert {name: environ.get(name) for name in passed} == {**passed, "OMP_NUM_THREADS": "1"}
     assert environ["ENGINE_ONLY"] == "from the spec"
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "http"])
+def test_serve_cpu_refuses_a_port_it_cannot_bind_as_given(
+    port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """99999 would be bound as 34463 (mod 65536) while the log named 99999."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve-cpu", "--port", port])
+    assert exited.value.code == 2
+    assert "--port" in capsys.readouterr().err
