@@ -9,13 +9,15 @@ models would cost time on every request and could reorder or drop fields.
 Bounds that keep budgets sound: JSON nesting (`MAX_JSON_DEPTH`, one limit for parsing
 and re-serialising: orjson reads 1,023 levels but writes only 254), and the output a
 request may ask for (`MAX_OUTPUT_TOKENS` per choice and in all: prompts x n x max).
-Numbers reach the upstream as written: an integer orjson cannot hold (beyond 64 bits,
-which it would read as a float) is refused wherever it is, naming its field.
+Integers reach the upstream as written (floats are re-serialised: 1e+20 for
+100000000000000000000e0): an integer orjson cannot hold (beyond 64 bits, which it
+would read as a float) is refused wherever it is, naming its field.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,14 +34,29 @@ MAX_TOKENS_FORM = f"an integer in [1, {MAX_OUTPUT_TOKENS:_}]"
 # OpenAI's seed: a signed 64-bit integer.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEED_FORM = f"an integer in [{INT64_MIN}, {INT64_MAX}]"
-# The integers orjson reads exactly (i64 and u64); beyond them it reads a float. The
-# shortest literal beyond them has 19 digits (-9223372036854775809): bodies without such
-# a run of digits cannot hold one, so most are never parsed twice. The run is found with
-# every digit read as 0 and one `find` (a regex takes ten times as long).
+# The integers orjson reads exactly (i64 and u64); beyond them it reads a float. Their
+# literals are runs of digits and `-`: the shortest beyond them is 20 characters long
+# (-9223372036854775809, 18446744073709551616; every 19-digit number is a u64, so
+# nanosecond timestamps and 19-digit IDs are not candidates). Bodies without such a run
+# cannot hold one, so most are never parsed twice. Runs are found with every digit and
+# `-` read as 0 (`OUTLINE`) and `find` (a regex takes ten times as long); only a run
+# that is one integer, out of range, where an integer token can stand has the body
+# parsed again.
 EXACT_INT_MIN, EXACT_INT_MAX = INT64_MIN, 2**64 - 1
 MAX_EXACT_INT_CHARS = len(str(EXACT_INT_MIN))
-DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
-LONG_DIGIT_RUN = b"0" * 19
+MAX_EXACT_INT_DIGITS = len(str(EXACT_INT_MAX))
+# What both prefilters read, one copy of the body: digits and `-` as 0 (runs that may
+# be integers), `{` as `[` (brackets that may nest), counted once.
+OUTLINE = bytes.maketrans(b"123456789-{", b"0" * 10 + b"[")
+LONG_NUMBER_RUN = b"0" * min(len(str(EXACT_INT_MIN - 1)), len(str(EXACT_INT_MAX + 1)))
+ZEROS = re.compile(rb"0*")
+JSON_SPACE = b" \t\n\r"
+SPACES = re.compile(rb"[ \t\n\r]*")
+BEFORE_VALUE = frozenset(b":,[")  # what a value in an object or array follows
+AFTER_VALUE = frozenset(b",]}")  # ... and what it is followed by
+MINUS = ord("-")
+# Field paths are built from the client's keys: an error echoes at most this much.
+MAX_SHOWN_PATH = 128
 
 Check = Callable[[Any], bool]
 
@@ -117,15 +134,16 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    _check_depth(raw, body)
-    _check_exact_integers(raw)
+    outline = raw.translate(OUTLINE)
+    _check_depth(body, outline.count(b"["))
+    _check_exact_integers(raw, outline)
     return body
 
 
-def _check_depth(raw: bytes, body: dict[str, Any]) -> None:
-    """Refuse JSON nested deeper than `MAX_JSON_DEPTH`. Bodies with fewer brackets
-    than that cannot be, so most are never walked."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+def _check_depth(body: dict[str, Any], brackets: int) -> None:
+    """Refuse JSON nested deeper than `MAX_JSON_DEPTH`. Bodies with fewer opening
+    `brackets` than that cannot be, so most are never walked."""
+    if brackets <= MAX_JSON_DEPTH:
         return
     level: list[Any] = [body]
     for _ in range(MAX_JSON_DEPTH):
@@ -149,8 +167,9 @@ class _Inexact(str):
 
 
 def _exact_int(literal: str) -> int | _Inexact:
-    """`json`'s `parse_int`: the integer, or its literal when orjson cannot hold it
-    (only short literals are converted: `int()` refuses over 4,300 digits)."""
+    """`json`'s `parse_int` for bodies with a literal over `int()`'s 4,300 digits: the
+    integer, or its literal when orjson cannot hold it (only short ones are converted).
+    A callback per integer: three times as slow as `json`'s own."""
     if len(literal) <= MAX_EXACT_INT_CHARS:
         value = int(literal)
         if EXACT_INT_MIN <= value <= EXACT_INT_MAX:
@@ -158,15 +177,18 @@ def _exact_int(literal: str) -> int | _Inexact:
     return _Inexact(literal)
 
 
-def _check_exact_integers(raw: bytes) -> None:
+def _check_exact_integers(raw: bytes, outline: bytes | None = None) -> None:
     """Refuse an integer beyond 64 bits anywhere in the body: orjson reads it as a
     float, so the upstream would get another number than the client sent (and a check
-    would echo the rounded one). Bodies with a long run of digits are parsed again, by
-    `json`, which keeps integer literals as written; after `_check_depth`, so its
-    recursion stays shallow."""
-    if raw.translate(DIGITS_AS_ZERO).find(LONG_DIGIT_RUN) < 0:
+    would echo the rounded one). Bodies that may hold one are parsed again, by `json`,
+    which keeps integers exact; after `_check_depth`, so its recursion stays shallow."""
+    if not _may_hold_inexact_integer(raw, outline):
         return
-    found = _first_inexact(json.loads(raw, parse_int=_exact_int), "")
+    try:
+        parsed = json.loads(raw)
+    except ValueError:  # an integer literal over int()'s 4,300 digits
+        parsed = json.loads(raw, parse_int=_exact_int)
+    found = _first_inexact(parsed)
     if found is not None:
         field, literal = found
         shown = literal if len(literal) <= 40 else literal[:37] + "..."
@@ -177,18 +199,96 @@ def _check_exact_integers(raw: bytes) -> None:
         )
 
 
-def _first_inexact(value: Any, path: str) -> tuple[str, str] | None:
-    """The path and literal of the first `_Inexact` in a parsed body."""
-    if isinstance(value, _Inexact):
-        return path, str(value)
-    if isinstance(value, dict):
-        children = ((f"{path}.{k}" if path else k, v) for k, v in value.items())
-    elif isinstance(value, list):
-        children = ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    else:
+def _may_hold_inexact_integer(raw: bytes, outline: bytes | None = None) -> bool:
+    """Whether valid JSON `raw` may hold an integer orjson cannot read exactly: a run of
+    digits (a `-` before them) out of [`EXACT_INT_MIN`, `EXACT_INT_MAX`] that stands
+    where an integer token can: after `:`, `,`, `[` or nothing, and before `,`, `]`, `}`
+    or nothing, JSON whitespace between. Runs inside strings, in floats (a `.`, `e` or
+    `E` beside them) and in range are passed over. Never false for a body that holds
+    one (a string holding `, 12345678901234567890,` may make it true: the parse that
+    follows decides). Linear, each scan in C; some Python per run of 20 characters.
+    `outline` is `raw` translated by `OUTLINE`, when the caller has it."""
+    zeros = raw.translate(OUTLINE) if outline is None else outline
+    start = zeros.find(LONG_NUMBER_RUN)
+    while start >= 0:
+        # `start` begins a run: the first search is from 0, the others from its end.
+        end = start + len(LONG_NUMBER_RUN)
+        if zeros.startswith(b"0", end):  # a longer run: to its end, in C
+            end = _match_end(ZEROS, zeros, end)
+        if _may_be_inexact(raw, start, end):
+            return True
+        start = zeros.find(LONG_NUMBER_RUN, end)
+    return False
+
+
+def _match_end(pattern: re.Pattern[bytes], raw: bytes, at: int) -> int:
+    """Where `pattern` (one that matches the empty string) stops matching from `at`."""
+    match = pattern.match(raw, at)
+    return match.end() if match is not None else at
+
+
+def _may_be_inexact(raw: bytes, start: int, end: int) -> bool:
+    """Whether `raw[start:end]`, a whole run of digits and `-`, may be an integer token
+    orjson cannot read exactly."""
+    digits = start + 1 if raw[start] == MINUS else start
+    if raw.find(b"-", digits, end) >= 0:
+        return False  # not one integer: a date, a rule, an exponent
+    if (
+        end - digits <= MAX_EXACT_INT_DIGITS
+        and EXACT_INT_MIN <= int(raw[start:end]) <= EXACT_INT_MAX
+    ):
+        return False  # in range: a u64 ID, an i64
+    after = _match_end(SPACES, raw, end)
+    if after < len(raw) and raw[after] not in AFTER_VALUE:
+        return False  # in a string, or a float's mantissa
+    before = _last_non_space(raw, start)
+    return before < 0 or raw[before] in BEFORE_VALUE
+
+
+def _last_non_space(raw: bytes, end: int) -> int:
+    """The index of the last byte before `end` that is not JSON whitespace, -1 if there
+    is none: stripped in chunks that double, so a long run of it costs C time."""
+    size = 16
+    while end > 0:
+        start = max(0, end - size)
+        kept = len(raw[start:end].rstrip(JSON_SPACE))
+        if kept:
+            return start + kept - 1
+        end, size = start, size * 2
+    return -1
+
+
+def _first_inexact(body: Any) -> tuple[str, str] | None:
+    """The path (as `show_path` shows it) and literal of the first integer orjson
+    cannot read exactly in a body parsed by `json`. The path is joined once, found:
+    joined at each level, a long key would be copied at each."""
+    found = _inexact_steps(body) if isinstance(body, dict | list) else None
+    if found is None:
         return None
-    for child_path, child in children:
-        if (found := _first_inexact(child, child_path)) is not None:
+    steps, literal = found
+    parts: list[str] = []
+    for step in reversed(steps):
+        if isinstance(step, int):
+            parts.append(f"[{step}]")
+        else:
+            parts.append(f".{step}" if any(parts) else step)
+    return show_path("".join(parts)), literal
+
+
+def _inexact_steps(node: dict[str, Any] | list[Any]) -> tuple[list[str | int], str] | None:
+    """The keys and indexes (innermost first) to the first integer out of range or
+    `_Inexact` under `node`, and its literal. Scalars are checked in the loop (a call
+    each would double the walk's time)."""
+    children: Any = node.items() if isinstance(node, dict) else enumerate(node)
+    for step, child in children:
+        if type(child) is int:
+            if EXACT_INT_MIN <= child <= EXACT_INT_MAX:
+                continue
+            return [step], str(child)
+        if isinstance(child, _Inexact):
+            return [step], str(child)
+        if isinstance(child, dict | list) and (found := _inexact_steps(child)) is not None:
+            found[0].append(step)
             return found
     return None
 
@@ -294,7 +394,7 @@ def check_fields(
     """Each field of `table` that `body` has passes its check, else a 400 naming it."""
     for name, (check, expected) in table.items():
         if name in body and not check(body[name]):
-            field = prefix + name
+            field = show_path(prefix + name)
             raise InvalidRequest(
                 f"'{field}' must be {expected}, got {show(body[name])}", param=field
             )
@@ -303,3 +403,9 @@ def check_fields(
 def show(value: Any) -> str:
     text = orjson.dumps(value).decode() if value is not None else "null"
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def show_path(path: str) -> str:
+    """A field path as errors echo it (`param` and message): built from the client's
+    keys, so cut as `show` cuts values."""
+    return path if len(path) <= MAX_SHOWN_PATH else path[: MAX_SHOWN_PATH - 3] + "..."

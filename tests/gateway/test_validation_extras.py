@@ -1,9 +1,9 @@
 """Checks OpenAI itself makes, made before any upstream is called: `stream_options`
-only on a stream, tools that are objects, `best_of` no fewer than `n`; and numbers
+only on a stream, tools that are objects, `best_of` no fewer than `n`; and integers
 that reach the upstream as the client wrote them (an integer beyond 64 bits, which
 orjson would read as a float, is refused naming its field; `seed` is OpenAI's signed
-64-bit integer). Through the running gateway over loopback, and as properties of the
-parser itself."""
+64-bit integer), without parsing a body twice for digits in its strings. Through the
+running gateway over loopback, and as properties of the parser itself."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
-from gateway.http.validation import parse_body, parse_object
+from gateway.http import validation
+from gateway.http.validation import (
+    MAX_SHOWN_PATH,
+    _may_hold_inexact_integer,
+    parse_body,
+    parse_object,
+)
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway, openai_compatible_policy
 
@@ -264,3 +270,224 @@ def test_a_seed_is_kept_exactly_or_refused_naming_it(seed: int) -> None:
     else:
         assert I64_MIN <= seed <= I64_MAX
         assert type(parsed["seed"]) is int and parsed["seed"] == seed
+
+
+# Long digit runs: only one that may be an integer beyond 64 bits costs a second parse.
+
+LONG_DIGITS = st.text(alphabet="0123456789", min_size=19, max_size=24)
+# Digits inside strings, at their edges and beside what follows or precedes a value.
+DIGIT_STRINGS = st.builds(
+    lambda before, digits, after: before + digits + after,
+    st.sampled_from(["", " ", "-", "ts=", ", ", "[", ": ", "\n"]),
+    LONG_DIGITS,
+    st.sampled_from(["", " ", "ns", ",", ", ", "]", "}", ".5", "e3", "\n"]),
+)
+# 19- and 20-digit integers orjson holds (nanosecond timestamps, u64 IDs), and beyond.
+LONG_INTEGERS = (
+    st.integers(min_value=10**18, max_value=U64_MAX)
+    | st.integers(min_value=I64_MIN, max_value=-(10**18))
+    | st.integers(min_value=U64_MAX + 1, max_value=10**24)
+    | st.integers(min_value=-(10**24), max_value=I64_MIN - 1)
+    | st.sampled_from([I64_MIN - 1, I64_MIN, I64_MAX, U64_MAX, U64_MAX + 1, -(2**64)])
+)
+LONG_RUN_VALUES = st.recursive(
+    JSON_SCALARS | WIDE_INTEGERS | LONG_INTEGERS | DIGIT_STRINGS,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=4) | DIGIT_STRINGS, children, max_size=4)
+    ),
+    max_leaves=10,
+)
+# json.dumps' layouts: compact, indented with spaces or tabs, whitespace around ',' ':'.
+LAYOUTS = st.sampled_from(
+    [
+        {},
+        {"separators": (",", ":")},
+        {"indent": 2},
+        {"indent": "\t"},
+        {"separators": (" ,\r\n ", " :\n\t")},
+    ]
+)
+
+
+@settings(deadline=None, database=None, max_examples=500)
+@given(body=st.dictionaries(st.text(max_size=4), LONG_RUN_VALUES, max_size=4), layout=LAYOUTS)
+def test_long_digit_runs_anywhere_are_kept_or_refused_as_written(
+    body: dict[str, Any], layout: dict[str, Any]
+) -> None:
+    """Digit runs in strings, keys, in-range and out-of-range integers, negative, nested,
+    after any whitespace: a body is refused naming its first integer beyond 64 bits,
+    or parsed holding what was written. The prefilter never misses one."""
+    raw = json.dumps(body, **layout).encode()
+    wrong = inexact_paths(body)
+    if wrong:
+        assert _may_hold_inexact_integer(raw)
+    try:
+        parsed = parse_object(raw)
+    except InvalidRequest as error:
+        assert wrong and error.param == wrong[0]
+    else:
+        assert not wrong
+        assert json.dumps(parsed, **layout) == raw.decode()
+
+
+# Digits inside a string with no value delimiter beside them, in floats, in range.
+STRING_DIGITS = st.builds(
+    lambda before, digits, after: before + digits + after,
+    st.sampled_from(["", "ts=", "id ", "-", "x-"]),
+    LONG_DIGITS,
+    st.sampled_from(["", "ns", " z", ".5", "e3"]),
+)
+IN_RANGE_LONG = st.integers(min_value=I64_MIN, max_value=-(10**18)) | st.integers(
+    min_value=10**18, max_value=U64_MAX
+)
+NO_INEXACT_VALUES = st.recursive(
+    JSON_SCALARS | IN_RANGE_LONG | STRING_DIGITS,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=4) | STRING_DIGITS, children, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(deadline=None, database=None, max_examples=300)
+@given(body=st.dictionaries(STRING_DIGITS, NO_INEXACT_VALUES, max_size=4), layout=LAYOUTS)
+def test_digit_runs_in_strings_and_in_range_integers_are_not_parsed_twice(
+    body: dict[str, Any], layout: dict[str, Any]
+) -> None:
+    raw = json.dumps(body, **layout).encode()
+    assert not _may_hold_inexact_integer(raw)
+    assert parse_object(raw) == body
+
+
+@settings(deadline=None, database=None, max_examples=200)
+@given(
+    digits=LONG_DIGITS.filter(lambda d: d[0] != "0"),
+    sign=st.sampled_from(["", "-"]),
+    tail=st.sampled_from([".5", ".0", "e3", "E-2", "e+40", ".25e1", "0.5"]),
+    space=st.sampled_from(["", " ", "\n  ", "\t"]),
+)
+def test_long_floats_are_not_parsed_twice(digits: str, sign: str, tail: str, space: str) -> None:
+    """Floats are orjson's to read (and re-serialise): no second parse, no refusal."""
+    raw = f'{{"x":{space}{sign}{digits}{tail}{space},"y":[{space}{sign}{digits}{tail}]}}'
+    assert not _may_hold_inexact_integer(raw.encode())
+    parsed = parse_object(raw.encode())
+    assert parsed["x"] == float(sign + digits + tail) == parsed["y"][0]
+
+
+@pytest.mark.parametrize(
+    ("raw", "may"),
+    [
+        (b'{"ts": "1712345678901234567"}', False),
+        (b'{"user": "user-1712345678901234567"}', False),
+        (b'{"id": "1234567890123456789012345678901234567890"}', False),
+        (b'{"text": "at 1712345678901234567 ns, then"}', False),
+        (b'{"1712345678901234567": 1}', False),
+        (b'{"ts": 1712345678901234567}', False),
+        (b'{"ids": [18446744073709551615, -9223372036854775808]}', False),
+        (b'{"x": 12345678901234567890.5}', False),
+        (b'{"x": 12345678901234567890e2}', False),
+        (b'{"x": 1e-12345678901234567890}', False),
+        (b'{"x": 1.5E-12345678901234567890, "y": [-0.123456789012345678901]}', False),
+        (b'{"ids": [12345678901234567890, -1234567890123456789]}', False),
+        (b'{"rule": "' + b"-" * 80 + b'", "d": "2024-01-01-1234567890123456"}', False),
+        (b'{"x": [-' + b"-" * 30 + b"1]}", False),  # never valid JSON
+        (b'{"x": 18446744073709551616}', True),
+        (b'{"x": -9223372036854775809}', True),
+        (b'{"x": [1,\n\t123456789012345678901234567890\r\n]}', True),
+        (b'{"x": {"y": 00000000000000000000000000001}}', True),  # never valid JSON
+        (b'{"x":' + b" " * 100_000 + b"123456789012345678901234}", True),
+        (b"123456789012345678901234", True),
+        # a string that looks like an array's middle: the second parse decides
+        (b'{"text": "a, 123456789012345678901234, b"}', True),
+    ],
+)
+def test_which_digit_runs_may_be_an_integer_beyond_64_bits(raw: bytes, may: bool) -> None:
+    assert _may_hold_inexact_integer(raw) is may
+
+
+@pytest.fixture
+def second_parses(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The bodies `parse_object` walks for an inexact integer (the slow path)."""
+    walked: list[Any] = []
+    first_inexact = validation._first_inexact
+
+    def counting(body: Any) -> tuple[str, str] | None:
+        walked.append(body)
+        return first_inexact(body)
+
+    monkeypatch.setattr(validation, "_first_inexact", counting)
+    return walked
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"user": "1712345678901234567"},
+        {"metadata": {"trace": "9" * 40, "ts_ns": 1712345678901234567}},
+        {"metadata": {"snowflake": 1234567890123456789, "u64": U64_MAX, "i64": I64_MIN}},
+        {"messages": [{"role": "user", "content": "logged at 1712345678901234567ns " * 1000}]},
+        {"prompt": list(range(50_000)), "user": "1712345678901234567"},
+    ],
+)
+def test_digit_runs_in_strings_and_in_range_take_the_fast_path(
+    second_parses: list[Any], extra: dict[str, Any]
+) -> None:
+    body = chat(**extra)
+    assert parse_object(json.dumps(body).encode()) == body
+    assert second_parses == []
+
+
+def test_an_integer_beyond_64_bits_takes_the_slow_path(second_parses: list[Any]) -> None:
+    raw = json.dumps(chat(user="1712345678901234567", metadata={"n": [1, U64_MAX + 1]}))
+    with pytest.raises(InvalidRequest) as refused_:
+        parse_object(raw.encode())
+    assert refused_.value.param == "metadata.n[1]"
+    assert len(second_parses) == 1
+
+
+def test_a_string_that_looks_like_one_is_parsed_twice_and_kept(second_parses: list[Any]) -> None:
+    body = chat(user="a, 123456789012345678901234, b")
+    assert parse_object(json.dumps(body).encode()) == body
+    assert len(second_parses) == 1
+
+
+@pytest.mark.parametrize(
+    ("digits", "check"),
+    [
+        (308, parse_object),  # orjson refuses longer integers: "infinity"
+        (4_300, validation._check_exact_integers),
+        (4_301, validation._check_exact_integers),  # past int()'s 4,300 digits
+        (100_000, validation._check_exact_integers),
+    ],
+)
+def test_a_long_integer_is_refused_naming_it(digits: int, check: Any) -> None:
+    literal = "9" * digits
+    raw = f'{{"model": "auto", "metadata": {{"n": [1, 2, -{literal}], "m": 1e5}}}}'.encode()
+    with pytest.raises(InvalidRequest) as refused_:
+        check(raw)
+    assert refused_.value.param == "metadata.n[2]"
+    assert refused_.value.message.endswith(f"got -{'9' * 36}...")
+
+
+@pytest.mark.parametrize("key", ["k" * 10_000, "é" * 200, "a.b" * 100])
+def test_a_field_path_is_echoed_cut(key: str) -> None:
+    """The path of an integer beyond 64 bits is built from the client's keys: `param`
+    and the message echo at most `MAX_SHOWN_PATH` characters of it."""
+    raw = json.dumps({key: {"inner": [0, 2**70]}}).encode()
+    with pytest.raises(InvalidRequest) as refused_:
+        parse_object(raw)
+    param = refused_.value.param
+    assert param is not None and len(param) == MAX_SHOWN_PATH and param.endswith("...")
+    assert (key + ".inner[1]").startswith(param[:-3])
+    assert f"'{param}'" in refused_.value.message
+    assert len(refused_.value.message) < MAX_SHOWN_PATH + 200
+
+
+def test_a_short_field_path_is_echoed_whole() -> None:
+    key = "k" * (MAX_SHOWN_PATH - len(".inner[1]"))
+    raw = json.dumps({key: {"inner": [0, 2**70]}}).encode()
+    with pytest.raises(InvalidRequest) as refused_:
+        parse_object(raw)
+    assert refused_.value.param == key + ".inner[1]"
