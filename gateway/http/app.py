@@ -12,12 +12,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.billing import tokens
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnavailable
@@ -26,6 +28,7 @@ from gateway.http import admin, bridges, endpoints, openapi, spend_api
 from gateway.http.dashboard import dashboard_routes
 from gateway.http.openapi_schemas import Schema
 from gateway.http.services import Services, counted_models, log_unserved
+from gateway.http.shutdown import Requests
 from gateway.ledger import (
     CostLedger,
     LedgerLayoutError,
@@ -61,10 +64,22 @@ STOP_MARGIN_S = 5.0  # beyond shutdown_grace_s, for a component's own flush time
 
 
 class GatewayApp(Starlette):
-    """The gateway's ASGI app: plain Starlette routes, and its OpenAPI document."""
+    """The gateway's ASGI app: plain Starlette routes, and its OpenAPI document. Its
+    outermost layer answers the requests the shutdown grace cuts off
+    (`gateway.http.shutdown`)."""
+
+    def __init__(self, *args: Any, requests: Requests | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests = requests or Requests()  # the lifespan waits on the same
 
     def openapi(self) -> Schema:
         return openapi.document()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        await self.requests.serve(super().__call__, scope, receive, send, error_response)
 
 
 async def openapi_json(request: Request) -> Response:
@@ -78,6 +93,8 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     decisions_level = logging.INFO if settings.log_decisions else logging.WARNING
     logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
 
+    requests = Requests()
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Services]]:
         services = await start_services(settings)
@@ -87,6 +104,9 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         try:
             yield {"services": services}  # lifespan state: every request's `state`
         finally:
+            # The requests the shutdown grace cancelled price what they had in flight
+            # as they end: queued on the ledger before it flushes.
+            await requests.settled()
             await stop_services(services)
 
     routes: list[BaseRoute] = [
@@ -106,7 +126,12 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         RoutingError: routing_error_handler,
         Exception: unexpected_error_handler,
     }
-    return GatewayApp(routes=routes, lifespan=lifespan, exception_handlers=handlers)  # type: ignore[arg-type]
+    return GatewayApp(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        requests=requests,
+    )
 
 
 def make_store(settings: Settings) -> LedgerStore:

@@ -65,7 +65,9 @@ ENGINE_LOADING_RETRY_S = 1.0  # Retry-After of a request whose deadline passed f
 
 AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one deployment
 # Told of each attempt that was sent and then cut off by a timeout (its own, or the
-# request's deadline): the upstream had the prompt, so the caller prices it.
+# request's deadline) or by the run's cancellation (the request's task cancelled, as at
+# the end of the shutdown grace), once each: the upstream had the prompt, so the caller
+# prices it.
 CutOffFn = Callable[[DeploymentRuntime], None]
 
 
@@ -267,13 +269,18 @@ class Executor:
                     return deployment, result, run, []
                 return await self._hedged(candidates, call, run, hedge)
         except TimeoutError:
-            for deployment in run.current.values():  # in flight when the deadline hit
-                run.cut_off(deployment)
+            _cut_off_in_flight(run)  # in flight when the deadline hit
             if run.waiting:
                 raise self._still_loading(run, deadline_s) from None
             raise UpstreamTimeout(
                 f"no deployment answered within the request limit of {deadline_s:g}s"
             ) from None
+        except asyncio.CancelledError:
+            # The request itself was cancelled (the server's shutdown grace ran out, say):
+            # what was in flight had the prompt. Priced at once (a hedged run's chains
+            # were cancelled on the way out), then the cancellation goes on.
+            _cut_off_in_flight(run, cancelled=True)
+            raise
 
     async def _hedged(
         self, candidates: list[DeploymentRuntime], call: AttemptFn, run: _Run, hedge: Hedge
@@ -465,6 +472,22 @@ def upstream_body(
     if logprobs and deployment.returns_logprobs:
         extra["logprobs"] = True
     return {**body, **extra}
+
+
+def _cut_off_in_flight(run: _Run, cancelled: bool = False) -> None:
+    """Price each attempt in flight as cut off, once: each is taken out of
+    `run.current` as it is priced. `cancelled`: the run is being cancelled, which
+    nothing here may turn into another exception (a pricing bug is logged)."""
+    in_flight = list(run.current.values())
+    run.current.clear()
+    for deployment in in_flight:
+        if not cancelled:
+            run.cut_off(deployment)
+            continue
+        try:
+            run.cut_off(deployment)
+        except Exception:
+            log.exception("pricing the attempt cut off on deployment %s failed", deployment.name)
 
 
 def _ok(task: asyncio.Task[Any]) -> bool:

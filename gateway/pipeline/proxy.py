@@ -6,6 +6,7 @@ Non-streaming replies forward the upstream's bytes unchanged; streams are relaye
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import secrets
@@ -26,7 +27,7 @@ from gateway.native import NativeCall
 from gateway.pipeline.accounting import Accountant, count_unreported, reply_usage
 from gateway.pipeline.capabilities import required, unserved
 from gateway.pipeline.cascade import Cascade, CascadeResult
-from gateway.pipeline.executor import Executor, Hedge, Loser
+from gateway.pipeline.executor import Executor, Hedge, Loser, Opened
 from gateway.pipeline.native_streams import native_tally
 from gateway.pipeline.opinions import configured
 from gateway.pipeline.scoring import AnswerVerifier, RequestScorer
@@ -46,6 +47,7 @@ from router import SCORED_STRATEGIES
 from router.target_selection import Choice
 
 DECISIONS_LOGGER = "gateway.decisions"
+log = logging.getLogger(__name__)
 decisions = logging.getLogger(DECISIONS_LOGGER)  # one line per request when enabled
 
 # 429s that mean the route's upstreams could not take the request in time.
@@ -185,6 +187,12 @@ class Proxy:
         except GatewayError as error:
             self._fail(runtime, call, candidates, error)
             raise
+        except asyncio.CancelledError:
+            # Cancelled (the server's shutdown grace ran out): the attempts in flight are
+            # priced as cut off by now; the request is recorded as ended without an
+            # answer, as a timeout is, and the cancellation goes on.
+            self._cut_short(runtime, call, candidates)
+            raise
         finally:
             if not isinstance(response, RelayedStream):  # a relayed stream settles as it ends
                 admission.settle(call.records)
@@ -218,6 +226,19 @@ class Proxy:
         first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
         if first is not None:
             self._accountant.settle_failure(call, first, missed)
+
+    def _cut_short(self, runtime: Runtime, call: Call, planned: list[DeploymentRuntime]) -> None:
+        """A request cancelled before it answered: recorded once as an `error` (not the
+        route's fault: no SLA verdict), unless something answered it. Never raises: it
+        runs while a cancellation propagates."""
+        try:
+            if any(r.is_request for r in call.records):
+                return
+            first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
+            if first is not None:
+                self._accountant.settle_failure(call, first, missed_sla=False)
+        except Exception:
+            log.exception("recording the cancelled request %s failed", call.request_id)
 
     def _candidates(
         self,
@@ -351,7 +372,8 @@ class Proxy:
         )
         try:
             await self._settle_hedges(call, opened.losers, opened.hedges, opened.won_by_hedge)
-        except BaseException:  # cancelled while closing a loser: release the winner too
+        except BaseException:  # cancelled while closing a loser: price, release the winner
+            self._cut_before_relay(call, opened)
             await close_stream(opened.rest)
             raise
         ttft = time.perf_counter() - call.started
@@ -367,6 +389,16 @@ class Proxy:
         return RelayedStream(
             settlement.relay(), settlement.finish, media_type="text/event-stream", headers=headers
         )
+
+    def _cut_before_relay(self, call: Call, opened: Opened) -> None:
+        """A stream that opened but was never relayed (its request was cancelled): priced
+        as a stream cut short is, `partial`, from the events that had come."""
+        try:
+            usage, _ = loser_usage(Loser(opened.deployment, (opened.first, opened.rest)), call)
+            settle = self._accountant.settle
+            settle(call, opened.deployment, usage, status="partial", delivered=False)
+        except Exception:
+            log.exception("pricing the stream of %s failed", call.request_id)
 
     async def _settle_hedges(
         self,
