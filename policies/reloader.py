@@ -82,13 +82,7 @@ class PolicyReloader:
         """Load the policy if its files changed; True when a new policy was applied."""
         async with self._lock:
             try:
-                try:
-                    sources = await asyncio.to_thread(read_sources, self.path)
-                except PolicyError:
-                    # Gone or unreadable: whatever comes back next is new, even the
-                    # serving policy's own files (which then clear this error).
-                    self._tried_digest = None
-                    raise
+                sources = await self._read()
                 digest = sources_digest(sources)
                 if digest == self._tried_digest:
                     return False
@@ -109,7 +103,7 @@ class PolicyReloader:
         """Load and apply the policy now, changed or not; raise PolicyError if it is bad."""
         async with self._lock:
             try:
-                sources = await asyncio.to_thread(read_sources, self.path)
+                sources = await self._read()
                 self._tried_digest = sources_digest(sources)
                 loaded = await asyncio.to_thread(self._load, sources)
             except PolicyError as exc:
@@ -117,6 +111,15 @@ class PolicyReloader:
                 raise
             self._apply(loaded)
             return loaded
+
+    async def _read(self) -> list[tuple[Path, bytes]]:
+        try:
+            return await asyncio.to_thread(read_sources, self.path)
+        except PolicyError:
+            # Gone or unreadable: whatever comes back next is new, even the serving
+            # policy's own files (which then clear the error this leaves).
+            self._tried_digest = None
+            raise
 
     def _load(self, sources: list[tuple[Path, bytes]]) -> LoadedPolicy:
         return load_sources(sources, self.env, install_check=self.install_check)

@@ -141,6 +141,19 @@ async def test_a_deleted_file_put_back_unchanged_clears_the_error(path: Path) ->
     assert reloader.last_error is None
 
 
+async def test_a_file_put_back_after_a_failed_operator_reload_clears_the_error(
+    path: Path,
+) -> None:
+    reloader = PolicyReloader(path, lambda _: None, env=ENV, initial=load_policy(path, env=ENV))
+    text = path.read_text()
+    path.unlink()
+    with pytest.raises(PolicyError):
+        await reloader.reload_now()
+    path.write_text(text)
+    assert await reloader.check_now() is False
+    assert reloader.last_error is None
+
+
 async def test_each_operator_reload_that_fails_is_counted(path: Path) -> None:
     rejected: list[PolicyError] = []
     reloader = PolicyReloader(
