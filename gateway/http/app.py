@@ -98,6 +98,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Services]]:
         services = await start_services(settings)
+        unwatch = requests.watch_shutdown()  # the server's signals, noted first
         # Everything allocated so far lives as long as the process: keep it out of
         # the collector's scans, whose full passes would otherwise stall requests.
         gc.freeze()
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
             # The requests the shutdown grace cancelled price what they had in flight
             # as they end: queued on the ledger before it flushes.
             await requests.settled()
+            unwatch()
             await stop_services(services)
 
     routes: list[BaseRoute] = [

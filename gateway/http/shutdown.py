@@ -9,8 +9,10 @@ as any other, which prices what was in flight (`gateway.pipeline.executor`,
 `gateway.pipeline.proxy`) and settles a relayed stream (`gateway.pipeline.streaming`).
 
 `Requests.serve` is the app's outermost layer. There, and only for a request whose task
-the server cancelled (never a cancellation the pipeline raised for its own reasons),
-the client is told instead of uvicorn's 500:
+is cancelled from outside after a shutdown signal reached the process (noted ahead of
+uvicorn's own handlers, `Requests.watch_shutdown`: never a cancellation the pipeline
+raised for its own reasons, nor one of an app run in-process), the client is told
+instead of uvicorn's 500:
 
 - a response not started yet: 503 `shutting_down` in its API's error shape, with
   `Retry-After` and its `x-request-id`;
@@ -26,9 +28,14 @@ is queued on the ledger before the ledger flushes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -84,6 +91,34 @@ class Requests:
 
     def __init__(self) -> None:
         self.running = 0
+        # A shutdown signal reached this process: a cancel from outside is then the end
+        # of the server's grace, not an embedding's timeout or another server's habit.
+        self.stopping = False
+
+    def watch_shutdown(self) -> Callable[[], None]:
+        """Note SIGTERM and SIGINT, before the server's own handlers run them (uvicorn's,
+        installed by now: the lifespan starts inside them); returns what puts them back.
+        Does nothing off the main thread or where no handler is set (not under a server)."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        chained: dict[int, Callable[[int, FrameType | None], Any]] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                chained[signum] = handler
+                signal.signal(signum, functools.partial(self._noted, handler))
+
+        def restore() -> None:
+            for signum, handler in chained.items():
+                signal.signal(signum, handler)
+
+        return restore
+
+    def _noted(
+        self, handler: Callable[[int, FrameType | None], Any], signum: int, frame: FrameType | None
+    ) -> None:
+        self.stopping = True
+        handler(signum, frame)
 
     async def serve(
         self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, render: Render
@@ -94,7 +129,7 @@ class Requests:
         try:
             await app(scope, receive, sent)
         except asyncio.CancelledError:
-            if sent.complete or not _cancelled_by_server():
+            if sent.complete or not (self.stopping and _cancelled_from_outside()):
                 raise
             if not await _tell_client(scope, receive, send, sent, render):
                 raise
@@ -112,10 +147,9 @@ class Requests:
             log.warning("%d request(s) still running after the shutdown", self.running)
 
 
-def _cancelled_by_server() -> bool:
-    """Is this task being cancelled from outside? Under uvicorn that is the end of the
-    shutdown grace: nothing else cancels a request's task (a client that went away is an
-    `http.disconnect` message), and the pipeline's own cancellations (timeouts, losing
+def _cancelled_from_outside() -> bool:
+    """Is this task being cancelled from outside? After a shutdown signal, under uvicorn,
+    that is the end of the grace: the pipeline's own cancellations (timeouts, losing
     hedges, task groups) are taken back (`uncancel`) where they are caught."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0

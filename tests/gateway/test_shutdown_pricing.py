@@ -372,3 +372,63 @@ async def test_a_stream_cancelled_before_it_is_relayed_is_priced_partial() -> No
     ]
     assert ledger[1].completion_tokens > 0 and ledger[1].sla_met is None
     assert opened.rest_closed
+
+
+# -- the outermost layer: only the server's cancels at shutdown are answered -----------
+
+
+async def _slow_app(scope: Any, receive: Any, send: Any) -> None:
+    await asyncio.sleep(30)
+
+
+def _render(request: Any, error: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def test_a_cancel_without_a_shutdown_signal_goes_on() -> None:
+    """An app run in-process (a caller's timeout, another server's cancel on a client
+    that left) must see its cancellation go on, not a 503 in its place."""
+    from gateway.http.shutdown import Requests
+
+    requests = Requests()
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    task = asyncio.create_task(requests.serve(_slow_app, {"type": "http"}, None, send, _render))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sent == [] and requests.running == 0
+
+
+async def test_after_a_shutdown_signal_the_cancelled_request_is_answered() -> None:
+    from gateway.http.shutdown import Requests
+
+    requests = Requests()
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        restore = requests.watch_shutdown()
+        os.kill(os.getpid(), signal.SIGTERM)  # noted, then the server's handler runs
+        assert seen == [signal.SIGTERM]
+        restore()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert requests.stopping
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    task = asyncio.create_task(requests.serve(_slow_app, scope, None, send, _render))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await task  # answered, not raised
+    assert sent[0]["status"] == 503
+    assert b'"shutting_down"' in sent[1]["body"]
