@@ -185,7 +185,7 @@ SAMPLING: Mapping[str, Schema] = {
             "additionalProperties": {"type": "integer", "minimum": -100, "maximum": 100},
         }
     ),
-    "seed": {"type": ["integer", "null"]},
+    "seed": {"type": ["integer", "null"], "minimum": -(2**63), "maximum": 2**63 - 1},
     "stop": STOP,
     "user": USER,
 }
