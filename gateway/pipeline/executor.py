@@ -314,11 +314,20 @@ class Executor:
                 winner = _first_success(done, errors)
                 if winner is not None:
                     run.won_by_hedge = chains[winner] > 0
+                    winning_chain = chains[winner]
                 for task in done:
                     chains.pop(task)
                 if winner is not None:
                     losers = [Loser(*t.result()) for t in done if t is not winner and _ok(t)]
-                    losers += await self._cancel_losers(chains, run, hedge)
+                    try:
+                        losers += await self._cancel_losers(chains, run, hedge)
+                    except asyncio.CancelledError:
+                        # Cancelled while the losers close (the shutdown grace ran out):
+                        # the winner had the prompt too; priced with what is in flight.
+                        deployment, result = winner.result()
+                        run.current[winning_chain] = deployment
+                        await _release(result)
+                        raise
                     return (*winner.result(), run, losers)
                 if _client_faults(errors):  # another deployment would refuse it too
                     break
@@ -488,6 +497,13 @@ def _cut_off_in_flight(run: _Run, cancelled: bool = False) -> None:
             run.cut_off(deployment)
         except Exception:
             log.exception("pricing the attempt cut off on deployment %s failed", deployment.name)
+
+
+async def _release(result: Any) -> None:
+    """Close an opened stream's upstream (a stream attempt's result is `(first, rest)`);
+    a whole reply holds nothing open."""
+    if isinstance(result, tuple) and len(result) == 2 and hasattr(result[1], "aclose"):
+        await close_stream(result[1])
 
 
 def _ok(task: asyncio.Task[Any]) -> bool:

@@ -98,6 +98,28 @@ async def test_a_cancelled_hedged_request_prices_every_chain_in_flight_once() ->
     assert sorted(priced) == ["a", "b"]
 
 
+def slow_to_cancel() -> Behaviour:
+    """An attempt whose cancellation takes a while (a connection closing)."""
+
+    async def reply() -> UpstreamReply:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)
+            raise
+        raise AssertionError("unreachable")
+
+    return reply
+
+
+async def test_a_hedge_winner_is_priced_when_cancelled_while_the_losers_close() -> None:
+    """b answers while a's chain is still closing; the request is cancelled then."""
+    client = ScriptedClient({"a": slow_to_cancel(), "b": answers()})
+    candidates = [deployment("a"), deployment("b")]
+    priced = await cancelled_run(client, candidates, calls=2, hedge=Hedge(0.02))
+    assert sorted(priced) == ["a", "b"]
+
+
 async def test_an_attempt_its_timeout_priced_is_not_priced_again_when_cancelled() -> None:
     # a timed out (priced then) and waits to retry when the request is cancelled.
     client = ScriptedClient({"a": fails(UpstreamTimedOut("read timeout"))})
