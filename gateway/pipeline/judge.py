@@ -60,6 +60,9 @@ Reply with a single digit from 1 to 9 and nothing else:
 1 = useless: wrong, empty or a refusal."""
 GRADES = range(1, 10)
 TOP_LOGPROBS = 10
+# The grades' share of the first token's probability below which the logprobs give no
+# grade ("Excellent" with 3% on digits): the text is read instead, else the verifier's.
+MIN_GRADE_MASS = 0.5
 _NUMBER = re.compile(r"\d+")
 
 
@@ -105,7 +108,8 @@ def grade(reply: Mapping[str, Any]) -> tuple[float, SourceType] | None:
 
 def _logprob_grade(reply: Mapping[str, Any]) -> float | None:
     """The expected grade over the first token's alternatives (the token chosen among
-    them); None without logprobs or when no alternative is a grade."""
+    them); None without logprobs or when the grades hold under `MIN_GRADE_MASS` of the
+    probability (the judge wrote something else first)."""
     choices = reply.get("choices") or [{}]
     logprobs = choices[0].get("logprobs") if isinstance(choices[0], Mapping) else None
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
@@ -118,7 +122,7 @@ def _logprob_grade(reply: Mapping[str, Any]) -> float | None:
         if token.isdigit() and int(token) in GRADES and int(token) not in mass:
             mass[int(token)] = math.exp(float(option["logprob"]))
     total = sum(mass.values())
-    if total <= 0:
+    if total < MIN_GRADE_MASS:  # it answered with words: a stray digit is no grade
         return None
     return sum(g * p for g, p in mass.items()) / total
 

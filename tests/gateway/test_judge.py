@@ -304,6 +304,10 @@ def test_grades_from_logprobs_and_text() -> None:
     assert grade(reply("10")) is None and grade(reply("fine")) is None
     no_grade = {"token": "Good", "logprob": -0.1, "top_logprobs": []}
     assert grade(reply("Good 3", no_grade)) == (0.25, "text")  # logprobs without a grade
+    # Words first, a little mass on digits among the alternatives: no grade from them.
+    stray = [{"token": "2", "logprob": math.log(0.02)}, {"token": "9", "logprob": math.log(0.01)}]
+    words = {"token": "Excellent", "logprob": math.log(0.97), "top_logprobs": stray}
+    assert grade(reply("Excellent", words)) is None
 
 
 def policy(**route: Any) -> Policy:
