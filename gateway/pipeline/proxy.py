@@ -472,9 +472,13 @@ def missed_sla(error: GatewayError) -> bool:
 
 
 def climb(choice: Choice, candidates: list[DeploymentRuntime]) -> list[DeploymentRuntime]:
-    """A verified `select`: the candidates (those left to try) along the choice's chain."""
-    by_name = {d.name: d for d in candidates}
-    return [by_name[name] for name in choice.chain() if name in by_name] or candidates[:1]
+    """A verified `select`: the candidates (those left to try) along the chain of the
+    choice made again among them, so that a chosen deployment the breaker ejected gives
+    way to the next cheapest that meets the target, not to the dearest."""
+    by_name = {d.name: d for d in candidates if d.name in choice.estimates}
+    if not by_name:
+        return candidates[:1]
+    return [by_name[name] for name in choice.among(by_name).chain()]
 
 
 def effective_strategy(
