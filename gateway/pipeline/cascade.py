@@ -112,7 +112,7 @@ class Cascade:
         graded = _Graded()
         try:
             final, scores, escalations, attempts = await self._climb(
-                call, groups, ends_at, opinions, records, graded
+                call, groups, ends_at, opinions, records, graded, judge_last=one_step_each
             )
         finally:
             if opinions is not None:
@@ -133,11 +133,13 @@ class Cascade:
         opinions: SecondOpinions | None,
         records: list[SpendRecord],
         graded: _Graded,
+        judge_last: bool = False,
     ) -> tuple[Completed, tuple[float, ...], int, int]:
         """Ask tier after tier while the verifier rejects the answer; the answer kept,
         the verifier's scores, the escalations (the tiers climbed to the answer
         kept: past rejected answers and past tiers that failed) and the upstream calls
-        of every tier, failed ones included. Each answer is priced
+        of every tier, failed ones included. `judge_last`: the last answer is verified
+        too, for the record (a select route learns from it), never escalated. Each answer is priced
         into `records`; a rejected one once the next tier's outcome says whether the
         client gets it after all (its escalation failed), so that only the answer the
         client gets is judged against the route's SLA: one verdict per request."""
@@ -192,6 +194,11 @@ class Cascade:
                     call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
                 )
                 if not verified:
+                    if judge_last:
+                        # A select's last step has nowhere to escalate, but its verdict is
+                        # what learning lowers a candidate predicted best by: judged by the
+                        # verifier alone (no judge call), delivered whatever it says.
+                        latest.judged = self._verify(call, done.reply.body, (), None)
                     delivered = True
                     break
                 reply = done.reply.body

@@ -163,6 +163,31 @@ async def test_a_verified_selection_escalates_and_learns_from_rejections(
     assert len(fakes["mistral"].requests) == asked_mistral  # no longer asked
 
 
+async def test_the_candidate_predicted_best_is_judged_and_learned_down_when_it_fails(
+    start_gateway: StartGateway, fakes: dict[str, FakeOpenAI], ledger_store: RedisStore
+) -> None:
+    """With a target only gpt4 meets, nothing is predicted better to escalate to: its
+    answer is delivered, but judged all the same, so its refusals lower its offset
+    (a review found a model gone bad at the top of the chain was never caught)."""
+    good, poor = verifier_score(GREETING), verifier_score(REFUSAL)
+    for fake in fakes.values():
+        fake.reply_text = GREETING
+    fakes["gpt4"].reply_text = REFUSAL
+    route = verified_route(round((good + poor) / 2, 4)).replace(
+        "quality_target: 0.5", "quality_target: 1.0"
+    )
+    server = start_gateway(
+        policy(route), **{f"{name.upper()}_URL": fake.url for name, fake in fakes.items()}
+    )
+    traffic = server.services.proxy.selector.traffic
+    response = ask(server.url, "careful", "hi")
+    assert response.headers["x-cascade-deployment"] == "gpt4"
+    assert response.headers["x-cascade-escalations"] == "0"  # delivered: nowhere to go
+    record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+    assert record.verifier_score == pytest.approx(poor, abs=1e-4)
+    assert traffic.offset("gpt4") < 0 and traffic.observations("gpt4") == 1
+
+
 def test_what_one_gateway_learned_moves_the_others_through_redis(
     start_gateway: StartGateway, fakes: dict[str, FakeOpenAI]
 ) -> None:
