@@ -14,13 +14,17 @@ select routes' deployments (one round trip: the `{select}` tag keeps every key i
 slot of a Redis Cluster). While Redis is down each worker learns on its own, as the
 local kind does; when it is back, the shared offsets take over again. A key Redis lost
 (a restart without persistence) is seeded by the next observation with what Redis last
-showed its worker.
+showed its worker; one that expired (no verdict for `PROFILE_TTL_S`) starts again from
+the predictor. To reset a deployment's learning, write a zero profile (`HSET <key>
+offset 0 observations 0`): every worker adopts it at its next poll.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
@@ -84,6 +88,8 @@ class SharedTrafficProfiles(TrafficProfiles):
         self._poll: asyncio.Task[None] | None = None
         self._failing = False  # an outage is warned of once, not on every answer
         self._confirmed: dict[str, Profile] = {}  # what Redis last showed of each
+        self._observed_at: dict[str, float] = {}  # monotonic time of this one's last
+        self.clock: Callable[[], float] = time.monotonic
 
     @classmethod
     def connect(
@@ -105,6 +111,7 @@ class SharedTrafficProfiles(TrafficProfiles):
         return profile_key(self._prefix, deployment)
 
     def observe(self, deployment: str, predicted: float, observed: float) -> None:
+        self._observed_at[deployment] = self.clock()
         held = Profile(self.offset(deployment), self.observations(deployment))
         self.adopt(deployment, stepped(held, predicted, observed))  # until Redis answers
         # The seed, should Redis have lost the key: what it last showed, not this copy,
@@ -153,8 +160,22 @@ class SharedTrafficProfiles(TrafficProfiles):
         for deployment in deployments:
             pipe.hmget(self.key(deployment), ["offset", "observations"])
         for deployment, (offset, seen) in zip(deployments, await pipe.execute(), strict=True):
-            if offset is not None and seen is not None:  # None: nothing learned yet
+            if offset is not None and seen is not None:
                 self._adopt_shared(deployment, Profile(float(offset), int(seen)), polled=True)
+            else:  # nothing learned yet, lost, or expired
+                self._forget_if_expired(deployment)
+
+    def _forget_if_expired(self, deployment: str) -> None:
+        """No key: expired (this worker saw no verdict of it for `PROFILE_TTL_S`, nor did
+        anyone write it since) starts again from the predictor; a key lost sooner (a
+        Redis restarted without persistence) keeps this copy, to seed it again."""
+        if deployment not in self._confirmed or self._pending:
+            return
+        if self.clock() - self._observed_at.get(deployment, -math.inf) < PROFILE_TTL_S:
+            return
+        del self._confirmed[deployment]
+        self._observed_at.pop(deployment, None)
+        self.adopt(deployment, Profile())
 
     async def run_sync(self, deployments: Callable[[], Sequence[str]], interval_s: float) -> None:
         """Poll the shared profiles until cancelled; Redis errors are logged, not fatal."""

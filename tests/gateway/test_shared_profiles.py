@@ -130,6 +130,41 @@ async def test_a_key_redis_lost_is_seeded_with_the_worker_s_copy(
     assert traffic.offset("d") == pytest.approx(local(6, 0.7, 0.0).offset("d"))
 
 
+async def test_an_expired_profile_starts_again_from_the_predictor(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    """A month without a verdict: the key expires, and a long-running worker's copy
+    must not seed it again (a review found the 30 days never ran out)."""
+    traffic = worker()
+    now = [1000.0]
+    traffic.clock = lambda: now[0]
+    traffic.observe("d", predicted=0.7, observed=0.0)
+    await traffic.flush()
+    await client.delete(traffic.key("d"))  # as Redis expires it
+    now[0] += PROFILE_TTL_S + 1
+    await traffic.sync(["d"])
+    assert (traffic.offset("d"), traffic.observations("d")) == (0.0, 0)
+    traffic.observe("d", predicted=0.7, observed=0.0)
+    await traffic.flush()
+    assert int((await client.hgetall(traffic.key("d")))["observations"]) == 1
+
+
+async def test_a_zero_profile_resets_every_worker_s_learning(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    first, second = worker(), worker()
+    for _ in range(4):
+        first.observe("d", predicted=0.7, observed=0.0)
+    await first.flush()
+    await second.sync(["d"])
+    assert second.offset("d") < 0
+    await client.hset(first.key("d"), mapping={"offset": 0, "observations": 0})  # the reset
+    await first.sync(["d"])
+    await second.sync(["d"])
+    assert first.offset("d") == second.offset("d") == 0.0
+    assert first.observations("d") == second.observations("d") == 0
+
+
 async def test_without_redis_learning_is_local_and_nothing_raises(
     redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
