@@ -238,6 +238,9 @@ def choice_summary(
     }
     if plan.choice is not None and climbs(route, route.strategy, needs):
         summary["escalation_chain"] = list(plan.choice.chain())
+        explorer = plan.choice.explorer() if route.explore > 0 else None
+        if explorer is not None:  # tried first on that share of requests, verified
+            summary["explores"] = {"deployment": explorer, "share": route.explore}
     return summary
 
 

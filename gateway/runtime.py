@@ -132,6 +132,7 @@ class RouteRuntime:
     quality_target: float = 0.95
     reference_profile: str | None = None
     verify: bool = False
+    explore: float = 0.0  # verified `select`: the share of requests that explore
 
 
 def climbs(route: RouteRuntime, strategy: str, needs: Collection[str]) -> bool:
@@ -237,6 +238,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             quality_target=spec.quality_target,
             reference_profile=_reference_profile(spec.reference_model, deployments),
             verify=spec.verify,
+            explore=spec.explore if spec.verify else 0.0,
         )
         for name, spec in policy.routes.items()
     }

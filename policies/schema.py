@@ -322,6 +322,10 @@ class Route(Section):
     # `select`: the fraction of the reference model's predicted quality to meet.
     quality_target: Annotated[float, Field(gt=0, le=1)] = 0.95
     verify: bool = False  # `select`: verify the chosen answer and escalate (a cascade)
+    # `select` with `verify`: the share of requests that first try a candidate just under
+    # the target, verified (escalated when rejected), so that one placed below it can
+    # earn its place back from traffic.
+    explore: Annotated[float, Field(ge=0, le=1)] = 0.05
     max_body_bytes: Annotated[int, Field(gt=0)] | None = None
     # Output tokens assumed for a request without `max_tokens` when reserving budget.
     max_output_tokens: Annotated[int, Field(gt=0)] = 4096

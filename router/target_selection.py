@@ -70,6 +70,11 @@ def prior_profile(input_per_mtok: float, output_per_mtok: float) -> str:
     return max(affordable)[1] if affordable else FLOOR_PROFILE
 
 
+# How far under the target an explored candidate may be predicted: a bounded try (a
+# learned offset moves within +-0.25), not a request sent to any cheap model.
+EXPLORE_MARGIN = 0.1
+
+
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """A candidate's predicted quality in [0, 1] and expected cost of this request;
@@ -114,6 +119,21 @@ class Choice:
                 return tuple(steps)
             steps.append(better[0])
             rest.remove(better[0])
+
+    def explorer(self, margin: float = EXPLORE_MARGIN) -> str | None:
+        """The candidate to try first when exploring, cheaper than the choice and under
+        the target: the cheapest that the predictor alone put at the target (traffic
+        lowered it: it may have recovered) or under it by at most `margin` (a newcomer
+        whose prior is a little pessimistic). None: no such one."""
+        chosen = self.estimates[self.chosen]
+
+        def worth_a_try(e: Estimate) -> bool:
+            prior = e.quality if e.prior is None else e.prior
+            near = e.quality >= self.target - margin or prior >= self.target
+            return near and e.quality < self.target and e.cost_usd < chosen.cost_usd
+
+        tries = [n for n, e in self.estimates.items() if worth_a_try(e)]
+        return min(tries, key=lambda n: self.estimates[n].cost_usd, default=None)
 
     def reasons(self) -> list[str]:
         """One line per candidate, in order: its quality, cost and why it stands there."""

@@ -80,6 +80,7 @@ def worst_case_nanos(
     if strategy == "cascade":
         groups = tier_groups(list(candidates))[:steps]
     elif strategy == "select" and route.verify:  # may climb (`climbs`): the dearest, distinct
+        steps += route.explore > 0  # an exploring request tries one candidate more first
         groups = [[d] for d in sorted(candidates, key=answer, reverse=True)[:steps]]
     else:
         groups = [list(candidates)]

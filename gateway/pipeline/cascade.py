@@ -96,13 +96,15 @@ class Cascade:
         candidates: list[DeploymentRuntime],
         second_opinions: Sequence[DeploymentRuntime] = (),
         one_step_each: bool = False,
+        extra_steps: int = 0,
     ) -> CascadeResult:
         """Climb the tiers of `candidates` with `call.body`, by `call.deadline_s`
-        (`one_step_each`: each candidate is a step, a `select` route's chain);
+        (`one_step_each`: each candidate is a step, a `select` route's chain;
+        `extra_steps`: climbed beyond `max_escalations`, an exploring one's first try);
         `second_opinions` are the deployments to ask alongside the first step (those
         of the route that may be called now)."""
         steps = [[d] for d in candidates] if one_step_each else tier_groups(candidates)
-        groups = steps[: call.route.max_escalations + 1]
+        groups = steps[: call.route.max_escalations + 1 + extra_steps]
         ends_at = time.monotonic() + call.deadline_s
         opinions = None
         if second_opinions and len(groups) > 1 and worth_asking(call.endpoint, call.body):

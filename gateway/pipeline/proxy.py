@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -178,8 +179,7 @@ class Proxy:
             if strategy == "cascade":
                 response = await self._run_cascade(call, candidates)
             elif call.choice is not None and climbs(route, strategy, chat_needs):
-                chain = climb(call.choice, candidates)
-                response = await self._run_cascade(call, chain, one_step_each=True)
+                response = await self._run_select(call, call.choice, candidates)
             elif call.stream:
                 response = await self._stream(call, candidates, admission)
             else:
@@ -290,19 +290,33 @@ class Proxy:
         content = done.reply.raw if done.reply.raw is not None else orjson.dumps(reply)
         return Response(content, media_type="application/json", headers=headers)
 
+    async def _run_select(
+        self, call: Call, choice: Choice, candidates: list[DeploymentRuntime]
+    ) -> Response:
+        """A verified `select`: the choice's climb among `candidates`, a candidate just
+        under the target tried first on the route's `explore` share."""
+        chain = climb(choice, candidates)
+        tried = explored(choice, chain, candidates, call.route.explore)
+        if len(tried) > len(chain) and decisions.isEnabledFor(logging.INFO):
+            decisions.info("%s explores %s first", call.request_id, tried[0].name)
+        extra = len(tried) - len(chain)
+        return await self._run_cascade(call, tried, one_step_each=True, extra_steps=extra)
+
     async def _run_cascade(
         self,
         call: Call,
         candidates: list[DeploymentRuntime],
         one_step_each: bool = False,
+        extra_steps: int = 0,
     ) -> Response:
         """Verify before answering; a stream is verified whole, then sent as SSE, so
         its upstreams get `call.body` without the stream fields. `one_step_each`: each
-        candidate is a step of the climb (a `select` route's chain), not each tier."""
+        candidate is a step of the climb (a `select` route's chain), not each tier;
+        `extra_steps`: steps beyond the route's `max_escalations` (an exploring try)."""
         body = call.body  # as the client asked (its stream options: the SSE it gets)
         call.body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         opinions = self._second_opinions(call.route)
-        result = await self._cascade.run(call, candidates, opinions, one_step_each)
+        result = await self._cascade.run(call, candidates, opinions, one_step_each, extra_steps)
         if call.choice is not None:
             self._learn(call.route, call.choice, result)
         final = result.final
@@ -479,6 +493,23 @@ def climb(choice: Choice, candidates: list[DeploymentRuntime]) -> list[Deploymen
     if not by_name:
         return candidates[:1]
     return [by_name[name] for name in choice.among(by_name).chain()]
+
+
+def explored(
+    choice: Choice,
+    chain: list[DeploymentRuntime],
+    candidates: list[DeploymentRuntime],
+    share: float,
+    roll: Callable[[], float] = random.random,
+) -> list[DeploymentRuntime]:
+    """`chain` with, on `share` of the requests, the candidate just under the target
+    (`Choice.explorer`) tried first: verified, escalated when rejected, and learned from,
+    so that a candidate placed below the target can earn its place back."""
+    if share <= 0 or roll() >= share:
+        return chain
+    by_name = {d.name: d for d in candidates if d.name in choice.estimates}
+    name = choice.among(by_name).explorer() if by_name else None
+    return chain if name is None else [by_name[name], *chain]
 
 
 def effective_strategy(

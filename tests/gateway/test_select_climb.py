@@ -44,3 +44,27 @@ def test_nothing_known_left_falls_back_to_the_first() -> None:
     choice = choose(ESTIMATES, reference_quality=0.93, fraction=0.7)
     assert names(climb(choice, deployments("other"))) == ["other"]
     assert climb(choice, []) == []
+
+
+def test_exploring_tries_the_cheapest_near_the_target_or_lowered_by_traffic() -> None:
+    choice = choose(ESTIMATES, reference_quality=0.93, fraction=0.8)  # target 0.744
+    assert choice.chosen == "gpt4"
+    assert choice.explorer() == "mixtral"  # 0.722: within the margin, the cheapest such
+    learned_down = {**ESTIMATES, "mistral": Estimate(0.5, 2e-6, prior=0.75)}
+    lowered = choose(learned_down, reference_quality=0.93, fraction=0.8)
+    assert lowered.explorer() == "mistral"  # its prior met the target: it may recover
+    far = choose({**ESTIMATES, "mixtral": Estimate(0.5, 6e-6)}, 0.93, 0.8)
+    assert far.explorer() == "yi"  # mixtral is too far under, and traffic did not put it
+    assert choose(ESTIMATES, reference_quality=0.93, fraction=0.5).explorer() is None
+
+
+def test_explore_puts_the_explorer_first_on_its_share_only() -> None:
+    from gateway.pipeline.proxy import explored
+
+    choice = choose(ESTIMATES, reference_quality=0.93, fraction=0.8)
+    left = deployments(*ESTIMATES)
+    chain = climb(choice, left)
+    assert names(chain) == ["gpt4"]
+    assert names(explored(choice, chain, left, 0.05, roll=lambda: 0.01)) == ["mixtral", "gpt4"]
+    assert explored(choice, chain, left, 0.05, roll=lambda: 0.5) == chain
+    assert explored(choice, chain, left, 0.0, roll=lambda: 0.0) == chain

@@ -106,7 +106,8 @@ def verified_route(threshold: float) -> str:
     quality_target: 0.5
     verify: true
     verify_threshold: {threshold}
-    max_escalations: 1"""
+    max_escalations: 1
+    explore: 0"""
 
 
 def verifier_score(answer: str) -> float:
@@ -186,6 +187,32 @@ async def test_the_candidate_predicted_best_is_judged_and_learned_down_when_it_f
     record = await wait_for_record(ledger_store, response.headers["x-request-id"])
     assert record.verifier_score == pytest.approx(poor, abs=1e-4)
     assert traffic.offset("gpt4") < 0 and traffic.observations("gpt4") == 1
+
+
+async def test_a_candidate_lowered_by_traffic_earns_its_place_back_by_exploring(
+    start_gateway: StartGateway, fakes: dict[str, FakeOpenAI]
+) -> None:
+    """mistral refuses and is learned under the target; fixed, it is tried first again
+    on the route's `explore` share (every request here), passes, and climbs back."""
+    good, poor = verifier_score(GREETING), verifier_score(REFUSAL)
+    for fake in fakes.values():
+        fake.reply_text = GREETING
+    fakes["mistral"].reply_text = REFUSAL
+    route = verified_route(round((good + poor) / 2, 4)).replace("explore: 0", "explore: 1.0")
+    server = start_gateway(
+        policy(route), **{f"{name.upper()}_URL": fake.url for name, fake in fakes.items()}
+    )
+    traffic = server.services.proxy.selector.traffic
+    for _ in range(4):
+        refused = ask(server.url, "careful", "hi")
+        assert refused.headers["x-cascade-deployment"] != "mistral"  # rejected: climbed
+    lowered = traffic.offset("mistral")
+    assert lowered < 0
+    fakes["mistral"].reply_text = GREETING
+    answered = ask(server.url, "careful", "hi")
+    assert answered.headers["x-cascade-deployment"] == "mistral"  # explored, accepted
+    assert answered.headers["x-cascade-escalations"] == "0"
+    assert traffic.offset("mistral") > lowered
 
 
 def test_what_one_gateway_learned_moves_the_others_through_redis(

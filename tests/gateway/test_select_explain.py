@@ -41,3 +41,20 @@ def test_explain_shows_the_climb_exactly_when_the_proxy_climbs(
     if chain:
         assert summary["escalation_chain"] == list(choice.chain())
         assert len(choice.chain()) > 1  # this prompt's choice has someone better above it
+
+
+def test_explain_names_the_candidate_an_exploring_request_tries_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in PRICES:
+        monkeypatch.setenv(f"{name.upper()}_URL", "http://127.0.0.1:9/v1")
+    (tmp_path / "policy.yaml").write_text(policy(VERIFIED.replace("0.95", "0.99")))
+    runtime = build_runtime(load_policy(tmp_path / "policy.yaml"))
+    pick = runtime.routes["pick"]
+    body = {"messages": [{"role": "user", "content": PROMPT}]}
+    choice = select_choice(runtime, pick, body)
+    plan = runtime.plan(pick, None, needs=frozenset({"chat"}), choice=choice)
+    summary = choice_summary(pick, choice, plan, {"chat"})
+    explorer = choice.explorer()
+    assert explorer is not None and not choice.meets(explorer)
+    assert summary["explores"] == {"deployment": explorer, "share": 0.05}

@@ -54,7 +54,11 @@ def test_a_verified_select_route_holds_its_dearest_climb() -> None:
     policy = Policy.model_validate(
         {
             "deployments": deployments,
-            "routes": {"plain": route, "verified": {**route, "verify": True}},
+            "routes": {
+                "plain": route,
+                "verified": {**route, "verify": True, "explore": 0},
+                "exploring": {**route, "verify": True},
+            },
         }
     )
     runtime = build_runtime(LoadedPolicy(policy, (), {}, "digest"))
@@ -66,3 +70,4 @@ def test_a_verified_select_route_holds_its_dearest_climb() -> None:
 
     assert hold("plain") == 8_000_000  # one answer, the dearest: 1,000 tokens at $8/Mtok
     assert hold("verified") == 12_000_000  # two answers, the two dearest
+    assert hold("exploring") == 14_000_000  # and one tried first on its explore share
