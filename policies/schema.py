@@ -358,6 +358,11 @@ class Route(Section):
 
     @model_validator(mode="after")
     def _check_second_opinions(self) -> Self:
+        if "explore" in self.model_fields_set and not (self.strategy == "select" and self.verify):
+            raise ValueError(
+                "explore applies to strategy 'select' with verify: true (only a verified "
+                "answer can be escalated and learned from)"
+            )
         if self.verify and self.strategy != "select":
             raise ValueError(
                 f"verify applies to strategy 'select' (a cascade always verifies), "

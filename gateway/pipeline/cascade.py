@@ -165,7 +165,7 @@ class Cascade:
                         endpoint,
                         body,
                         max(0.001, ends_at - time.monotonic()),
-                        logprobs=ask and verified,
+                        logprobs=ask and (verified or judge_last),  # judged alike
                         cut_off=cut_off,
                         native=call.native,
                     )

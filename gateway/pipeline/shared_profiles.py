@@ -88,7 +88,9 @@ class SharedTrafficProfiles(TrafficProfiles):
         self._poll: asyncio.Task[None] | None = None
         self._failing = False  # an outage is warned of once, not on every answer
         self._confirmed: dict[str, Profile] = {}  # what Redis last showed of each
-        self._observed_at: dict[str, float] = {}  # monotonic time of this one's last
+        # When this worker last saw the profile gain a verdict (its own or, through a
+        # poll or a reply, anyone's): a key missing a TTL after that expired.
+        self._observed_at: dict[str, float] = {}
         self.clock: Callable[[], float] = time.monotonic
 
     @classmethod
@@ -142,6 +144,8 @@ class SharedTrafficProfiles(TrafficProfiles):
         confirmed = self._confirmed.get(deployment)
         settled = polled and not self._pending
         if settled or confirmed is None or profile.observations >= confirmed.observations:
+            if confirmed is None or profile.observations > confirmed.observations:
+                self._observed_at[deployment] = self.clock()  # someone's verdict: alive
             self._confirmed[deployment] = profile
             self.adopt(deployment, profile)
 
@@ -166,9 +170,9 @@ class SharedTrafficProfiles(TrafficProfiles):
                 self._forget_if_expired(deployment)
 
     def _forget_if_expired(self, deployment: str) -> None:
-        """No key: expired (this worker saw no verdict of it for `PROFILE_TTL_S`, nor did
-        anyone write it since) starts again from the predictor; a key lost sooner (a
-        Redis restarted without persistence) keeps this copy, to seed it again."""
+        """No key: expired (no verdict of it, this worker's or another's it saw, for
+        `PROFILE_TTL_S`) starts again from the predictor; a key lost sooner (a Redis
+        restarted without persistence) keeps this copy, to seed it again."""
         if deployment not in self._confirmed or self._pending:
             return
         if self.clock() - self._observed_at.get(deployment, -math.inf) < PROFILE_TTL_S:

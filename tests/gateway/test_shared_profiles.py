@@ -149,6 +149,26 @@ async def test_an_expired_profile_starts_again_from_the_predictor(
     assert int((await client.hgetall(traffic.key("d")))["observations"]) == 1
 
 
+async def test_a_key_lost_within_a_month_of_anyone_s_verdict_is_kept(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    """first's own verdicts are a month old, but it saw second's, newer, in a poll: a
+    key missing then was lost (Redis restarted), not expired."""
+    first, second = worker(), worker()
+    now = [1000.0]
+    first.clock = second.clock = lambda: now[0]
+    first.observe("d", predicted=0.7, observed=0.0)
+    await first.flush()
+    now[0] += PROFILE_TTL_S - 86400  # day 29: second answers
+    second.observe("d", predicted=0.7, observed=0.0)
+    await second.flush()
+    await first.sync(["d"])  # first sees the count grow
+    now[0] += 2 * 86400  # day 31
+    await client.delete(first.key("d"))  # lost, not expired
+    await first.sync(["d"])
+    assert first.observations("d") == 2
+
+
 async def test_a_zero_profile_resets_every_worker_s_learning(
     worker: Worker, client: aioredis.Redis
 ) -> None:

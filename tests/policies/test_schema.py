@@ -265,3 +265,13 @@ def test_a_route_that_scores_nothing_takes_no_classifier() -> None:
     data = minimal(routes={"r": {"deployments": ["a"], "classifier": "minilm"}})
     with pytest.raises(ValueError, match="classifier applies to strategy 'classifier'"):
         Policy.model_validate(data)
+
+
+def test_explore_applies_to_a_verified_select_only() -> None:
+    data = cascade_with([])
+    route = data["routes"]["careful"]
+    route.update(strategy="select", verify=True, explore=0.2)
+    assert Policy.model_validate(data).routes["careful"].explore == 0.2
+    route["verify"] = False
+    with pytest.raises(ValidationError, match="explore applies to strategy 'select' with verify"):
+        Policy.model_validate(data)
