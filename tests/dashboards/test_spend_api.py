@@ -30,6 +30,15 @@ from tests.dashboards.conftest import (
 )
 
 TODAY = datetime.now(UTC).date().isoformat()
+
+
+@pytest.fixture(autouse=True)
+def _today(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TODAY is each test's own day: taken at import, a run crossing midnight UTC asked
+    for yesterday's spend while its requests were filed under today."""
+    monkeypatch.setattr(sys.modules[__name__], "TODAY", datetime.now(UTC).date().isoformat())
+
+
 MONEY = ("cost_nanos", "reference_cost_nanos")
 
 

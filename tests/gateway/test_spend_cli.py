@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from policies import DEFAULT_POLICY_PATH
 from tests.gateway.ledger_fixtures import make_record
 
 NOW = datetime.now(UTC)
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOW is each test's own moment: taken at import, a run crossing midnight UTC filed
+    its records under yesterday while the CLI's defaults had moved on to today."""
+    now = datetime.now(UTC)
+    monkeypatch.setattr(sys.modules[__name__], "NOW", now)
 
 
 def record_days_ago(i: int, days: int) -> SpendRecord:

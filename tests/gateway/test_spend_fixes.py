@@ -8,6 +8,7 @@ import asyncio
 import csv
 import io
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -30,6 +31,17 @@ from tests.gateway.ledger_fixtures import DAY0, delete_prefix, make_record
 NOW = datetime.now(UTC)
 NOON0 = datetime(DAY0.year, DAY0.month, DAY0.day, 12, tzinfo=UTC).timestamp()
 TODAY = NOW.date().isoformat()
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOW and TODAY are each test's own moment: taken at import, a run crossing midnight
+    UTC filed its records under yesterday while budgets counted today."""
+    now = datetime.now(UTC)
+    monkeypatch.setattr(sys.modules[__name__], "NOW", now)
+    monkeypatch.setattr(sys.modules[__name__], "TODAY", now.date().isoformat())
+
+
 GROUPS = ["team", "route", "deployment"]
 FINANCE_KEY = "fake-finance-key"
 REFERENCE = 315_000  # the request's first answer's tokens on the reference model
