@@ -490,12 +490,11 @@ def _cut_off_in_flight(run: _Run, cancelled: bool = False) -> None:
     in_flight = list(run.current.values())
     run.current.clear()
     for deployment in in_flight:
-        if not cancelled:
-            run.cut_off(deployment)
-            continue
         try:
             run.cut_off(deployment)
         except Exception:
+            if not cancelled:
+                raise
             log.exception("pricing the attempt cut off on deployment %s failed", deployment.name)
 
 

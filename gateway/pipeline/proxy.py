@@ -221,24 +221,27 @@ class Proxy:
         missed = missed_sla(error)
         if self._guard is not None and missed:
             self._guard.count_missed(call.route)
-        if any(r.is_request for r in call.records):
-            return
-        first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
-        if first is not None:
-            self._accountant.settle_failure(call, first, missed)
+        self._record_unanswered(runtime, call, planned, missed)
 
     def _cut_short(self, runtime: Runtime, call: Call, planned: list[DeploymentRuntime]) -> None:
         """A request cancelled before it answered: recorded once as an `error` (not the
         route's fault: no SLA verdict), unless something answered it. Never raises: it
         runs while a cancellation propagates."""
         try:
-            if any(r.is_request for r in call.records):
-                return
-            first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
-            if first is not None:
-                self._accountant.settle_failure(call, first, missed_sla=False)
+            self._record_unanswered(runtime, call, planned, missed=False)
         except Exception:
             log.exception("recording the cancelled request %s failed", call.request_id)
+
+    def _record_unanswered(
+        self, runtime: Runtime, call: Call, planned: list[DeploymentRuntime], missed: bool
+    ) -> None:
+        """Unless something answered it, record the request once as an error under the
+        deployment its plan named first."""
+        if any(r.is_request for r in call.records):
+            return
+        first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
+        if first is not None:
+            self._accountant.settle_failure(call, first, missed)
 
     def _candidates(
         self,
@@ -489,10 +492,15 @@ def climb(choice: Choice, candidates: list[DeploymentRuntime]) -> list[Deploymen
     """A verified `select`: the candidates (those left to try) along the chain of the
     choice made again among them, so that a chosen deployment the breaker ejected gives
     way to the next cheapest that meets the target, not to the dearest."""
-    by_name = {d.name: d for d in candidates if d.name in choice.estimates}
+    by_name = _rated(choice, candidates)
     if not by_name:
         return candidates[:1]
     return [by_name[name] for name in choice.among(by_name).chain()]
+
+
+def _rated(choice: Choice, candidates: list[DeploymentRuntime]) -> dict[str, DeploymentRuntime]:
+    """The `candidates` the choice rated, by name: those left to try, made again among."""
+    return {d.name: d for d in candidates if d.name in choice.estimates}
 
 
 def explored(
@@ -507,7 +515,7 @@ def explored(
     so that a candidate placed below the target can earn its place back."""
     if share <= 0 or roll() >= share:
         return chain
-    by_name = {d.name: d for d in candidates if d.name in choice.estimates}
+    by_name = _rated(choice, candidates)
     name = choice.among(by_name).explorer() if by_name else None
     return chain if name is None else [by_name[name], *chain]
 
