@@ -10,7 +10,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -55,7 +55,9 @@ from gateway.upstreams.base import UpstreamClient
 from gateway.upstreams.litellm_impl import LiteLLMClient
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
 from policies import PolicyReloader, load_policy
+from policies.document import FieldPath
 from policies.schema import Policy
+from policies.sections import Sections
 from router import RoutingError, sandbox
 
 log = logging.getLogger(__name__)
@@ -218,12 +220,21 @@ async def check_limits_layout(
         raise LimitsLayoutError(", ".join(unmoved))
 
 
+def load_check(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+    """`install_problems`, run where policies are loaded: in a worker thread. The sandbox's
+    probe (a child process, up to 20 s, once) is started there too, so a (re)load that
+    turns code runs on never makes the event loop wait for it at apply."""
+    if any(
+        route is not None and route.run_code_examples for route in (sections.routes or {}).values()
+    ):
+        sandbox.available()
+    yield from install_problems(sections)
+
+
 async def start_services(settings: Settings) -> Services:
     if settings.ledger_archive_dir is not None:
         check_installed()  # a clear error naming the extra, before serving
-    loaded = load_policy(settings.policy, install_check=install_problems)
-    if any(route.run_code_examples for route in loaded.policy.routes.values()):
-        await asyncio.to_thread(sandbox.available)  # its probe child, off the event loop
+    loaded = await asyncio.to_thread(load_policy, settings.policy, install_check=load_check)
     metrics = Metrics()
     store = make_store(settings)
     await check_ledger_layout(store)
@@ -287,7 +298,7 @@ async def start_services(settings: Settings) -> Services:
         interval_s=loaded.policy.gateway.reload_interval_s,
         initial=loaded,
         on_reject=services.reject,
-        install_check=install_problems,
+        install_check=load_check,
     )
     services.reloader.start()
     guard.start(lambda: services.runtime)

@@ -1,9 +1,12 @@
 """A cascade answer's code run against the examples it claims, for the verifier (a
 route's `run_code_examples`): in the sandbox (`router.sandbox`), from a worker thread.
 
-Each run is a child process (~100 ms); at most `MAX_RUNNING` at once, and a request
-whose deadline comes before its turn verifies without one. A run that cannot start
-is logged and counted, and the answer verified without it: the request goes on.
+Each run is a child process (~100 ms); at most `MAX_RUNNING` at once and `MAX_WAITING`
+queued behind them (more: "busy", verified without a run). Queue and run together
+take at most half the request's time left (and `sandbox.WALL_SECONDS`), so answers
+whose code sleeps cannot hold another request's check until its deadline and leave
+its escalation no time. A run that cannot start is logged and counted, and the
+answer verified without it: the request goes on.
 
     run = await run_code(endpoint, body, reply, ends_at)  # ExampleRun or None
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,10 +31,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_RUNNING = 4
-MIN_RUN_SECONDS = 0.2  # less left before the deadline: verify without running
+MAX_WAITING = 4
+MIN_RUN_SECONDS = 0.2  # less left before the check's end: verify without running
+CHECK_SHARE = 0.5  # of the request's time left, for queue and run together
 _THREADS = ThreadPoolExecutor(max_workers=MAX_RUNNING, thread_name_prefix="sandbox")
+# Runs in the pool (running or queued) of this process, abandoned ones included
+# until the pool drops them: they hold a queue place until then.
+_pending = 0
+_pending_lock = threading.Lock()
 
-OutcomeType = Literal["held", "failed", "none", "error"]
+OutcomeType = Literal["held", "failed", "none", "busy", "error"]
 
 
 async def run_code(
@@ -38,16 +48,43 @@ async def run_code(
 ) -> tuple[ExampleRun | None, OutcomeType]:
     """The answer's code run against its claims before ``ends_at`` (time.monotonic()),
     and the outcome for the metric; None when it claims nothing (or is not Python),
-    the deadline came first, or the run broke."""
+    the deadline came first, every place was taken, or the run broke."""
+    budget = min(sandbox.WALL_SECONDS, (ends_at - time.monotonic()) * CHECK_SHARE)
+    if budget < MIN_RUN_SECONDS:
+        return None, "none"
+    if not _take_place():
+        return None, "busy"
+    check_ends = time.monotonic() + budget
     loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(_THREADS, _run_before, endpoint, body, reply, check_ends)
+    future.add_done_callback(_leave_place)  # when the pool is done with it, not before
     try:
-        run = await loop.run_in_executor(_THREADS, _run_before, endpoint, body, reply, ends_at)
+        # A run still queued at the check's end starts as nothing (`_run_before`); a
+        # quarter more lets a run cut off at the end be killed and read.
+        run = await asyncio.wait_for(asyncio.shield(future), budget * 1.25)
+    except TimeoutError:
+        return None, "none"
     except (OSError, RuntimeError):  # SandboxUnavailable is a RuntimeError
         log.exception("code examples not run; verifying without them")
         return None, "error"
     if run is None:
         return None, "none"
     return run, "held" if run.held else "failed"
+
+
+def _take_place() -> bool:
+    global _pending
+    with _pending_lock:
+        if _pending >= MAX_RUNNING + MAX_WAITING:
+            return False
+        _pending += 1
+        return True
+
+
+def _leave_place(_: object) -> None:
+    global _pending
+    with _pending_lock:
+        _pending -= 1
 
 
 def _run_before(

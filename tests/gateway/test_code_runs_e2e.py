@@ -5,18 +5,22 @@ verifier."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.http.app import load_check
 from gateway.ledger import RedisStore
+from gateway.pipeline import code_runs
 from gateway.pipeline.code_runs import run_code
 from gateway.pipeline.scoring import AnswerVerifier
 from gateway.runtime import build_runtime, log_new_warnings
-from policies import load_policy
+from policies import PolicyReloader, load_policy
 from router import sandbox
 from router.code_examples import ExampleRun
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -140,3 +144,68 @@ async def test_a_run_that_cannot_start_or_has_no_time_is_skipped(
 
     monkeypatch.setattr(sandbox, "run_examples", broken)
     assert await run_code("chat", body, reply, soon) == (None, "error")
+
+
+SLEEPER = {
+    "choices": [
+        {
+            "message": {
+                "content": "```python\nimport time\ntime.sleep(60)\n\ndef add(a, b):\n"
+                "    return a + b\n\nprint(add(2, 3))  # Output: 5\n```"
+            }
+        }
+    ]
+}
+
+
+async def test_answers_that_sleep_hold_no_other_check_to_its_deadline() -> None:
+    """Every run slot held by code that sleeps: a check queued behind them gives up
+    within its share of the request's time (its cascade can still escalate), one that
+    finds every place taken is refused at once, and the places come back after."""
+    body = {"messages": [QUESTION]}
+    wrong = {"choices": [{"message": {"content": WRONG}}]}
+    start = time.monotonic()
+    running = [
+        asyncio.create_task(run_code("chat", body, SLEEPER, start + 4))
+        for _ in range(code_runs.MAX_RUNNING)
+    ]
+    await asyncio.sleep(0.1)
+    queued_ends = time.monotonic() + 2
+    assert await run_code("chat", body, wrong, queued_ends) == (None, "none")
+    assert time.monotonic() < queued_ends  # time left to escalate
+
+    # The check that gave up keeps its place in the queue until the pool drops it.
+    queued = [
+        asyncio.create_task(run_code("chat", body, SLEEPER, time.monotonic() + 4))
+        for _ in range(code_runs.MAX_WAITING - 1)
+    ]
+    await asyncio.sleep(0.1)
+    assert await run_code("chat", body, wrong, time.monotonic() + 10) == (None, "busy")
+    outcomes = {outcome for _, outcome in await asyncio.gather(*running, *queued)}
+    assert outcomes <= {"failed", "none"}  # cut off, or never started
+    assert await run_code("chat", body, wrong, time.monotonic() + 10) == (
+        ExampleRun(0, 1),
+        "failed",
+    )
+
+
+async def test_a_reload_that_turns_runs_on_probes_the_sandbox_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe is a child process of up to 20 s: started from the loader's thread,
+    never from the event loop that applies the policy."""
+    probed_in: list[threading.Thread] = []
+
+    def available() -> None:
+        probed_in.append(threading.current_thread())
+
+    monkeypatch.setattr(sandbox, "available", available)
+    env = {"CHEAP_URL": "http://x/v1", "PREMIUM_URL": "http://y/v1", "GATEWAY_TEST_KEY": "k"}
+    path = tmp_path / "policy.yaml"
+    path.write_text(route_policy(0.5, run_code=False))
+    applied: list[object] = []
+    reloader = PolicyReloader(path, applied.append, env=env, install_check=load_check)
+    assert await reloader.check_now() and probed_in == []
+    path.write_text(route_policy(0.5, run_code=True))
+    assert await reloader.check_now() and len(applied) == 2
+    assert probed_in and threading.current_thread() not in probed_in
