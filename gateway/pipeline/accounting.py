@@ -25,7 +25,7 @@ from gateway.billing.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_c
 from gateway.ledger import CostLedger, SpendRecord
 from gateway.ledger.record import StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
-from gateway.request import Call
+from gateway.request import Call, asked_tokens, choices_of
 from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
 from gateway.upstreams.base import EndpointType
 from router.target_selection import Choice
@@ -80,14 +80,30 @@ def choice_texts(body: Mapping[str, Any]) -> Iterable[str]:
 
 
 def counted_usage(
-    model: str,
+    deployment: DeploymentRuntime,
     endpoint: EndpointType,
     request: Mapping[str, Any],
     texts: Iterable[str],
     prompt: PromptCounts,
 ) -> Usage:
-    completion = sum(count_text(model, text) for text in texts)
-    return Usage(prompt.get(model, endpoint, request), completion, "counted")
+    """The prompt and the text counted with the gateway's tokenizer for the model."""
+    completion = counted_output(deployment, endpoint, request, texts)
+    return Usage(prompt.get(deployment.target.model, endpoint, request), completion, "counted")
+
+
+def counted_output(
+    deployment: DeploymentRuntime,
+    endpoint: EndpointType,
+    request: Mapping[str, Any],
+    texts: Iterable[str],
+) -> int:
+    """The text's tokens, never more than the upstream was asked for: each answer's cap
+    (the request's, the deployment's) times the answers. A count above it is our
+    tokenizer's, not the upstream's (another vocabulary, a script it splits finer):
+    billing stays within what was sent, and so within what the budget held."""
+    counted = sum(count_text(deployment.target.model, text) for text in texts)
+    caps = [c for c in (asked_tokens(request), deployment.max_output_tokens) if c is not None]
+    return min(counted, min(caps) * choices_of(endpoint, request)) if caps else counted
 
 
 def reply_usage(
@@ -99,7 +115,7 @@ def reply_usage(
 ) -> Usage:
     """A non-streamed reply's usage: as reported, else counted from its text."""
     return reported_usage(reply) or counted_usage(
-        deployment.target.model, endpoint, request, choice_texts(reply), prompt
+        deployment, endpoint, request, choice_texts(reply), prompt
     )
 
 
@@ -291,8 +307,7 @@ class Accountant:
         `partial`); the upstream had it."""
 
         def price(deployment: DeploymentRuntime) -> None:
-            model = deployment.target.model
-            usage = counted_usage(model, call.endpoint, call.body, (), call.prompt)
+            usage = counted_usage(deployment, call.endpoint, call.body, (), call.prompt)
             prefix = f"{call.request_id}:t"
             n = 1 + sum(r.record_id.startswith(prefix) for r in call.records)
             self.settle(call, deployment, usage, status="partial", label=f"t{n}")

@@ -192,7 +192,7 @@ class Judge:
         if done is not None:
             usage = reply_usage(deployment, "chat", request, done.reply.body, prompt)
             return self._accountant.settle(call, deployment, usage, label=label)
-        usage = counted_usage(deployment.target.model, "chat", request, (), prompt)
+        usage = counted_usage(deployment, "chat", request, (), prompt)
         return self._accountant.settle(call, deployment, usage, status="partial", label=label)
 
     def _fallback(self, call: Call, outcome: OutcomeType, why: str) -> Verdict:

@@ -177,8 +177,7 @@ class SecondOpinions:
             if reply is not None:
                 usage = reply_usage(deployment, call.endpoint, call.body, reply, call.prompt)
             else:
-                model = deployment.target.model
-                usage = counted_usage(model, call.endpoint, call.body, (), call.prompt)
+                usage = counted_usage(deployment, call.endpoint, call.body, (), call.prompt)
                 status = "partial"
             self._priced.add(label)
             record = self._accountant.settle(call, deployment, usage, status=status, label=label)

@@ -19,7 +19,6 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.billing.tokens import count_text
 from gateway.errors import GatewayError
 from gateway.health.sla import SlaGuard
 from gateway.ledger.record import StatusType
@@ -31,6 +30,7 @@ from gateway.pipeline.accounting import (
     Accountant,
     Usage,
     choice_texts,
+    counted_output,
     counted_usage,
     reply_usage,
     reported_usage,
@@ -103,7 +103,7 @@ class StreamSettlement:
         self.finished = True
         deployment = self.opened.deployment
         try:
-            usage = self.tally.usage or self.counted(deployment.target.model)
+            usage = self.tally.usage or self.counted(deployment)
         except Exception:  # never lose the record over counting: price what was reported
             log.exception("counting tokens of stream %s failed", self.call.request_id)
             usage = Usage(0, 0, "none")
@@ -117,16 +117,14 @@ class StreamSettlement:
             self.guard.stream_ended(deployment.name, itl, streamed)
         await close_stream(self.opened.rest)
 
-    def counted(self, model: str) -> Usage:
+    def counted(self, deployment: DeploymentRuntime) -> Usage:
         """A stream without final usage: its text counted. A prompt it reported early
         (the Messages API's `message_start`) stands, with its token classes; the output
         count reported with it (1, at the start) is only a floor."""
-        early = self.tally.early
+        early, call, texts = self.tally.early, self.call, self.tally.texts()
         if early is None:
-            texts = self.tally.texts()
-            call = self.call
-            return counted_usage(model, call.endpoint, call.body, texts, call.prompt)
-        completion = sum(count_text(model, text) for text in self.tally.texts())
+            return counted_usage(deployment, call.endpoint, call.body, texts, call.prompt)
+        completion = counted_output(deployment, call.endpoint, call.body, texts)
         if completion <= early.completion_tokens:
             return early
         return dataclasses.replace(early, completion_tokens=completion, source="counted")
@@ -213,15 +211,16 @@ def loser_answer(loser: Loser) -> tuple[DeploymentRuntime, dict[str, Any] | None
 def loser_usage(loser: Loser, call: Call) -> tuple[Usage, StatusType]:
     """What a losing hedge of `call` consumed: its answer's usage if it answered, else
     its prompt."""
-    model = loser.deployment.target.model
     endpoint, body, prompt = call.endpoint, call.body, call.prompt
     result = loser.result
     if isinstance(result, UpstreamReply):
         return reply_usage(loser.deployment, endpoint, body, result.body, prompt), "ok"
     if isinstance(result, tuple):  # a stream that opened too late: count what came
         first, _ = result
-        return counted_usage(model, endpoint, body, stream_texts(first), prompt), "partial"
-    return counted_usage(model, endpoint, body, (), prompt), "partial"
+        return counted_usage(
+            loser.deployment, endpoint, body, stream_texts(first), prompt
+        ), "partial"
+    return counted_usage(loser.deployment, endpoint, body, (), prompt), "partial"
 
 
 def buffered_events(

@@ -273,6 +273,27 @@ async def test_missing_usage_is_counted(
     assert record.cost_nanos == record.prompt_tokens * 1000 + record.completion_tokens * 2000
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["reply", "stream"])
+async def test_a_count_above_the_cap_sent_is_billed_at_the_cap(
+    start: Any, fake_openai: FakeOpenAI, ledger_store: RedisStore, stream: bool
+) -> None:
+    """Our tokenizer reads the fake's 30 words ("word1"...) as more than 30 tokens; an
+    upstream honouring `max_tokens: 30` wrote no more than 30 of its own, and the
+    budget held no more: the count is billed at most at the cap, for each answer."""
+    base = start()
+    fake_openai.script(*[Behaviour(tokens=30, omit_usage=True)] * 3)
+    uncapped = post(base, model="only-first", stream=stream)
+    capped = post(base, model="only-first", stream=stream, max_tokens=30)
+    two = post(base, model="only-first", stream=stream, max_tokens=30, n=2)
+    counts = []
+    for response in (uncapped, capped, two):
+        assert response.status_code == 200
+        record = await wait_for_record(ledger_store, response.headers["x-request-id"])
+        assert record.usage_source == "counted"
+        counts.append(record.completion_tokens)
+    assert counts[0] > 30 and counts[1] == 30 and 30 < counts[2] <= 60
+
+
 async def test_client_disconnect_midstream_is_priced(
     start: Any, fake_openai: FakeOpenAI, ledger_store: RedisStore
 ) -> None:
