@@ -354,6 +354,8 @@ class Executor:
     ) -> tuple[DeploymentRuntime, Any]:
         guard = self._guard
         for position, deployment in enumerate(candidates):
+            if _in_flight_elsewhere(deployment, run, chain):
+                continue  # a hedge that fell back onto it: a second call buys nothing
             last = position == len(candidates) - 1
             # Asked of the last one too (it moves an expired breaker to half-open), but the
             # last candidate is tried whatever the answer: there is nothing else.
@@ -531,6 +533,11 @@ def _idle_candidate(candidates: list[DeploymentRuntime], run: _Run) -> int | Non
         if deployment.name not in run.tried:
             return index
     return None
+
+
+def _in_flight_elsewhere(deployment: DeploymentRuntime, run: _Run, chain: int) -> bool:
+    """Whether another chain of the run is calling `deployment` now."""
+    return any(d.name == deployment.name for k, d in run.current.items() if k != chain)
 
 
 async def _cancel(chains: dict[asyncio.Task[Any], int], run: _Run) -> list[tuple[int, Loser]]:

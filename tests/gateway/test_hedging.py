@@ -36,6 +36,17 @@ async def test_a_hedge_starts_at_a_deployment_not_called_yet() -> None:
     assert [loser.deployment.name for loser in done.losers] == ["b"]
 
 
+async def test_a_hedge_that_fails_does_not_call_the_deployment_still_answering() -> None:
+    """b, the hedge, answers 503 and falls back: a, still answering the first chain, is
+    not called a second time (it would bill the prompt twice and answer no sooner)."""
+    a, b = deployment("a"), deployment("b")
+    client = ScriptedClient({"a": answers(0.3), "b": fails(UpstreamStatus("busy", status=503))})
+    run, _ = executor(client)
+    done = await run.complete([a, b], "chat", BODY, 5.0, Hedge(0.05))
+    assert client.calls == ["a", "b"] and done.deployment is a and not done.won_by_hedge
+    assert done.losers == []
+
+
 async def test_a_probe_answered_busy_frees_its_slot() -> None:
     breakers = due_for_a_probe()
     client = ScriptedClient({"a": fails(UpstreamStatus("queue full", status=503)), "b": answers()})
