@@ -47,7 +47,7 @@ from policies.sections import Sections
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 # Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
-SECRET_SECTIONS = {"keys": "secret", "engines": "api_key"}
+SECRET_SECTIONS = {"keys": "secret", "engines": "api_key", "deployments": "api_key"}
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
 SEPARATORS = tuple("-_.:/@")  # between the parts of a model name
 NEAR_SPELLING = 0.8  # difflib ratio of a slip of the keyboard (gpt-4o-mnii, gpt-4o-mini)

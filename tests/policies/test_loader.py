@@ -292,14 +292,16 @@ def test_secrets_never_appear_in_errors(tmp_path: Path) -> None:
 
 
 def test_plaintext_secret_is_rejected_without_echoing_it(tmp_path: Path) -> None:
-    text = MINIMAL + "keys:\n  k:\n    secret: fake-plain\nadmin_keys: [admin-plain]\n"
+    text = MINIMAL.replace("    model: m\n", "    model: m\n    api_key: fake-plain-upstream\n")
+    text += "keys:\n  k:\n    secret: fake-plain\nadmin_keys: [admin-plain]\n"
     text += "finance_keys: [finance-plain]\nmetrics_keys: [metrics-plain]\n"
     found = problems(write(tmp_path, text))
     assert [(p.line, p.field) for p in found] == [
-        (10, "keys.k.secret"),
-        (11, "admin_keys.0"),
-        (12, "finance_keys.0"),
-        (13, "metrics_keys.0"),
+        (4, "deployments.a.api_key"),
+        (11, "keys.k.secret"),
+        (12, "admin_keys.0"),
+        (13, "finance_keys.0"),
+        (14, "metrics_keys.0"),
     ]
     assert all("plain" not in p.message for p in found)
 
