@@ -257,10 +257,14 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
 def log_new_warnings(runtime: Runtime, serving: Runtime | None) -> None:
     """Log what `runtime`'s build warned of, except what `serving` (the runtime it
     replaces) had already: a reload re-logs no standing warning."""
+    for level, message in new_warnings(runtime, serving):
+        log.log(level, "%s", message)
+
+
+def new_warnings(runtime: Runtime, serving: Runtime | None) -> list[tuple[int, str]]:
+    """`runtime`'s build warnings that `serving` did not have."""
     known = set(serving.warnings) if serving is not None else set()
-    for level, message in runtime.warnings:
-        if (level, message) not in known:
-            log.log(level, "%s", message)
+    return [warning for warning in runtime.warnings if warning not in known]
 
 
 def _route_sla(sla: Sla | None) -> RouteSla | None:

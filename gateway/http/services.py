@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from gateway.metrics import Metrics
 from gateway.pipeline.accounting import Accountant
 from gateway.pipeline.proxy import Proxy
 from gateway.pipeline.scoring import warm
-from gateway.runtime import Runtime, build_runtime, log_new_warnings
+from gateway.runtime import Runtime, build_runtime, new_warnings
 from gateway.settings import Settings
 from gateway.upstreams.base import UpstreamClient
 from policies import LoadedPolicy, Policy, PolicyError, PolicyReloader
@@ -48,8 +49,7 @@ class Services:
         """Swap in a newly loaded policy (called by the reloader, also for /admin/reload)."""
         serving = self.runtime
         self.runtime = build_runtime(loaded)
-        log_new_warnings(self.runtime, serving)
-        log_changes(serving.policy, loaded)
+        log_changes(serving.policy, loaded, new_warnings(self.runtime, serving))
         warm(self.runtime.routes.values(), self.settings.embedding_threads)
         tokens.warm(counted_models(self.runtime))
         self.guard.configure(loaded.policy)
@@ -75,20 +75,26 @@ def log_unserved(loaded: LoadedPolicy) -> None:
         log.warning("policy %s: %s", ", ".join(map(str, loaded.source)), note)
 
 
-def log_changes(serving: Policy, loaded: LoadedPolicy) -> None:
-    """A reload's log: what changed from the serving policy, one line each; a warning
-    the serving policy had already stays silent."""
+def log_changes(
+    serving: Policy, loaded: LoadedPolicy, built: Sequence[tuple[int, str]] = ()
+) -> None:
+    """A reload's log: what changed from the serving policy, one line each, then the new
+    runtime's own new warnings (`built`: a deployment left unpriced...); a warning the
+    serving policy had already stays silent."""
     changes = policy_changes(serving, loaded.policy)
     source, digest = ", ".join(map(str, loaded.source)), loaded.digest[:12]
-    if not changes:
+    if not changes and not built:
         log.debug("policy reloaded from %s (digest %s): nothing changed", source, digest)
         return
-    counts = f"{len(changes.changed)} changes, {len(changes.warnings)} new warnings"
+    warned = len(changes.warnings) + len(built)
+    counts = f"{len(changes.changed)} changes, {warned} new warnings"
     log.info("policy reloaded from %s (digest %s): %s", source, digest, counts)
     for line in changes.changed:
         log.info("policy change: %s", line)
     for line in changes.warnings:
         log.warning("policy change: %s", line)
+    for level, message in built:
+        log.log(level, "%s", message)
 
 
 def services_of(request: Request) -> Services:

@@ -135,3 +135,22 @@ def test_a_new_warning_is_logged_once(
     ], logged
     assert changes(logged)[0] == "policy change: deployment 'extra' added"
     assert reload_logs(base, caplog) == []  # it stands now: not said again
+
+
+def test_a_warning_of_the_new_runtime_is_counted_in_the_summary_and_follows_it(
+    base: str, policy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment added without a price: its warning comes from building the runtime,
+    not from comparing the policies, and the summary counts it all the same."""
+    policy.write_text(
+        POLICY.replace(
+            "routes:\n",
+            "  unpriced2:\n    api_base: ${UPSTREAM_BASE_URL}\n"
+            "    model: reload-test-another-model-with-no-price\nroutes:\n",
+        )
+    )
+    logged = reload_logs(base, caplog)
+    summary = [i for i, m in enumerate(logged) if m.startswith("policy reloaded from ")]
+    assert len(summary) == 1 and logged[summary[0]].endswith(": 1 changes, 1 new warnings")
+    unpriced = [i for i, m in enumerate(logged) if "'unpriced2'" in m and "unpriced" in m]
+    assert len(unpriced) == 2 and summary[0] < min(unpriced), logged  # added, unpriced
