@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from router import conversation
 from router.errors import RoutingError
-from router.rows import Row, each, finite, print_lines, read_rows, score_rows
+from router.rows import Row, each, finite, print_lines, read_rows, score_rows, unwrap_response
 
 if TYPE_CHECKING:
     from router.classifier import RequestClassifier
-    from router.code_examples import ExampleRun
+    from router.code_examples import CodeJob, ExampleRun
 
 
 def training(name: str) -> Callable[[argparse.Namespace], int]:
@@ -68,8 +69,8 @@ def add_router_commands(
 
     verify = commands.add_parser(
         "verify",
-        help="print {id, score} per {id, prompt, response} (optional: samples, logprobs, "
-        "finish_reason, response_format)",
+        help="print {id, score} per {id, prompt|messages, response} (optional: samples, "
+        "logprobs, finish_reason, response_format)",
     )
     verify.add_argument("input", type=Path, metavar="IN.jsonl")
     verify.add_argument(
@@ -301,34 +302,40 @@ def _verifier_scores(rows: Sequence[Row[VerifyRow]], *, run_code: bool = False) 
     answer run against its own examples (``router.sandbox``)."""
     from router import sandbox
     from router.classifier import Classifier
-    from router.verifier import Verifier, code_job
+    from router.verifier import Verifier
 
     runs: list[ExampleRun | None] = [None] * len(rows)
     if run_code:
         if (reason := sandbox.available()) is not None:
             raise RoutingError(f"--run-code: this host cannot isolate code: {reason}")
-        runs = sandbox.run_all(
-            each(rows, lambda i: code_job(rows[i].value.prompt, rows[i].value.response))
-        )
+        runs = sandbox.run_all(each(rows, lambda i: _code_job(rows[i].value)))
     verifier, classifier = Verifier.load(), Classifier.load()
-    priors = score_rows(
-        rows, lambda batch: classifier.score_batch([{"messages": [_user(r.prompt)]} for r in batch])
-    )
+    priors = score_rows(rows, lambda batch: classifier.score_batch([r.request() for r in batch]))
 
     def score(i: int) -> float:
         row = rows[i].value
+        prompt, question = row.texts()
         return verifier.score(
-            row.prompt,
+            prompt,
             row.response,
             logprobs=row.logprobs,
             finish_reason=row.finish_reason,
             response_format=row.response_format,
             prompt_score=priors[i],
             samples=row.samples,
+            question=question,
             code_run=runs[i],
         )
 
     return finite(rows, each(rows, score))
+
+
+def _code_job(row: VerifyRow) -> CodeJob | None:
+    """What `--run-code` runs for the row's answer, as the gateway's `run_code` would."""
+    from router.verifier import code_job
+
+    prompt, question = row.texts()
+    return code_job(prompt, row.response, question)
 
 
 def _user(text: str) -> dict[str, str]:
@@ -336,13 +343,7 @@ def _user(text: str) -> dict[str, str]:
 
 
 def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(row.get("prompt"), str):
-        messages: Any = [_user(row["prompt"])]
-    elif "messages" in row:
-        messages = _messages(row["messages"])
-    else:
-        raise ValueError("expected 'prompt' (a string) or 'messages' (a list of chat messages)")
-    request = {"messages": messages}
+    request: dict[str, Any] = {"messages": _row_messages(row)}
     for name, kind in REQUEST_FIELDS.items():
         if row.get(name) is not None:
             if not isinstance(row[name], kind) or isinstance(row[name], bool):
@@ -351,6 +352,15 @@ def _score_request(row: Mapping[str, Any]) -> dict[str, Any]:
     if request.get("max_tokens", 1) < 1:
         raise ValueError(f"'max_tokens' must be a positive integer, not {request['max_tokens']}")
     return request
+
+
+def _row_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A row's conversation: its `prompt` as a user message, else its `messages`."""
+    if isinstance(row.get("prompt"), str):
+        return [_user(row["prompt"])]
+    if "messages" in row:
+        return _messages(row["messages"])
+    raise ValueError("expected 'prompt' (a string) or 'messages' (a list of chat messages)")
 
 
 def _messages(messages: Any) -> list[dict[str, Any]]:
@@ -392,22 +402,36 @@ def _is_content(content: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class VerifyRow:
-    """A `router verify` row: the prompt and answer, and what the upstream said besides
-    (all optional): token logprobs, finish reason, the request's response_format, and
-    `samples`, other answers to the same prompt (second opinions)."""
+    """A `router verify` row: the conversation (its `prompt` as a user message, or its
+    `messages`) and the answer, and what the upstream said besides (all optional): token
+    logprobs, finish reason, the request's response_format, and `samples`, other
+    answers to the same prompt (second opinions)."""
 
-    prompt: str
+    messages: list[dict[str, Any]]
     response: str
     logprobs: list[float] | None = None
     finish_reason: str | None = None
     response_format: dict[str, Any] | None = None
     samples: tuple[str, ...] = ()
 
+    def texts(self) -> tuple[str, str]:
+        """The prompt and the question the verifier reads, as the gateway reads them
+        from a request with these messages."""
+        return conversation.prompt_text(self.messages), conversation.question_text(self.messages)
+
+    def request(self) -> dict[str, Any]:
+        """The request the classifier scores for the verifier's prior, as the gateway's."""
+        if self.response_format is None:
+            return {"messages": self.messages}
+        return {"messages": self.messages, "response_format": self.response_format}
+
 
 def _verify_request(row: Mapping[str, Any]) -> VerifyRow:
-    prompt, response = row.get("prompt"), row.get("response")
-    if not isinstance(prompt, str) or not isinstance(response, str):
-        raise ValueError("expected 'prompt' and 'response' as strings")
+    """A verify row; a `response` or sample stored as RouterBench stores answers (the
+    text of a one-string list, `"['D']"`) is read as its string (`unwrap_response`)."""
+    messages, response = _row_messages(row), row.get("response")
+    if not isinstance(response, str):
+        raise ValueError("expected 'response' as a string")
     samples, logprobs = row.get("samples"), row.get("logprobs")
     samples = [] if samples is None else samples
     if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
@@ -423,12 +447,12 @@ def _verify_request(row: Mapping[str, Any]) -> VerifyRow:
     if response_format is not None and not isinstance(response_format, dict):
         raise ValueError("'response_format' must be an object")
     return VerifyRow(
-        prompt,
-        response,
+        messages,
+        unwrap_response(response),
         [_logprob(v) for v in logprobs] if logprobs is not None else None,
         finish_reason,
         response_format,
-        tuple(samples),
+        tuple(unwrap_response(sample) for sample in samples),
     )
 
 

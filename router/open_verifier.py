@@ -43,7 +43,8 @@ PRIOR_COEFFICIENTS: dict[str, float] = {
 # closed-form model's, but for refusals and loops, measured on the graded answers: one
 # that opens by declining often goes on to help (those average 4.9 of 10, against 6.1
 # for all), a short one does not (1.5); four repeated lines are often a table or code
-# (5.5), 4-grams repeated over half the time a loop (1.9).
+# (5.5), 4-grams repeated over half the time a loop (1.9). An answer without a letter or
+# digit is capped for both models by `Verifier.score` (`verifier.NO_TEXT_CAP`).
 SCORE_CAPS: dict[str, float] = {
     "empty": 0.01,
     "json_invalid": 0.05,

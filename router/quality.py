@@ -24,7 +24,7 @@ Names: a model the data lists under two names is one model (`ALIASES`); lookups 
 case. Alike but distinct, and kept apart: gpt-4-1106-preview and gpt-4-0314,
 gpt-3.5-turbo-1106 and gpt-3.5-turbo (the 0613 snapshot), claude-v2 (Claude 2.0) and
 claude-2.1. A name the predictor does not know raises `UnknownModelError`, listing the
-known ones.
+known ones and the aliases it accepts.
 """
 
 from __future__ import annotations
@@ -158,10 +158,17 @@ class QualityPredictor:
             column = self._index.get(name.casefold())
             if column is None:
                 raise UnknownModelError(
-                    f"unknown model '{name}'; the quality predictor knows " + ", ".join(self.models)
+                    f"unknown model '{name}'; the quality predictor knows "
+                    + ", ".join(self.models)
+                    + self._aliases_known()
                 )
             columns.append(column)
         return tuple(columns)
+
+    def _aliases_known(self) -> str:
+        """`ALIASES` of the models this predictor knows, for an unknown name's error."""
+        known = [f"{alias} -> {name}" for alias, name in ALIASES.items() if name in self.models]
+        return f" (also accepted: {', '.join(known)})" if known else ""
 
     def predict(
         self,

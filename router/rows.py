@@ -5,11 +5,14 @@ print:
     scores = score_rows(rows, classifier.score_batch)  # a failing row is named, FILE:LINE
     return print_lines(json.dumps({"id": r.id, "score": s}) for r, s in zip(rows, scores))
 
-Every failure is a `RoutingError` whose message names the file and line.
+Every failure is a `RoutingError` whose message names the file and line. An answer
+stored as RouterBench stores them, the text of a one-string Python list (`"['D']"`), is
+read as that string (`unwrap_response`).
 """
 
 from __future__ import annotations
 
+import ast
 import codecs
 import json
 import math
@@ -47,6 +50,23 @@ def read_rows(path: Path, parse: Callable[[Mapping[str, Any]], T]) -> Iterator[R
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
             yield _read_row(f"{name}:{number}", line.removesuffix("\r"), parse)
+
+
+def unwrap_response(text: str) -> str:
+    """The answer in ``text``: RouterBench stores each as the text of a one-string Python
+    list (``"['D']"``, ``'["def f(): ..."]'``), read as that string; any other text (an
+    answer that merely starts with a bracket, a list of two) is the answer itself. A rule
+    of the data's format: the gateway's live answers are never read so."""
+    stripped = text.strip()
+    if not (stripped.startswith("[") and stripped.endswith("]")):
+        return text
+    try:
+        value = ast.literal_eval(stripped)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return text
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return value[0]
+    return text
 
 
 def score_rows(

@@ -22,7 +22,7 @@ from gateway.runtime import RouteRuntime
 from gateway.upstreams.base import EndpointType
 from policies.document import FieldPath
 from policies.sections import Sections
-from router import SCORED_STRATEGIES
+from router import SCORED_STRATEGIES, conversation
 from router.errors import RoutingError
 from router.installed import minilm_classifier_missing
 
@@ -153,27 +153,15 @@ def _load_embedding_classifier(threads: int | None) -> None:
 
 
 def prompt_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
-    """The conversation as one text, for the verifier."""
-    return _joined(request_messages(endpoint, body))
+    """The conversation as one text, for the verifier (`router.conversation`)."""
+    return conversation.prompt_text(request_messages(endpoint, body))
 
 
 def question_text(endpoint: EndpointType, body: Mapping[str, Any]) -> str:
-    """The user's turns as one text: what kind of question a request asks is read from
-    them, not from the route's system prompt every request on it shares; the whole
-    conversation when no user turn says anything."""
-    users = _joined(m for m in request_messages(endpoint, body) if m.get("role") == "user")
-    return users or prompt_text(endpoint, body)
-
-
-def _joined(messages: Iterable[Mapping[str, Any]]) -> str:
-    parts = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-        if content:
-            parts.append(str(content))
-    return "\n\n".join(parts)
+    """The user's turns as one text (`router.conversation`): what kind of question a
+    request asks is read from them, not from the route's system prompt every request on
+    it shares; the whole conversation when no user turn says anything."""
+    return conversation.question_text(request_messages(endpoint, body))
 
 
 def answer_parts(reply: Mapping[str, Any]) -> tuple[str, list[float] | None, str | None]:

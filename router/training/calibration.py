@@ -38,6 +38,7 @@ import numpy as np
 
 from router.errors import RoutingError
 from router.planner import Threshold
+from router.rows import unwrap_response
 from router.training.dataset import DEFAULT_DATA_DIR, data_file, open_data
 
 TOP = 1.0  # the highest `below` a policy takes: every score under it
@@ -203,8 +204,6 @@ def cheap_answer(row: Mapping[str, Any]) -> tuple[str, bool] | None:
         return None
     if source == "arena_chat":
         return str(answer["response"]), float(answer["score"]) >= ACCEPT_GRADE
-    from router.training.verifier_examples import unwrap_response  # training code: only here
-
     return unwrap_response(answer["response"]), float(answer["correct"]) >= 0.5
 
 
@@ -225,8 +224,6 @@ def shipped_answers(
         answer = {"id": row["id"], "prompt": row["prompt"], "response": response}
         other = row.get("models", {}).get(opinion) if opinion else None
         if other is not None and comparable(row["prompt"]):
-            from router.training.verifier_examples import unwrap_response
-
             answer["samples"] = [unwrap_response(other["response"])]
         answers.append({**answer, "acceptable": acceptable})
     return answers

@@ -18,6 +18,7 @@ import numpy as np
 
 from router import sandbox
 from router.answers import comparable
+from router.rows import unwrap_response
 from router.training import verifier_train
 from router.training.dataset import (
     DEFAULT_DATA_DIR,
@@ -178,7 +179,7 @@ def _second_opinion_models(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _response_of(row: Mapping[str, Any], model: str) -> str | None:
     answer = row["models"].get(model)
-    return verifier_train.unwrap_response(answer["response"]) if answer else None
+    return unwrap_response(answer["response"]) if answer else None
 
 
 def _cascade_report(

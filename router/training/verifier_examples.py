@@ -5,7 +5,6 @@ held-out split, and their feature matrix with the optional signals masked or kep
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
@@ -19,6 +18,7 @@ from numpy.typing import NDArray
 from router import sandbox
 from router.code_examples import ExampleRun
 from router.errors import RoutingError
+from router.rows import unwrap_response
 from router.training.dataset import DATASETS, PromptScores, data_file, open_data
 from router.verifier import code_job
 from router.verifier_code_features import CODE_RUN_FEATURES
@@ -131,17 +131,6 @@ def second_opinion(example: Example, response: str | None) -> Example:
     """``example`` with ``response`` (another model's answer, or None: no opinion) as
     its only second opinion."""
     return replace(example, samples=(response,) if response is not None else ())
-
-
-def unwrap_response(raw: str) -> str:
-    """RouterBench stores each response as the repr of a one-string list."""
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-    if isinstance(value, list):
-        return "".join(str(part) for part in value)
-    return str(value)
 
 
 def is_held_out(example: Example) -> bool:

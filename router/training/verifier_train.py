@@ -51,7 +51,6 @@ from router.training.verifier_examples import build_examples as build_examples  
 from router.training.verifier_examples import feature_matrix as feature_matrix  # re-exported
 from router.training.verifier_examples import run_code_examples as run_code_examples  # re-exported
 from router.training.verifier_examples import second_opinion as second_opinion  # re-exported
-from router.training.verifier_examples import unwrap_response as unwrap_response  # re-exported
 from router.training.verifier_report import built_date, card_path, evaluate, model_card, rounded
 from router.verifier import ARTIFACT_FORMAT, DEFAULT_PATH, Verifier
 from router.verifier_features import FEATURE_NAMES
