@@ -7,17 +7,21 @@ process itself. `REDIS_URL` is read without the prefix, as most platforms set it
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TextIO
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.http.request_ids import RequestIdFilter
 from policies import DEFAULT_POLICY_PATH
 
 # The ledger's shards on a Redis Cluster by default: enough to spread over a few dozen
 # masters, few enough that an aggregate's fan-out (one read per shard) stays cheap.
 CLUSTER_LEDGER_SHARDS = 16
+# A log line: `2025-01-31T12:00:00.123Z INFO gateway.pipeline.executor [req_...]: ...`
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
 class Settings(BaseSettings):
@@ -104,5 +108,23 @@ def configure_logging(level: str) -> None:
     """Root logging at `level`, once per process (a no-op where it is set up already):
     the CLI's, and each uvicorn worker's, which starts unconfigured. httpx's INFO line
     per request stays off: per-request logging costs more than the proxying."""
-    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level.upper(), handlers=[log_handler()])
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def log_handler(stream: TextIO | None = None) -> logging.Handler:
+    """The handler of the gateway's log lines (to stderr by default): UTC time, level,
+    logger and the id of the request being served (`x-request-id`; "-" outside one).
+    The id is added by the handler's filter, so every logger's records have it."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(LogFormatter(LOG_FORMAT))
+    handler.addFilter(RequestIdFilter())
+    return handler
+
+
+class LogFormatter(logging.Formatter):
+    """ISO 8601 times in UTC, to the millisecond: 2025-01-31T12:00:00.123Z."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{utc}.{int(record.msecs):03d}Z"

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from gateway.auth import Origin, Principal
 from gateway.errors import NotFound, PayloadTooLarge
+from gateway.http.request_ids import bind_request_id
 from gateway.http.services import Services, services_of
 from gateway.http.validation import parse_body
 from gateway.runtime import Runtime
@@ -95,6 +96,7 @@ async def arrival(request: Request, authorization: str | None = None) -> Arrival
     services = services_of(request)
     request.state.started = started = time.perf_counter()
     request.state.request_id = request_id = services.proxy.request_ids.next()
+    bind_request_id(request_id)  # on the request's log lines from here on
     runtime = services.runtime
     principal = authenticate(request, runtime, authorization)
     request.state.team = principal.team  # a policy name: error metrics stay bounded

@@ -84,5 +84,6 @@ def test_every_scrape_counts_every_workers_requests(tmp_path: Path) -> None:
             proc.terminate()
             proc.wait(timeout=60)
     # Every request's decision line, from both workers, with its level and logger.
-    decided = re.findall(r"^INFO gateway\.decisions: ", log.read_text(), re.M)
+    line = r"^\d{4}-\d\d-\d\dT[\d:.]+Z INFO gateway\.decisions \[req_[0-9a-f]+\]: "
+    decided = re.findall(line, log.read_text(), re.M)
     assert len(decided) >= sent
