@@ -68,7 +68,8 @@ class Metrics:
         )
         self.ttft = Histogram(
             "cascade_ttft_seconds",
-            "Time to first token (first streamed chunk) through the gateway",
+            "Time to first token through the gateway, of streamed requests only (to the "
+            "first chunk relayed); a non-streamed answer's is cascade_request_duration_seconds",
             ["route", "deployment"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -125,7 +126,8 @@ class Metrics:
             "Cascade answers' code run against their own examples (routes with "
             "run_code_examples), by route and outcome (held: every example held, failed: "
             "some failed or the code did not run, none: no examples to run or no time "
-            "left, error: the sandbox could not start)",
+            "left, busy: every run slot and queue place taken, error: the sandbox "
+            "could not start)",
             ["route", "outcome"],
             registry=r,
         )
@@ -256,7 +258,8 @@ class Metrics:
         )
         self.upstream_duration = Histogram(
             "cascade_upstream_duration_seconds",
-            "Upstream end-to-end time of successful attempts, per deployment",
+            "Upstream time of successful attempts, per deployment: a non-streamed answer's "
+            "whole time, a stream's from its first events to its end",
             ["deployment"],
             buckets=LATENCY_BUCKETS,
             registry=r,

@@ -394,7 +394,9 @@ class Executor:
                     else:
                         run.current.pop(chain, None)
                         if guard is not None:
-                            guard.succeeded(deployment.name, time.perf_counter() - started)
+                            elapsed = time.perf_counter() - started
+                            streamed = isinstance(result, tuple)  # (first, rest)
+                            guard.succeeded(deployment.name, elapsed, streamed=streamed)
                         self._count(deployment, "ok")
                         return deployment, result
             finally:

@@ -363,7 +363,8 @@ class Engine:
             if seq.finish_reason == "abort":
                 seq.sink(Output("", [], seq.prompt_len, seq.generated, "abort"))
             if self.metrics is not None:
-                self.metrics.finished(seq.finish_reason or "abort")
+                e2e_s = time.perf_counter() - seq.arrival
+                self.metrics.finished(seq.finish_reason or "abort", e2e_s)
 
     def _report(self) -> None:
         if self.metrics is None:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.health.breaker import STATE_VALUES
 from tests.dashboards.conftest import FilledGateway
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -156,6 +157,30 @@ def test_alert_rules_are_prometheus_rules_on_real_metrics(exported: set[str]) ->
         "CascadeLedgerArchiveBacklogNearCap",
         "CascadeLedgerArchiveDroppedRecords",
     } <= seen
+
+
+def alert_rule(name: str) -> dict[str, Any]:
+    for path in ALERTS:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if rule["alert"] == name:
+                    return dict(rule)
+    raise AssertionError(f"no alert rule {name}")
+
+
+def test_the_ejection_alert_outlasts_the_breakers_cycle() -> None:
+    """A failing deployment's breaker goes open -> half-open -> open with each cooldown
+    (30 s by default), so no single state lasts a `for:` of minutes: the rule asks that
+    the breaker was never closed over its window, and was open in it (one half-open
+    only for want of a request to probe it does not fire)."""
+    assert STATE_VALUES == {"closed": 0, "half_open": 1, "open": 2}  # the gauge's encoding
+    rule = alert_rule("CascadeDeploymentEjected")
+    assert " ".join(rule["expr"].split()) == (
+        "max by (deployment) ( min_over_time(cascade_breaker_state[5m]) >= 1 "
+        "and max_over_time(cascade_breaker_state[5m]) == 2 )"
+    )
+    assert rule["for"] == "1m"
+    assert "5 minutes" in rule["annotations"]["summary"]
 
 
 def test_live_savings_leave_out_routes_without_a_reference_model(bare: FilledGateway) -> None:
