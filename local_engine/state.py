@@ -3,6 +3,7 @@ from another invocation than the `engine up` that supervises.
 
     write_record(path, record)      # atomically, by the supervisor
     read_record(path)               # by anyone; EngineStateError when unreadable
+    observed_state(record)          # its state, `unhealthy` once its supervisor is gone
 
 A record names the supervisor's pid; `pid_alive` tells a live record from a stale one
 (a supervisor killed with SIGKILL leaves its last record behind).
@@ -61,6 +62,15 @@ def read_record(path: Path) -> EngineRecord:
         raise EngineStateError(f"{path} does not exist; the engine was never started here") from exc
     except (OSError, ValueError, TypeError) as exc:
         raise EngineStateError(f"{path} is not a readable engine state file: {exc}") from exc
+
+
+def observed_state(record: EngineRecord) -> EngineStateType:
+    """The record's state as a reader should take it: a supervisor killed mid-run leaves
+    its last record behind, and an engine nobody supervises any more (no probes, no
+    restarts; it may still answer) is `unhealthy`, whatever that record says."""
+    if record.state in ("stopped", "failed") or pid_alive(record.supervisor_pid):
+        return record.state
+    return "unhealthy"
 
 
 def pid_alive(pid: int | None) -> bool:

@@ -167,12 +167,7 @@ class Supervisor:
                 f"engine '{config.name}' is supervised by pid {owner} "
                 f"(see {config.state_path}); run `engine down` first"
             )
-        orphan = _orphan_pid(config)
-        if orphan is not None:
-            log.warning(
-                "engine %s: stopping pid %d, left by a dead supervisor", config.name, orphan
-            )
-            stop_group(orphan, config.spec.stop_timeout_s)
+        stop_orphan(config)
         config.stop_path.unlink(missing_ok=True)
 
     def _start(self, run: EngineRun) -> None:
@@ -308,6 +303,14 @@ def live_owner(config: EngineConfig) -> int | None:
     if mine or record.state in FINAL_STATES or not pid_alive(record.supervisor_pid):
         return None
     return record.supervisor_pid
+
+
+def stop_orphan(config: EngineConfig) -> None:
+    """Stop the engine a dead supervisor left running, if any (its process group)."""
+    orphan = _orphan_pid(config)
+    if orphan is not None:
+        log.warning("engine %s: stopping pid %d, left by a dead supervisor", config.name, orphan)
+        stop_group(orphan, config.spec.stop_timeout_s)
 
 
 def _orphan_pid(config: EngineConfig) -> int | None:

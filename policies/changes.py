@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from policies.access import Budget
+from policies.engines import EngineSpec
 from policies.schema import Deployment, Policy
 from policies.unserved import unserved_notes
 
@@ -67,6 +68,7 @@ def policy_changes(old: Policy, new: Policy) -> PolicyChanges:
         f"resolved: {n}" for n in old_notes if n not in new_notes and not n.startswith(skip)
     ]
     warnings += [n for n in new_notes if n not in old_notes and not n.startswith(skip)]
+    warnings += _not_started(old.engines, new.engines)
     return PolicyChanges(tuple(changed), tuple(warnings))
 
 
@@ -80,6 +82,16 @@ def _named_changes(noun: str, old: Mapping[str, Any], new: Mapping[str, Any]) ->
         if fields:
             lines.append(f"{noun} '{name}' changed: {', '.join(fields)}")
     return sorted(lines)
+
+
+def _not_started(old: Mapping[str, EngineSpec], new: Mapping[str, EngineSpec]) -> list[str]:
+    """Engines the reload made `autostart`: `serve` starts those only as it starts."""
+    return [
+        f"engine '{name}' has autostart but is not started until the gateway restarts "
+        f"(a reload starts no engine; or run `cascade-gateway engine up --engine {name}`)"
+        for name in sorted(new)
+        if new[name].autostart and not (name in old and old[name].autostart)
+    ]
 
 
 def _availability(

@@ -4,7 +4,7 @@ model, engine load, circuit breakers) and what the request path asks of it.
     guard.select(route, candidates)        # skip ejected / predicted-late deployments
     guard.allows(deployment)               # per deployment: breaker (takes half-open probes)
     guard.warmup.warming                   # deployments whose engine is loading
-    guard.succeeded(deployment, ttft_s)    # per attempt, from the executor
+    guard.succeeded(deployment, ttft_s, streamed=...)  # per attempt, from the executor
     guard.failed(deployment, failure)      # not counted while its engine is loading
     guard.release(admission)               # done with the deployment: its probe slot back
     guard.count_outcome(route, ttft_s, total_s)
@@ -37,6 +37,9 @@ from gateway.redis_client import RedisClient, redis_client
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, sla_met
 from gateway.tasks import stop_tasks
 from gateway.upstreams.base import UpstreamConnectFailed, UpstreamFailure
+from local_engine.config import state_path
+from local_engine.errors import EngineStateError
+from local_engine.state import observed_state, read_record
 from policies.schema import Policy
 from router.selection import Health, SlaMissType, select
 
@@ -56,8 +59,10 @@ class SlaGuard:
         load: LoadView,
         redis: RedisClient | None = None,
         warmup: Warmup | None = None,
+        engines_dir: Path | None = None,
     ) -> None:
         self._metrics = metrics
+        self._engines_dir = engines_dir  # the engines' state files, as `warmup` reads them
         self._redis = redis
         self.latency = latency
         self.breakers = breakers
@@ -111,11 +116,10 @@ class SlaGuard:
         """What the guard knows of a deployment, for `/admin/policy`."""
         prediction = self.latency.predict(deployment)
         reading = self.load.readings.get(deployment)
-        start = self.warmup.state_of(deployment)
         return {
             "breaker": self.breakers.state(deployment),
             "warming": deployment in self.warmup.warming,
-            "engine_state": None if start is None else start.state,
+            "engine_state": self._engine_state(deployment),
             "predicted_ttft_ms": _ms(prediction.ttft_s),
             "prediction": prediction.reason,
             "ttft_samples": prediction.samples,
@@ -134,15 +138,31 @@ class SlaGuard:
             else round(price.output_usd * 1e6, 6),
         }
 
+    def _engine_state(self, deployment: str) -> str | None:
+        """Its engine's state from its state file, `unhealthy` once the supervisor that
+        wrote it is gone (a killed one leaves `ready` behind)."""
+        start, engine = self.warmup.state_of(deployment), self.warmup.engine_of(deployment)
+        if start is None or engine is None or self._engines_dir is None:
+            return None if start is None else start.state
+        try:
+            return observed_state(read_record(state_path(self._engines_dir, engine)))
+        except EngineStateError:
+            return None
+
     # Per attempt, from the executor.
 
     def allows(self, deployment: str) -> Admission | None:
         return self.breakers.allows(deployment)
 
-    def succeeded(self, deployment: str, ttft_s: float) -> None:
+    def succeeded(self, deployment: str, ttft_s: float, *, streamed: bool = True) -> None:
+        """An attempt answered after `ttft_s`: its first events (a stream, whose end
+        `stream_ended` reports) or, not `streamed`, its whole answer, which is then its
+        end-to-end time too."""
         self.breakers.record_success(deployment)
         self.latency.observe(deployment, ok=True, ttft_s=ttft_s)
         self._metrics.child(self._metrics.upstream_ttft, deployment).observe(ttft_s)
+        if not streamed:
+            self._metrics.child(self._metrics.upstream_duration, deployment).observe(ttft_s)
 
     def failed(self, deployment: str, failure: UpstreamFailure) -> None:
         if isinstance(failure, UpstreamConnectFailed) and self.warmup.recheck(deployment):
@@ -165,6 +185,7 @@ class SlaGuard:
         self.latency.observe(deployment, ok=True, ttft_s=math.inf)
 
     def stream_ended(self, deployment: str, itl_s: float | None, duration_s: float) -> None:
+        """A stream relayed to its end, `duration_s` after its first events."""
         if itl_s is not None:
             self.latency.observe(deployment, ok=True, itl_s=itl_s)
             self._metrics.child(self._metrics.upstream_itl, deployment).observe(itl_s)
@@ -291,7 +312,8 @@ def build_guard(
     )
     latency = LatencyModel(policy.gateway.latency_window_s)
     warmup = Warmup(engines_dir, on_change=warming_metric(metrics))
-    return SlaGuard(metrics, latency, breakers, LoadView(latency), client, warmup)
+    load = LoadView(latency)
+    return SlaGuard(metrics, latency, breakers, load, client, warmup, engines_dir)
 
 
 def breaker_settings(policy: Policy) -> BreakerSettings:
