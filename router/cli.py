@@ -441,6 +441,9 @@ def _verify_request(row: Mapping[str, Any]) -> VerifyRow:
         and all(isinstance(v, int | float) and not isinstance(v, bool) for v in logprobs)
     ):
         raise ValueError("'logprobs' must be a list of numbers (token logprobs)")
+    for index, value in enumerate(logprobs or ()):
+        if value > 0:  # a probability above 1: the row holds something else
+            raise ValueError(f"'logprobs[{index}]' is {value}: a token's logprob is at most 0")
     finish_reason, response_format = row.get("finish_reason"), row.get("response_format")
     if finish_reason is not None and not isinstance(finish_reason, str):
         raise ValueError("'finish_reason' must be a string")

@@ -295,3 +295,14 @@ def test_predict_names_the_aliases_it_accepts(tmp_path: Path) -> None:
     assert all(f"{alias} -> {name}" in err for alias, name in ALIASES.items())
     status, _, err = run(["predict", str(path), "--models", next(iter(ALIASES))])
     assert (status, err) == (0, "")
+
+
+def test_a_positive_logprob_is_refused_naming_its_place(tmp_path: Path) -> None:
+    """Logprobs are at most 0; a positive one is some other number (a probability, a
+    count) that the verifier would read as a confident answer."""
+    row = {"id": 1, "prompt": "What is 2+2?", "response": "4", "logprobs": [-0.5, 0, 5]}
+    path = write_rows(tmp_path / "in.jsonl", [row])
+    status, out, err = run(["verify", str(path)])
+    assert (status, out) == (1, "")
+    assert err == f"error: {path}:1: 'logprobs[2]' is 5: a token's logprob is at most 0\n"
+    assert verify([{**row, "logprobs": [-0.5, 0, -5]}], tmp_path)[1] > 0
