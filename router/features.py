@@ -166,21 +166,24 @@ WORD_MARKER_INDEX: Mapping[str, int] = {
     word: i for i, words in enumerate(WORD_MARKERS.values()) for word in words
 }
 
-# Shape markers, counted with a regular expression over the raw text.
+# Shape markers, counted with a regular expression over the raw text. An option line's
+# indent is `[^\S\n]` (`\s` but a newline): the same lines match as with `^\s*`, which
+# let every line start in a run of blank lines rescan the rest of the run (quadratic).
 PATTERN_MARKERS: Mapping[str, re.Pattern[str]] = {
     "code_fences": re.compile(r"```"),
     "code_punctuation": re.compile(r"[{};]"),
     "math_expressions": re.compile(r"\d\s*[-+*/^=<>\u00d7\u00f7]\s*\(?\d"),
     "latex": re.compile(r"\\[a-zA-Z]{2,}|\$[^$\n]{1,200}\$"),
-    "mc_options": re.compile(r"^\s*\(?[A-Ea-e][.)]\s", re.MULTILINE),
+    "mc_options": re.compile(r"^[^\S\n]*+\(?[A-Ea-e][.)]\s", re.MULTILINE),
     "answer_cues": re.compile(r"Answer\s*:|ANSWER\s*:|answer\s*:"),
     "question_marks": re.compile(r"\?"),
 }
 
-# Shape of the question block (the last blank-line-separated block of the last user turn).
+# Shape of the question block (the last blank-line-separated block of the last user turn);
+# option lines indented as in `PATTERN_MARKERS`.
 QUESTION_PATTERNS: Mapping[str, re.Pattern[str]] = {
     "block": re.compile(r"\n\s*\n"),
-    "option": re.compile(r"^\s*\(?[A-Ea-e][.)][ \t]*(.*)$", re.MULTILINE),
+    "option": re.compile(r"^[^\S\n]*+\(?[A-Ea-e][.)][ \t]*(.*)$", re.MULTILINE),
     "number": re.compile(r"\d+(?:[.,]\d+)?"),
     "word": re.compile(r"[A-Za-z]+"),
     "operator": re.compile(r"[-+*/^=<>%$]"),

@@ -30,7 +30,9 @@ _TERMINAL = frozenset(".!?)]}\"'`*:;>")
 _CONTINUED = frozenset(",([{=+-*/\\&|")  # a line ending in these goes on
 _WORD = re.compile(r"[^\W\d_]{2,}+")
 _CONTENT_WORD = re.compile(r"[^\W\d_]{4,}+")
-_SENTENCE_END = re.compile(r"[.!?]+(?:\s|$)")
+# From the start of a run of marks only: from each of them, a long run ("....a") was
+# rescanned to its end (quadratic); no match starts inside a run, so the count is the same.
+_SENTENCE_END = re.compile(r"(?<![.!?])[.!?]++(?:\s|$)")
 _LIST_ITEM = re.compile(r"^[ \t]*+(?:[-*+\u2022]|\d{1,3}[.)])[ \t]++\S", re.MULTILINE)
 _HEADING = re.compile(r"^[ \t]*+(?:#{1,6}[ \t]|\*\*[^*\n]{1,80}\*\*:?[ \t]*+$)", re.MULTILINE)
 _TABLE_ROW = re.compile(r"^[ \t]*+\|.*\|[ \t]*+$", re.MULTILINE)

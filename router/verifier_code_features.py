@@ -40,7 +40,12 @@ _OTHER_LANGUAGE_SET = frozenset(OTHER_LANGUAGES)
 # Names that are also everyday words or letters ("go", "option c") are heard as written
 # and next to a word that makes them a language: "in C", "a Go function", "R code".
 _LETTER_NAMES = ("c", "go", "r")
-_CODE_SIGNS = re.compile(r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^\s*(?:import|from) \w+", re.M)
+# Code in an answer. An import's indent is `[^\S\n]` (`\s` but a newline): the same lines
+# match as with `^\s*`, which let every line start in a run of blank lines rescan the
+# rest of the run (quadratic: 42 s on 100,000 blank lines).
+_CODE_SIGNS = re.compile(
+    r"```|\bdef \w+\(|\bclass \w+|\[PYTHON\]|^[^\S\n]*+(?:import|from) \w+", re.M
+)
 _URL = re.compile(r"https?://\S++")  # "geeksforgeeks.org/x.php" names no language
 _LANGUAGE_NAME = re.compile(  # in the lower-cased prompt; longest names first
     r"(?<![\w+#.-])(?:"

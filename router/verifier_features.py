@@ -124,9 +124,11 @@ _NUMBER_WORD = re.compile(
     r"seventy|eighty|ninety|hundred|thousand|million|billion|half|quarter|none)\b",
     re.IGNORECASE,
 )
+# (Its runs of text are possessive: one that gave back its spaces to the `\s*` after it
+# matched nothing more, in time quadratic in the run of spaces.)
 _YES_NO_QUESTION = re.compile(
     r"\byes or no\b|\btrue or false\b|(?:^|[.!?]\s+)(?:is|are|was|were|does|do|did|can|could|"
-    r"will|would|should|has|have)\b[^.!?]*\?\s*(?:answer\b[^.!?]*[.!?]?\s*)?$",
+    r"will|would|should|has|have)\b[^.!?]*+\?\s*(?:answer\b[^.!?]*+[.!?]?\s*)?$",
     re.IGNORECASE,
 )
 _STEP_RESULT = re.compile(r"=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")  # what a worked step computed
@@ -145,7 +147,8 @@ _JSON_REQUEST = re.compile(
 )
 # An answer that tries to be JSON: it opens with an object or array, or a json fence.
 _JSON_ATTEMPT = re.compile(r"^\s*[\[{]|```json", re.IGNORECASE)
-_JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
+# (Possessive `\s*+`: the lazy body is looked for once, not once per space given back.)
+_JSON_FENCE = re.compile(r"```(?:json)?\s*+(.*?)```", re.DOTALL | re.IGNORECASE)
 _WORD = re.compile(r"\w+")
 _TERMINAL = frozenset(".!?)]}\"'`*:;>")
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}

@@ -15,6 +15,9 @@ answer run against its own example in the sandbox (a route's `run_code_examples`
 child process per answer) is timed against verifying the same answer without the run.
 The quality predictor's `router predict` of one request for 15 models (features
 extracted, every model's quality) has its own target: p99 <= 5 ms; it embeds nothing.
+Two rows are mostly blank lines, where patterns that let each line start rescan the run
+were quadratic (a code answer of about 1,000 tokens took ~45 ms to verify, a prompt of
+8,000 newlines ~0.7 s to score): both now cost what text of their length does.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import orjson
 
@@ -90,6 +93,13 @@ OPEN_ANSWER = "\n\n".join(
        "buckets[hash(key) % len(self.buckets)]\n        bucket.append((key, value))\n```",
        "- Use a sorted tree for ordered keys.\n- Use a hash map for lookups by key."]
 )  # fmt: skip
+# Mostly blank lines: a code answer of about 1,000 tokens (4,000 characters) and a
+# prompt of 8,000 newlines.
+BLANK_CODE_ANSWER = "Sure:" + " \n" * 2_000 + "def pack(items):\n    return [[i] for i in items]\n"
+BLANK_BODY = {
+    "model": "auto",
+    "messages": [{"role": "user", "content": "Summarise this:\n" + "\n" * 8_000 + "the end"}],
+}
 # A pasted document of about 1 MB (distinct sentences, not one repeated), then the question.
 LONG_DOCUMENT = " ".join(
     f"Clause {i}: the supplier delivers lot {i * 7 % 1000}." for i in range(22_000)
@@ -136,12 +146,13 @@ def main() -> None:
     maths = {"choices": [{"message": {"content": MATHS_ANSWER}}]}
     code = {"choices": [{"message": {"content": CODE_ANSWER}}]}
     chat = {"choices": [{"message": {"content": OPEN_ANSWER}}]}
+    blank = {"choices": [{"message": {"content": BLANK_CODE_ANSWER}}]}
     scorer("chat", BODY)  # load the models before timing
     verifier("chat", BODY, answer)
 
-    def decide() -> None:
+    def decide(body: Mapping[str, object] = BODY) -> None:
         spec = RouteSpec("auto", "classifier", SPEC_VIEWS, TIERS)
-        plan_route(spec, scorer("chat", BODY))
+        plan_route(spec, scorer("chat", body))
 
     rows = {
         "baseline: orjson.loads(body)": timed(lambda: orjson.loads(raw), n),
@@ -154,6 +165,8 @@ def main() -> None:
             lambda: verifier("chat", CODE_BODY, code, samples=[CODE_ANSWER]), n
         ),
         "verifier, open-ended 1k tokens": timed(lambda: verifier("chat", OPEN_BODY, chat), n),
+        "verifier, code 1k tokens blank": timed(lambda: verifier("chat", CODE_BODY, blank), n),
+        "score + plan, 8,000 newlines": timed(lambda: decide(BLANK_BODY), n),
     }
     rows.update(_quality_row(n))
     if args.minilm_n:
