@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from router.features import DENSE_NAMES, PATTERN_MARKERS, QUESTION_PATTERNS, extract
 from router.open_features import _SENTENCE_END, open_features
+from router.verifier_code import _ASSERT, stated_tests
 from router.verifier_code_features import _CODE_SIGNS
 from router.verifier_features import (
     _JSON_FENCE,
@@ -48,6 +49,7 @@ OLD_YES_NO_QUESTION = re.compile(
 )
 OLD_JSON_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 OLD_SENTENCE_END = re.compile(r"[.!?]+(?:\s|$)")
+OLD_ASSERT = re.compile(r"^[ \t>]*assert[ \t]+(.+?)[ \t]*$", re.MULTILINE)
 
 WHITESPACE = [" ", "\t", "\n", "\r", "\r\n", "\x0c", "\x0b", "\xa0"]
 
@@ -143,3 +145,15 @@ def test_the_json_fence_pattern_matches_as_before(text: str) -> None:
 def test_the_sentence_end_pattern_matches_as_before(text: str) -> None:
     spans = [m.span() for m in _SENTENCE_END.finditer(text)]
     assert spans == [m.span() for m in OLD_SENTENCE_END.finditer(text)]
+
+
+def test_a_stated_test_is_read_past_a_run_of_spaces() -> None:
+    question = "Write f.\nassert f(1) == 2" + " " * 50_000 + "\nassert f(2) == 3   "
+    assert stated_tests(question) == (("f(1)", "2"), ("f(2)", "3"))
+
+
+@given(texts("assert", "assert ", ">", "f(1) == 2", "x", "="))
+def test_the_assert_pattern_reads_the_same_tests(text: str) -> None:
+    """As before, but for a line whose test is blank (`assert   `), now no test at all."""
+    was = [test for test in OLD_ASSERT.findall(text) if test.strip(" \t")]
+    assert _ASSERT.findall(text) == was
