@@ -1,4 +1,10 @@
-"""Stopping background tasks (pollers, scrapers, writers) at shutdown.
+"""Background tasks (pollers, scrapers, writers): started apart from any request, and
+stopped at shutdown.
+
+A task copies the context it is created in. One started lazily while a request is
+served (the ledger's writer, the limiter's) would carry that request's context, its id
+on every log line (`gateway.http.request_ids`), for as long as it runs:
+`start_background` starts it in a context of its own.
 
 A cancel can be eaten below a task: on Python 3.11 `asyncio.timeout`, which redis-py
 and httpx time their reads with, turns a cancel that meets its deadline into
@@ -9,10 +15,19 @@ would hold a shutdown for good, so the cancel is repeated until the task ends.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def start_background(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """`coro` as a task of the running loop, in a fresh context (no request's)."""
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
 
 
 async def stop_tasks(

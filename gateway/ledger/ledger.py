@@ -25,7 +25,7 @@ from gateway.ledger.record import AggregateRow, SpendRecord
 from gateway.ledger.shards import LedgerLayoutError
 from gateway.ledger.spool import Spool
 from gateway.ledger.store import LedgerStore, LedgerUnavailable
-from gateway.tasks import stop_tasks
+from gateway.tasks import start_background, stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class CostLedger:
         self._queue.append(rec)
         self._wakeup.set()
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+            self._writer = start_background(self._write_loop())
 
     async def record(self, rec: SpendRecord) -> None:
         """Write `rec` now, to the store or, if it is unreachable, to the spool."""
@@ -165,7 +165,7 @@ class CostLedger:
         if self._task is None:
             if self._spool.pending:
                 log.info("%d spooled spend record(s) to replay", self._spool.pending)
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = start_background(self._run())
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Write what is queued (or spool it), then stop the background tasks; spooled

@@ -61,7 +61,7 @@ from gateway.limits.store import (
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
-from gateway.tasks import stop_tasks
+from gateway.tasks import start_background, stop_tasks
 from gateway.upstreams.base import EndpointType
 
 log = logging.getLogger(__name__)
@@ -348,7 +348,7 @@ class Limiter:
             why = "REDIS_URL is not set" if exc is None else str(exc)
             log.warning("limits store unavailable (%s): applying limits_when_redis_down", why)
         if self._store is not None and not self._stopped and not self._probing:
-            self._prober = asyncio.get_running_loop().create_task(self._probe_loop())
+            self._prober = start_background(self._probe_loop())
 
     def _book_of(self, runtime: Runtime) -> RuleBook:
         if runtime is not self._runtime:
@@ -365,7 +365,7 @@ class Limiter:
             if not self._book_of(runtime()).empty:
                 self._enter_outage(None)  # limits with nowhere to keep them: say so now
         elif self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch_loop(runtime))
+            self._watcher = start_background(self._watch_loop(runtime))
 
     async def _watch_loop(self, runtime: Callable[[], Runtime]) -> None:
         assert self._store is not None
@@ -425,7 +425,7 @@ class Limiter:
         self._queue.append(charge)
         self._wakeup.set()
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+            self._writer = start_background(self._write_loop())
 
     async def _write_loop(self) -> None:
         assert self._store is not None

@@ -4,22 +4,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import io
 import logging
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
 from gateway.http.request_ids import bind_request_id
+from gateway.ledger import CostLedger, MemoryStore, SpendRecord
+from gateway.ledger.spool import Spool
 from gateway.settings import log_handler
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import AUTH, StartGateway
+from tests.gateway.ledger_fixtures import make_record
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = """
@@ -96,6 +100,31 @@ def test_an_id_is_bound_in_its_own_context_only(log_lines: io.StringIO) -> None:
     lines = log_lines.getvalue().splitlines()
     assert re.fullmatch(rf"{TIME} WARNING tests\.request \[req_x\]: in", lines[0])
     assert re.fullmatch(rf"{TIME} WARNING tests\.request \[-\]: after", lines[1])
+
+
+class BrokenStore(MemoryStore):
+    async def record_many(self, recs: Sequence[SpendRecord]) -> list[bool]:
+        raise RuntimeError("a bug (test)")
+
+
+async def test_a_writer_started_by_one_request_logs_others_records_without_its_id(
+    log_lines: io.StringIO, tmp_path: Path
+) -> None:
+    """The ledger's writer starts with the first request that records spend, and lives
+    on: its lines are its own, not that request's."""
+    ledger = CostLedger(BrokenStore(), Spool(tmp_path / "spool"))
+
+    async def request(request_id: str, record: SpendRecord) -> None:
+        bind_request_id(request_id)
+        ledger.submit(record)
+
+    await asyncio.create_task(request("req_a", make_record(1)))
+    assert await ledger.flush(5)
+    await asyncio.create_task(request("req_b", make_record(2)))
+    assert await ledger.flush(5)
+    await ledger.stop(1)
+    failed = re.findall(r"\[(\S+)\]: writing 1 spend record\(s\) failed", log_lines.getvalue())
+    assert failed == ["-", "-"]
 
 
 CONFIGURED = """
