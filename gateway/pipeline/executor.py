@@ -132,6 +132,8 @@ class _Run:
     started: dict[int, float] = field(default_factory=dict)  # chain -> its call's start
     tried: set[str] = field(default_factory=set)  # deployments called so far
     waiting: dict[int, DeploymentRuntime] = field(default_factory=dict)  # chain -> warming
+    # chain -> the deployment it calls, or waits to call again (a retry's backoff)
+    held: dict[int, DeploymentRuntime] = field(default_factory=dict)
     hedges: int = 0
     won_by_hedge: bool = False
     cut_off: CutOffFn = _not_priced
@@ -354,7 +356,7 @@ class Executor:
     ) -> tuple[DeploymentRuntime, Any]:
         guard = self._guard
         for position, deployment in enumerate(candidates):
-            if _in_flight_elsewhere(deployment, run, chain):
+            if _held_elsewhere(deployment, run, chain):
                 continue  # a hedge that fell back onto it: a second call buys nothing
             last = position == len(candidates) - 1
             # Asked of the last one too (it moves an expired breaker to half-open), but the
@@ -362,6 +364,7 @@ class Executor:
             admission = guard.allows(deployment.name) if guard is not None else None
             if guard is not None and admission is None and not last:
                 continue  # ejected meanwhile, or its half-open probe is taken
+            run.held[chain] = deployment
             try:
                 for retry in range(deployment.max_retries + 1):
                     if guard is not None and deployment.name in guard.warmup.warming:
@@ -400,6 +403,7 @@ class Executor:
                         self._count(deployment, "ok")
                         return deployment, result
             finally:
+                run.held.pop(chain, None)
                 # Retries keep the probe slot; only the one this request took goes back
                 # (a last resort tried without one frees nobody else's).
                 if guard is not None and admission is not None:
@@ -537,9 +541,9 @@ def _idle_candidate(candidates: list[DeploymentRuntime], run: _Run) -> int | Non
     return None
 
 
-def _in_flight_elsewhere(deployment: DeploymentRuntime, run: _Run, chain: int) -> bool:
-    """Whether another chain of the run is calling `deployment` now."""
-    return any(d.name == deployment.name for k, d in run.current.items() if k != chain)
+def _held_elsewhere(deployment: DeploymentRuntime, run: _Run, chain: int) -> bool:
+    """Whether another chain of the run is calling `deployment`, or waits to again."""
+    return any(d.name == deployment.name for k, d in run.held.items() if k != chain)
 
 
 async def _cancel(chains: dict[asyncio.Task[Any], int], run: _Run) -> list[tuple[int, Loser]]:

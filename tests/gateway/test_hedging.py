@@ -47,6 +47,31 @@ async def test_a_hedge_that_fails_does_not_call_the_deployment_still_answering()
     assert done.losers == []
 
 
+async def test_a_hedge_does_not_take_a_deployment_waiting_to_retry() -> None:
+    """a failed once and waits out its backoff to try again; b, the hedge, fails and
+    would fall back onto a meanwhile: a is never called twice at once."""
+    calling, most, calls = 0, 0, 0
+
+    async def a_behaviour() -> UpstreamReply:
+        nonlocal calling, most, calls
+        calling, calls = calling + 1, calls + 1
+        most = max(most, calling)
+        try:
+            await asyncio.sleep(0.1 if calls == 1 else 0.3)
+            if calls == 1:
+                raise UpstreamStatus("boom", status=500)
+            return UpstreamReply({"choices": [{"message": {"content": "hi"}}]})
+        finally:
+            calling -= 1
+
+    a, b = deployment("a", retries=1, backoff_s=0.2), deployment("b")
+    busy = fails(UpstreamStatus("busy", status=503), after_s=0.1)  # at 0.15 s: a waits
+    client = ScriptedClient({"a": a_behaviour, "b": busy})
+    run, _ = executor(client)
+    done = await run.complete([a, b], "chat", BODY, 5.0, Hedge(0.05))
+    assert done.deployment is a and (most, calls) == (1, 2)
+
+
 async def test_a_probe_answered_busy_frees_its_slot() -> None:
     breakers = due_for_a_probe()
     client = ScriptedClient({"a": fails(UpstreamStatus("queue full", status=503)), "b": answers()})
