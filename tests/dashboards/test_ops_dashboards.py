@@ -172,12 +172,14 @@ def test_the_ejection_alert_outlasts_the_breakers_cycle() -> None:
     """A failing deployment's breaker goes open -> half-open -> open with each cooldown
     (30 s by default), so no single state lasts a `for:` of minutes: the rule asks that
     the breaker was never closed over its window, and was open in it (one half-open
-    only for want of a request to probe it does not fire)."""
+    only for want of a request to probe it does not fire), on a series that reaches back
+    over the window (a restart's young series does not fire early)."""
     assert STATE_VALUES == {"closed": 0, "half_open": 1, "open": 2}  # the gauge's encoding
     rule = alert_rule("CascadeDeploymentEjected")
     assert " ".join(rule["expr"].split()) == (
         "max by (deployment) ( min_over_time(cascade_breaker_state[5m]) >= 1 "
-        "and max_over_time(cascade_breaker_state[5m]) == 2 )"
+        "and max_over_time(cascade_breaker_state[5m]) == 2 "
+        "and present_over_time(cascade_breaker_state[1m] offset 4m) )"
     )
     assert rule["for"] == "1m"
     assert "5 minutes" in rule["annotations"]["summary"]
