@@ -127,10 +127,20 @@ class Autostart:
 
     def _spawn(self) -> None:
         process = subprocess.Popen(self.argv, start_new_session=True)
-        mark_starting(self.engines, self.run_dir, process.pid)
+        try:
+            mark_starting(self.engines, self.run_dir, process.pid)
+        except OSError:  # no records, so no watching: it must not run unseen
+            _stop_process(process)
+            raise
         self.process = process  # its records are written: the watcher may judge it
 
     def _watch(self) -> None:
+        try:
+            self._watch_until_stopped()
+        except Exception:  # a thread that dies says so in the log, not only on stderr
+            log.exception("the engine supervisor watch failed; its engines are not restarted")
+
+    def _watch_until_stopped(self) -> None:
         while not self._stopping.wait(self.interval_s):
             process = self.process
             assert process is not None

@@ -256,3 +256,43 @@ def test_serve_watches_its_supervisor_and_stops_everything(tmp_path: Path, fake_
             serve.wait(60)
     assert serve.returncode == 0, log.read_text()
     assert reaped(second.supervisor_pid) and not pid_alive(second.pid)
+
+
+def test_a_supervisor_whose_records_cannot_be_written_is_not_left_running(
+    tmp_path: Path, fake_vllm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unrecorded, the watch could not judge it: it is stopped, and the error raised."""
+    path, policy, _ = policy_at(tmp_path, fake_vllm, backoff=1.0)
+    autostart = Autostart(path, policy.engines, tmp_path / "run")
+    autostart.argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    spawned: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def recorded_popen(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        spawned.append(popen(*args, **kwargs))  # type: ignore[call-overload]
+        return spawned[-1]
+
+    def disk_full(*args: object) -> None:
+        raise OSError("no space left on device (test)")
+
+    monkeypatch.setattr(subprocess, "Popen", recorded_popen)
+    monkeypatch.setattr("local_engine.autostart.mark_starting", disk_full)
+    with pytest.raises(OSError, match="no space left"):
+        autostart.start()
+    assert len(spawned) == 1 and spawned[0].poll() is not None  # stopped and reaped
+    assert autostart.process is None and not autostart.watching
+
+
+def test_a_watch_that_fails_says_so_in_the_log(
+    tmp_path: Path, fake_vllm: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, policy, _ = policy_at(tmp_path, fake_vllm, backoff=1.0)
+    autostart = Autostart(path, policy.engines, tmp_path / "run")
+
+    def broken() -> None:
+        raise PermissionError("killpg of a reused pid (test)")
+
+    autostart._watch_until_stopped = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="local_engine.autostart"):
+        autostart._watch()  # what the watch thread runs
+    assert errors(caplog) == ["the engine supervisor watch failed; its engines are not restarted"]
