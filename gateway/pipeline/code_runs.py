@@ -35,10 +35,9 @@ MAX_WAITING = 4
 MIN_RUN_SECONDS = 0.2  # less left before the check's end: verify without running
 CHECK_SHARE = 0.5  # of the request's time left, for queue and run together
 _THREADS = ThreadPoolExecutor(max_workers=MAX_RUNNING, thread_name_prefix="sandbox")
-# Runs in the pool (running or queued) of this process, abandoned ones included
-# until the pool drops them: they hold a queue place until then.
-_pending = 0
-_pending_lock = threading.Lock()
+# A place for each run in the pool (running or queued) of this process, abandoned ones
+# included until the pool drops them.
+_PLACES = threading.BoundedSemaphore(MAX_RUNNING + MAX_WAITING)
 
 OutcomeType = Literal["held", "failed", "none", "busy", "error"]
 
@@ -52,12 +51,12 @@ async def run_code(
     budget = min(sandbox.WALL_SECONDS, (ends_at - time.monotonic()) * CHECK_SHARE)
     if budget < MIN_RUN_SECONDS:
         return None, "none"
-    if not _take_place():
+    if not _PLACES.acquire(blocking=False):
         return None, "busy"
     check_ends = time.monotonic() + budget
     loop = asyncio.get_running_loop()
     future = loop.run_in_executor(_THREADS, _run_before, endpoint, body, reply, check_ends)
-    future.add_done_callback(_leave_place)  # when the pool is done with it, not before
+    future.add_done_callback(lambda _: _PLACES.release())  # when the pool is done with it
     try:
         # A run still queued at the check's end starts as nothing (`_run_before`); a
         # quarter more lets a run cut off at the end be killed and read.
@@ -72,26 +71,14 @@ async def run_code(
     return run, "held" if run.held else "failed"
 
 
-def _take_place() -> bool:
-    global _pending
-    with _pending_lock:
-        if _pending >= MAX_RUNNING + MAX_WAITING:
-            return False
-        _pending += 1
-        return True
-
-
-def _leave_place(_: object) -> None:
-    global _pending
-    with _pending_lock:
-        _pending -= 1
-
-
 def _run_before(
     endpoint: EndpointType, body: Mapping[str, Any], reply: Mapping[str, Any], ends_at: float
 ) -> ExampleRun | None:
     """In the worker: reading the answer is text work (kept off the event loop), and
-    the time left is taken when the run's turn comes, not when it was queued."""
+    the time left is taken when the run's turn comes, not when it was queued (a run
+    whose check gave up in the queue reads nothing)."""
+    if ends_at - time.monotonic() < MIN_RUN_SECONDS:
+        return None
     text, _, _ = answer_parts(reply)
     from router.verifier import code_job  # with the verifier's text checks
 
