@@ -2,7 +2,7 @@
 
 The score is a logistic model over cheap text signals (``router.verifier_features``),
 followed by hard caps for answers that are unusable whatever the model says (empty or
-without a letter or digit, invalid requested JSON). That judges closed-form answers (an
+punctuation alone, invalid requested JSON). That judges closed-form answers (an
 option letter, a word problem's number, a function); an open-ended prompt
 (``router.open_verifier.judges``: chat, writing, code help) is judged by the model of
 ``router.open_verifier`` instead.
@@ -20,7 +20,7 @@ Errors raised here are ``RoutingError`` (a missing or malformed artifact).
 from __future__ import annotations
 
 import math
-import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,20 +58,20 @@ SCORE_CAPS: dict[str, float] = {
 # shipped GSM8K answers 14% of those with one are right (75% of all); in code answers
 # the step check misreads assignments (56% right, as the rest), so there it only weighs.
 MATH_SCORE_CAPS: dict[str, float] = {"math_wrong_step": 0.3}
-# A hard rule on either model's score (closed-form and open-ended): an answer without a
-# letter or digit (".", "...", "-", an emoji) says nothing, so it is capped as an empty
-# one, unless the question offers it verbatim as an option. Of the shipped data's 28,411
+# A hard rule on either model's score (closed-form and open-ended): an answer of
+# punctuation alone (".", "...", "-", "?!") says nothing, so it is capped as an empty one,
+# unless the question offers it (on an option line, or quoted). Symbols (<, +, €, an
+# emoji) and every script's letters and digits are answers. Of the shipped data's 28,411
 # answers (ARC, Winogrande, MBPP, GSM8K, arena chat) only an empty one is such.
 NO_TEXT_CAP = SCORE_CAPS["empty"]
-_LETTER_OR_DIGIT = re.compile(r"[^\W_]")  # what str.isalnum() takes, searched in C
 
 
 def says_nothing(question: str, response: str) -> bool:
-    """Whether ``response`` has no letter or digit and ``question`` does not offer it
-    as an option (on an option line, or quoted: 'answer "<", ">" or "="')."""
-    if _LETTER_OR_DIGIT.search(response):
-        return False
+    """Whether ``response`` is punctuation and whitespace only, not offered by
+    ``question``."""
     answer = response.strip()
+    if any(not unicodedata.category(c).startswith(("P", "Z")) for c in answer):
+        return False
     if not answer or answer not in question:
         return True
     if any(f"{quote}{answer}{quote}" in question for quote in ('"', "'", "`")):

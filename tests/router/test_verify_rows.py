@@ -237,7 +237,7 @@ def test_a_response_must_be_a_string(tmp_path: Path) -> None:
 
 
 OPEN = "Explain to a ten-year-old why the sky is blue during the day but red at sunset."
-NO_TEXT = [".", "...", "-", "\U0001f600", "?!", " . ", "", "\u2014"]
+NO_TEXT = [".", "...", "-", "?!", " . ", "", "\u2014", "\u3002"]
 
 
 def test_an_answer_without_a_letter_or_digit_is_capped(tmp_path: Path) -> None:
@@ -278,6 +278,15 @@ def test_an_option_the_question_offers_is_not_capped(question: str, answer: str)
 )
 def test_other_answers_without_text_say_nothing(question: str, answer: str) -> None:
     assert says_nothing(question, answer)
+
+
+@pytest.mark.parametrize(
+    "answer", ["<", "+", "\u20ac", "\u2205", "\U0001f44d", "\u5317\u4eac", "\u0968"]
+)
+def test_a_symbol_or_any_script_s_word_is_an_answer(answer: str) -> None:
+    """Only punctuation says nothing: a sign, a currency, an emoji, a word or digit in any
+    script answers something (right or wrong is the models' to judge)."""
+    assert not says_nothing("Which one? Answer with one symbol or word.", answer)
 
 
 def test_the_live_verifier_caps_an_answer_without_text() -> None:
