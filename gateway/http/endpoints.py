@@ -36,10 +36,11 @@ async def embeddings(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    headers = _request_id(request)
     runtime = services_of(request).runtime
     principal = authenticate(request, runtime)
     data = [model_entry(name) for name in runtime.visible_models(principal)]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": data}, headers=headers)
 
 
 async def model(request: Request) -> Response:
@@ -47,11 +48,19 @@ async def model(request: Request) -> Response:
     name = request.path_params["model"]
     if not name:  # `/v1/models/`, which Starlette's slash redirect no longer reaches
         return await models(request)
+    headers = _request_id(request)
     runtime = services_of(request).runtime
     principal = authenticate(request, runtime)
     if name not in runtime.visible_models(principal):
         raise NotFound(f"model '{name}' does not exist or this key may not use it", param="model")
-    return JSONResponse(model_entry(name))
+    return JSONResponse(model_entry(name), headers=headers)
+
+
+def _request_id(request: Request) -> dict[str, str]:
+    """A listing's `x-request-id`, as every reply has; noted on `request.state`, where
+    the error handler finds it."""
+    request.state.request_id = request_id = services_of(request).proxy.request_ids.next()
+    return {"x-request-id": request_id}
 
 
 def model_entry(name: str) -> dict[str, object]:

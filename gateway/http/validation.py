@@ -339,6 +339,17 @@ def _check_input(body: dict[str, Any], endpoint: EndpointType) -> None:
             f"(integers) or an array of such arrays, none of them empty; got {show(value)}",
             param=field,
         )
+    if endpoint == "embeddings":
+        _check_no_empty_text(value)
+
+
+def _check_no_empty_text(value: Any) -> None:
+    """OpenAI embeds no empty string (a completion's prompt may be one)."""
+    texts = [value] if isinstance(value, str) else value
+    for i, text in enumerate(texts):
+        if text == "":
+            field = "input" if isinstance(value, str) else f"input[{i}]"
+            raise InvalidRequest(f"'{field}' must not be an empty string", param=field)
 
 
 def _is_token_ids(value: Any) -> bool:

@@ -7,6 +7,13 @@ The key comes as `x-api-key` (the Anthropic SDK's header) or `Authorization: Bea
 Errors are rendered in Anthropic's shape, `{"type": "error", "error": {"type",
 "message"}}`, with the gateway's status codes (`error_body`). Only custom (function)
 tools are bridged; Anthropic's server tools need an Anthropic deployment.
+
+Every content block is translated or refused, never dropped: what litellm's adapter does
+not carry (`BLOCKS`, `SOURCES`), a field the API does not have, need a native deployment
+(`NativeCall.required_by`), and a route with none answers a 400 naming it. Two gaps in
+the adapter are filled before it runs (`bridged_body`): a document with a text (or
+text-only content) source becomes a text block carrying its title, context and text, and
+a `tool_result` with `is_error` has its text prefixed "Error: ".
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -41,6 +49,7 @@ from gateway.http.bridges.checks import (
     optional,
     refuse,
 )
+from gateway.http.validation import show
 from gateway.native import NativeCall
 from gateway.native.formats import messages_error_event
 
@@ -74,6 +83,33 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
 }
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 ROLES = ("user", "assistant")
+# Every top-level field of the Messages API: the bridge refuses others (unknown to the API),
+# which only a native deployment may judge. Known ones it does not translate are dropped.
+KNOWN_FIELDS = frozenset(
+    {
+        *FIELDS,
+        *("model", "messages", "max_tokens", "tool_choice", "service_tier", "container"),
+        *("mcp_servers", "context_management", "cache_control", "output_config"),
+        *("output_format", "inference_geo", "speed", "diagnostics", "user_profile_id"),
+        "workspace_id",
+    }
+)
+# role -> the content blocks litellm's adapter translates to chat (it drops the others;
+# earlier turns' thinking, which Anthropic itself leaves out of the context, included)
+BLOCKS: Mapping[str, frozenset[str]] = {
+    "user": frozenset({"text", "image", "document", "tool_result"}),
+    "assistant": frozenset({"text", "tool_use", "thinking", "redacted_thinking"}),
+}
+RESULT_BLOCKS = frozenset({"text", "image", "document"})  # in a tool_result's content
+# block type -> the `source.type`s translated (a PDF's URL would become an image URL; a
+# file id is Anthropic's own)
+SOURCES: Mapping[str, tuple[str, ...]] = {
+    "image": ("base64", "url"),
+    "document": ("base64", "text", "content"),
+}
+PDF = "application/pdf"
+ERROR_PREFIX = "Error: "  # a tool_result's `is_error`, in its text
+NOT_BRIDGED = "not supported on this route (bridged to an OpenAI-style deployment)"
 # The client's headers a native deployment gets (the API version and beta features).
 PASSED_ON_HEADERS = ("anthropic-version", "anthropic-beta")
 
@@ -85,12 +121,15 @@ class MessagesTranslation(Translation):
 
     def native_call(self, headers: Mapping[str, str]) -> NativeCall:
         passed_on = {name: headers[name] for name in PASSED_ON_HEADERS if name in headers}
-        return NativeCall(self.wire, self.body, headers=passed_on)
+        return NativeCall(self.wire, self.body, required_by=self.required_by, headers=passed_on)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.id = "msg_" + self.request_id.removeprefix("req_")
         self.tool_names: dict[str, str] = {}  # litellm's truncated tool names -> the client's
+        unbridged = unknown_field(self.body) or unbridged_block(self.body)
+        self.required_by: str | None = unbridged[0] if unbridged else None
+        self.why_native = unbridged[1] if unbridged else ""
 
     @staticmethod
     def check(body: dict[str, Any]) -> None:
@@ -102,8 +141,11 @@ class MessagesTranslation(Translation):
 
     def chat_body(self) -> dict[str, Any]:
         chat, self.tool_names = self.lib.messages.translate_anthropic_to_openai(
-            self.body, custom_llm_provider="openai"
+            bridged_body(self.body), custom_llm_provider="openai"
         )
+        choice = self.body.get("tool_choice") or {}
+        if choice.get("disable_parallel_tool_use") is True and chat.get("tools"):
+            chat["parallel_tool_calls"] = False
         if self.stream:  # the usage of the last event, which `message_delta` reports
             chat["stream_options"] = {"include_usage": True}
         return chat_form(chat, self.model)
@@ -154,6 +196,107 @@ def _check_messages(messages: Any) -> None:
         blocks = is_objects(content) and all(isinstance(b.get("type"), str) for b in content)
         ok = isinstance(content, str) or blocks
         expect(ok, f"messages[{i}].content", "a string or an array of typed blocks", content)
+
+
+def unknown_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first top-level field the Messages API does not have, and why it needs a
+    native deployment (which judges it)."""
+    name = next((n for n in body if n not in KNOWN_FIELDS), None)
+    return None if name is None else (name, f"'{name}' is not a field of the Messages API")
+
+
+def unbridged_block(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The field of the first content block the bridge does not translate, and why."""
+    for i, message in enumerate(body["messages"]):
+        content = message["content"]
+        role = message["role"]
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            where = f"messages[{i}].content[{j}]"
+            if (found := _unbridged(block, where, BLOCKS[role], f"{role} messages")) is not None:
+                return found
+    return None
+
+
+def _unbridged(block: Any, where: str, kinds: frozenset[str], place: str) -> tuple[str, str] | None:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind not in kinds:
+        return f"{where}.type", f"{show(kind)} blocks in {place} are {NOT_BRIDGED}"
+    if kind in SOURCES:
+        return _unbridged_source(block, where)
+    content = block.get("content")
+    for k, inner in enumerate(
+        content if kind == "tool_result" and isinstance(content, list) else []
+    ):
+        if found := _unbridged(inner, f"{where}.content[{k}]", RESULT_BLOCKS, "tool results"):
+            return found
+    return None
+
+
+def _unbridged_source(block: dict[str, Any], where: str) -> tuple[str, str] | None:
+    source = block.get("source")
+    source = source if isinstance(source, dict) else {}
+    kind = source.get("type")
+    if kind not in SOURCES[block["type"]]:
+        return (
+            f"{where}.source.type",
+            f"{block['type']} sources of type {show(kind)} are {NOT_BRIDGED}",
+        )
+    if kind == "base64" and block["type"] == "document" and source.get("media_type") != PDF:
+        return f"{where}.source.media_type", f"base64 documents other than PDFs are {NOT_BRIDGED}"
+    if kind in ("text", "content") and _document_text(source) is None:
+        field = "data" if kind == "text" else "content"
+        return f"{where}.source.{field}", f"a document source other than text is {NOT_BRIDGED}"
+    return None
+
+
+def bridged_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` as litellm's adapter is given it: text documents as text blocks, error
+    results marked. A block it would not translate (the request then needs a native
+    deployment) stays in the chat form as its JSON, which only routing and budgets read."""
+    messages = [
+        {**m, "content": [_bridged(b, BLOCKS[m["role"]]) for b in m["content"]]}
+        if isinstance(m["content"], list)
+        else m
+        for m in body["messages"]
+    ]
+    return {**body, "messages": messages}
+
+
+def _bridged(block: Any, kinds: frozenset[str]) -> Any:
+    if _unbridged(block, "", kinds, "") is not None:
+        return {"type": "text", "text": orjson.dumps(block).decode()}
+    source = block.get("source")
+    if block["type"] == "document" and (text := _document_text(source)) is not None:
+        labels = [f"Document {k}: {block[k]}" for k in ("title", "context") if block.get(k)]
+        return {"type": "text", "text": "\n".join(labels) + "\n\n" + text if labels else text}
+    if block["type"] != "tool_result":
+        return block
+    content = block.get("content")
+    if isinstance(content, list):
+        content = [_bridged(inner, RESULT_BLOCKS) for inner in content]
+    return {**block, "content": _as_error(content) if block.get("is_error") is True else content}
+
+
+def _document_text(source: Any) -> str | None:
+    """A text or text-only content source's text; None for other sources."""
+    if not isinstance(source, dict) or source.get("type") not in ("text", "content"):
+        return None
+    text = source.get("data") if source["type"] == "text" else source.get("content")
+    if isinstance(text, list) and all(
+        isinstance(b, dict) and b.get("type") == "text" for b in text
+    ):
+        parts = [b.get("text") for b in text]
+        text = "\n\n".join(parts) if all(isinstance(p, str) for p in parts) else None
+    return text if isinstance(text, str) else None
+
+
+def _as_error(content: Any) -> Any:
+    """A tool result's content marked as an error (chat's tool messages have no flag)."""
+    if content is None or isinstance(content, str):
+        return ERROR_PREFIX + content if content else ERROR_PREFIX.strip()
+    if content and content[0].get("type") == "text" and isinstance(content[0].get("text"), str):
+        return [{**content[0], "text": ERROR_PREFIX + content[0]["text"]}, *content[1:]]
+    return [{"type": "text", "text": ERROR_PREFIX.strip()}, *content]
 
 
 def _check_tools(body: dict[str, Any]) -> None:

@@ -7,8 +7,14 @@ stored `prompt`s need a server that keeps responses, which the gateway is not. A
 using them goes to the route's native deployments only; a route with none refuses it
 with a 400 naming the field. So does one with tools other than functions (hosted tools)
 or input items other than messages and function calls, which the bridge does not
-translate. `background: true` is refused everywhere: its answer comes later, unpriced,
-from an endpoint the gateway does not serve.
+translate, as do content parts it does not translate (`PARTS`: an image by `file_id`, a
+file by `file_url`, unknown types) and fields the API does not have (`KNOWN_FIELDS`).
+`background: true` is refused everywhere: its answer comes later, unpriced, from an
+endpoint the gateway does not serve.
+
+A bridged response object (the reply, and every event carrying one) says what the
+bridge did: `store: false` (it keeps nothing) and the request's `parallel_tool_calls`
+(true unless sent false).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -42,6 +49,7 @@ from gateway.http.bridges.checks import (
     optional,
     refuse,
 )
+from gateway.http.validation import show
 from gateway.native import NativeCall
 from gateway.native.formats import responses_error_event
 
@@ -74,6 +82,28 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
         '"none", "auto", "required" or an object',
     ),
 }
+# Every top-level field of the Responses API: the bridge refuses others (unknown to the API),
+# which only a native deployment may judge. Known ones it does not translate are dropped.
+KNOWN_FIELDS = frozenset(
+    {
+        *FIELDS,
+        *STATEFUL,
+        *("model", "input", "include", "truncation", "service_tier", "prompt_cache_key"),
+        *("safety_identifier", "max_tool_calls", "top_logprobs", "stream_options"),
+        *("context_management", "prompt_cache_retention", "prompt_cache_options"),
+        *("background_options", "moderation", "image", "access_programs"),
+    }
+)
+# content part type -> the field it must have to be translated (litellm's translation turns
+# an image by `file_id` into an empty image URL, a `file_url` into a file id)
+PARTS: Mapping[str, tuple[str, ...]] = {
+    "input_text": (),
+    "output_text": (),
+    "refusal": (),
+    "input_image": ("image_url",),
+    "input_file": ("file_data", "file_id"),
+}
+NOT_BRIDGED = "not supported on this route (bridged to an OpenAI-style deployment)"
 ROLES = ("user", "assistant", "system", "developer")
 FORMATS = ("text", "json_object", "json_schema")
 # input item type -> its string fields: the items the bridge translates (others, as
@@ -145,8 +175,16 @@ class ResponsesTranslation(Translation):
             chat_completion_response=chat,
         )
         body: dict[str, Any] = plain(response)
-        body["id"] = self.id
-        return body
+        return self.echo(body)
+
+    def echo(self, response: dict[str, Any]) -> dict[str, Any]:
+        """A bridged response object as this request's: its id, and the settings the
+        bridge served (litellm's events say `store: true` and `parallel_tool_calls` as
+        they please)."""
+        response["id"] = self.id
+        response["store"] = False  # `store: true` never reaches the bridge
+        response["parallel_tool_calls"] = self.body.get("parallel_tool_calls") is not False
+        return response
 
     async def events(self, chunks: ChunkSource) -> AsyncIterator[bytes]:
         sequence = 0
@@ -161,7 +199,7 @@ class ResponsesTranslation(Translation):
             async for event in stream:
                 data = plain(event)
                 if isinstance(data.get("response"), dict):
-                    data["response"]["id"] = self.id
+                    self.echo(data["response"])
                 data["sequence_number"] = sequence
                 sequence += 1
                 yield sse(data["type"], data)
@@ -182,7 +220,10 @@ def stateful_field(body: Mapping[str, Any]) -> str | None:
 
 
 def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first tool or input item the bridge does not translate, and why."""
+    """The first field, tool, input item or content part the bridge does not translate,
+    and why."""
+    if (name := next((n for n in body if n not in KNOWN_FIELDS), None)) is not None:
+        return name, f"'{name}' is not a field of the Responses API"
     for i, tool in enumerate(body.get("tools") or []):
         if tool["type"] != "function":
             return f"tools[{i}].type", "only function tools are bridged to chat"
@@ -190,13 +231,32 @@ def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     for i, item in enumerate(items if isinstance(items, list) else []):
         if (kind := item.get("type", "message")) not in ITEM_FIELDS:
             return f"input[{i}].type", f"'{kind}' items are not bridged to chat"
+        content = item.get("content") if kind == "message" else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if (found := unbridged_part(part)) is not None:
+                field, why = found
+                return f"input[{i}].content[{j}].{field}", why
     return None
+
+
+def unbridged_part(part: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The field of a message's content part that the bridge cannot translate, and why."""
+    kind = part.get("type")
+    if not isinstance(kind, str) or kind not in PARTS:
+        return "type", f"{show(kind)} content parts are {NOT_BRIDGED}"
+    fields = PARTS[kind]
+    if not fields or any(isinstance(part.get(f), str) and part[f] for f in fields):
+        return None
+    other = next((f for f in part if f not in ("type", "detail", "filename")), None)
+    field = other or fields[0]
+    instead = " or ".join(fields)
+    return field, f"{kind} parts by '{field}' (not {instead}) are {NOT_BRIDGED}"
 
 
 def bridged_only(items: Any, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The input and parameters without what the bridge does not translate."""
     if isinstance(items, list):
-        items = [i for i in items if i.get("type", "message") in ITEM_FIELDS] or ""
+        items = [_bridged(i) for i in items if i.get("type", "message") in ITEM_FIELDS] or ""
     tools = [t for t in params.get("tools") or [] if t["type"] == "function"]
     choice = params.get("tool_choice")
     params = {k: v for k, v in params.items() if k not in ("tools", "tool_choice")}
@@ -207,6 +267,19 @@ def bridged_only(items: Any, params: dict[str, Any]) -> tuple[Any, dict[str, Any
         ):
             params["tool_choice"] = choice  # not one naming a hosted tool
     return items, params
+
+
+def _bridged(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item for the chat form, which only routing and budgets read: a part it
+    does not translate as its JSON (the request needs a native deployment)."""
+    content = item.get("content")
+    if item.get("type", "message") != "message" or not isinstance(content, list):
+        return item
+    parts = [
+        p if unbridged_part(p) is None else {"type": "input_text", "text": orjson.dumps(p).decode()}
+        for p in content
+    ]
+    return {**item, "content": parts}
 
 
 def _check_input(body: dict[str, Any]) -> None:
