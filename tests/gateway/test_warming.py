@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ from local_engine.state import read_record
 from policies import load_policy
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.conftest import ADMIN_KEY, StartGateway
-from tests.local_engine.stand_in import ROOT, free_port
+from tests.local_engine.stand_in import fake_vllm_executable, free_port
 from tests.support import eventually
 
 LOAD_S = 3.0  # the stand-in's "model load"
@@ -85,13 +83,7 @@ admin_keys:
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> Path:
-    """A `vllm` executable that runs the stand-in (`vllm serve MODEL --port ...`)."""
-    script = tmp_path / "vllm"
-    script.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m tests.fakes.vllm_process "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
+    return fake_vllm_executable(tmp_path)
 
 
 @pytest.fixture

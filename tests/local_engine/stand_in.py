@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -29,6 +30,17 @@ FAST = {
     "stop_timeout_s": 2.0,
     "startup_timeout_s": 10.0,
 }
+
+
+def fake_vllm_executable(directory: Path) -> Path:
+    """A `vllm` executable in `directory` that runs the stand-in (`vllm serve MODEL
+    --port ...`), for engines started as serve starts them."""
+    script = directory / "vllm"
+    script.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m tests.fakes.vllm_process "$@"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
 
 
 def free_port() -> int:

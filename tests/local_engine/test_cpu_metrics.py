@@ -14,12 +14,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from local_engine.cpu.app import EngineService, create_app
-from local_engine.cpu.engine import Engine, EngineOptions
-from local_engine.cpu.metrics import EngineMetrics
-from local_engine.cpu.runner import EngineRunner
+from local_engine.cpu.app import create_app
 from tests.local_engine.loopback_server import Server
-from tests.local_engine.tiny_models import TOKENIZER, draft, target
+from tests.local_engine.tiny_models import speculative_service
 
 MODEL = "tiny-metrics"
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -31,11 +28,7 @@ VLLM_NAME = re.compile(r"vllm:[a-zA-Z0-9_:]+")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    options = EngineOptions(max_num_seqs=4, max_model_len=128, num_speculative_tokens=3)
-    metrics = EngineMetrics(MODEL)
-    engine = Engine(target(), TOKENIZER, draft=draft(), options=options, metrics=metrics)
-    service = EngineService(EngineRunner(engine), TOKENIZER, metrics, MODEL)
-    with Server(create_app(service)) as running:
+    with Server(create_app(speculative_service(MODEL))) as running:
         yield running
 
 

@@ -14,16 +14,13 @@ import openai
 import pytest
 
 from local_engine.config import EngineConfig
-from local_engine.cpu.app import EngineService, create_app
-from local_engine.cpu.engine import Engine, EngineOptions
-from local_engine.cpu.metrics import EngineMetrics
-from local_engine.cpu.runner import EngineRunner
+from local_engine.cpu.app import create_app
 from local_engine.cpu.server import DEFAULT_MODEL
 from local_engine.metrics import parse_vllm_metrics
 from policies.engines import EngineSpec
 from tests.local_engine.loopback_server import Server
 from tests.local_engine.stand_in import Running, free_port, reaches
-from tests.local_engine.tiny_models import TOKENIZER, draft, target
+from tests.local_engine.tiny_models import TOKENIZER, speculative_service
 from tests.support import requires, serving
 
 SHIPPED = DEFAULT_MODEL / "model.safetensors"
@@ -46,11 +43,7 @@ VLLM_METRICS = (
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    options = EngineOptions(max_num_seqs=4, max_model_len=128, num_speculative_tokens=3)
-    metrics = EngineMetrics(MODEL)
-    engine = Engine(target(), TOKENIZER, draft=draft(), options=options, metrics=metrics)
-    service = EngineService(EngineRunner(engine), TOKENIZER, metrics, MODEL)
-    with Server(create_app(service)) as running:
+    with Server(create_app(speculative_service(MODEL))) as running:
         yield running
 
 

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from local_engine.errors import EngineStateError
 from local_engine.state import EngineRecord, observed_state, pid_alive, read_record
 from policies import load_policy
 from policies.schema import Policy
-from tests.local_engine.stand_in import ROOT, free_port
+from tests.local_engine.stand_in import fake_vllm_executable, free_port
 from tests.support import eventually, serving
 
 POLICY = """
@@ -61,13 +60,7 @@ START_S = 15.0  # a supervisor's imports, then the stand-in's "load"
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> Path:
-    """A `vllm` executable that runs the stand-in (`vllm serve MODEL --port ...`)."""
-    script = tmp_path / "vllm"
-    script.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m tests.fakes.vllm_process "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
+    return fake_vllm_executable(tmp_path)
 
 
 @pytest.fixture

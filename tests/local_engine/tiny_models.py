@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import torch
 
+from local_engine.cpu.app import EngineService
 from local_engine.cpu.config import LlamaConfig
+from local_engine.cpu.engine import Engine, EngineOptions
+from local_engine.cpu.metrics import EngineMetrics
 from local_engine.cpu.model import LlamaForCausalLM
+from local_engine.cpu.runner import EngineRunner
 from local_engine.cpu.tokenizer import Tokenizer
 
 HF_CONFIG = {
@@ -65,3 +69,12 @@ def draft(seed: int = 1) -> LlamaForCausalLM:
         max_position_embeddings=128,
     )
     return random_model(config, seed=seed)
+
+
+def speculative_service(model_name: str) -> EngineService:
+    """The CPU engine's service over the tiny target with a draft (3 speculative tokens),
+    serving `model_name`: what test_cpu_server and test_cpu_metrics serve."""
+    options = EngineOptions(max_num_seqs=4, max_model_len=128, num_speculative_tokens=3)
+    metrics = EngineMetrics(model_name)
+    engine = Engine(target(), TOKENIZER, draft=draft(), options=options, metrics=metrics)
+    return EngineService(EngineRunner(engine), TOKENIZER, metrics, model_name)
