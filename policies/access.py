@@ -8,7 +8,14 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BeforeValidator, Field, IPvAnyNetwork, PrivateAttr, model_validator
 
-from policies.section import CrossReferenceError, PositiveFloat, Section
+from policies.section import (
+    CrossReferenceError,
+    PerMinute,
+    Secret,
+    Section,
+    Usd,
+    empty_as_unset,
+)
 
 BudgetScopeType = Literal["key", "team", "route"]
 BudgetPeriodType = Literal["day", "month"]
@@ -39,8 +46,8 @@ Network = Annotated[IPvAnyNetwork, BeforeValidator(_check_network)]
 class RateLimit(Section):
     """Requests and tokens (prompt + `max_tokens`) per minute, over a sliding window."""
 
-    requests_per_minute: Annotated[int, Field(gt=0)] | None = None
-    tokens_per_minute: Annotated[int, Field(gt=0)] | None = None
+    requests_per_minute: PerMinute | None = None
+    tokens_per_minute: PerMinute | None = None
 
 
 class Team(Section):
@@ -54,8 +61,10 @@ class Team(Section):
 class Key(Section):
     """A client key: its secret (from `${ENV}`) or the secret's hash, and its team."""
 
-    secret: str | None = None
-    hash: Annotated[str, Field(pattern=KEY_HASH_PATTERN)] | None = None
+    secret: Secret = None
+    hash: Annotated[
+        Annotated[str, Field(pattern=KEY_HASH_PATTERN)] | None, BeforeValidator(empty_as_unset)
+    ] = None
     team: str = DEFAULT_TEAM
     allowed_routes: list[str] | None = None
     rate_limit: RateLimit | None = None
@@ -88,8 +97,8 @@ class Budget(Section):
     scope: BudgetScopeType
     name: str
     period: BudgetPeriodType
-    limit_usd: PositiveFloat
-    soft_limit_usd: PositiveFloat | None = None
+    limit_usd: Usd
+    soft_limit_usd: Usd | None = None
     # Past the soft limit, requests on routes with this tier are sent to it instead of
     # the tier the router chose (e.g. `local`): spend slows before the hard stop.
     downgrade_tier: str | None = None

@@ -19,7 +19,16 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from policies.section import PositiveFloat, PositiveInt, Section
+from policies.section import (
+    Count,
+    GpuHourUsd,
+    Interval,
+    PositiveInt,
+    Seconds,
+    Secret,
+    Section,
+    TokensPerSecond,
+)
 
 EngineKindType = Literal["vllm", "cpu"]
 SpeculativeMethodType = Literal["ngram", "ngram_gpu", "draft_model", "eagle", "eagle3", "mtp"]
@@ -144,7 +153,7 @@ class EngineSpec(Section):
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)]
-    api_key: str | None = None  # as ${ENV}; given to vLLM as VLLM_API_KEY, not argv
+    api_key: Secret = None  # as ${ENV}; given to vLLM as VLLM_API_KEY, not argv
     executable: str = "vllm"
 
     tensor_parallel_size: PositiveInt = 1
@@ -153,8 +162,8 @@ class EngineSpec(Section):
     max_model_len: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     max_num_batched_tokens: PositiveInt | None = None
-    max_num_queued_reqs: Annotated[int, Field(ge=0)] | None = None
-    max_num_queued_tokens: Annotated[int, Field(ge=0)] | None = None
+    max_num_queued_reqs: Count | None = None
+    max_num_queued_tokens: Count | None = None
     dtype: DtypeType | None = None
     quantization: str | None = Field(None, examples=["awq", "gptq", "fp8"])
     kv_cache_dtype: str | None = Field(None, examples=["auto", "fp8", "fp8_e4m3"])
@@ -169,17 +178,17 @@ class EngineSpec(Section):
 
     # Pricing: USD per GPU-hour for the whole engine, and the tokens/s assumed until the
     # throughput measured from /metrics replaces it.
-    gpu_hour_usd: PositiveFloat | None = None
-    tokens_per_second: PositiveFloat | None = None
+    gpu_hour_usd: GpuHourUsd | None = None
+    tokens_per_second: TokensPerSecond | None = None
 
     # Supervision.
-    startup_timeout_s: PositiveFloat = 900.0
-    stop_timeout_s: PositiveFloat = 30.0
-    health_interval_s: PositiveFloat = 2.0
+    startup_timeout_s: Seconds = 900.0
+    stop_timeout_s: Seconds = 30.0
+    health_interval_s: Interval = 2.0
     unhealthy_after: PositiveInt = 3  # consecutive failed /health probes before a restart
-    restart_backoff_s: PositiveFloat = 5.0
-    restart_backoff_max_s: PositiveFloat = 300.0
-    max_restarts: Annotated[int, Field(ge=0)] | None = None  # None: keep restarting
+    restart_backoff_s: Seconds = 5.0
+    restart_backoff_max_s: Seconds = 300.0
+    max_restarts: Count | None = None  # None: keep restarting
     log_dir: str | None = None  # default: the run directory (var/engines)
 
     @model_validator(mode="after")

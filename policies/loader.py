@@ -46,10 +46,20 @@ from policies.section import CrossReferenceError
 from policies.sections import Sections
 
 POLICY_SUFFIXES = (".yaml", ".yml")
-# Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error.
+# Secrets the schema accepts only as ${VAR}: a plaintext one in the file is an error
+# (but a deployment's short placeholder key, below).
 SECRET_SECTIONS = {"keys": "secret", "engines": "api_key", "deployments": "api_key"}
+# A literal deployment api_key shorter than this is a placeholder for a server that
+# checks no key (`api_key: ollama`, `EMPTY`, `unused`; litellm's providers need one):
+# real provider keys are far longer.
+PLACEHOLDER_KEY_LENGTH = 16
+PLAINTEXT_SECRET = "secrets come from the environment: write ${VAR_NAME}, not the secret"
+PLACEHOLDER_HINT = " (a server that checks no key: `api_key: unused`, or ${VAR:-unused})"
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
 SEPARATORS = tuple("-_.:/@")  # between the parts of a model name
+# Unknown fields that mean another, where the closest spelling would mislead:
+# `requires: [tools, vision]` (a field once declared and never read) is no `requires_key`.
+MEANT_FIELDS = {"requires": "capabilities"}
 NEAR_SPELLING = 0.8  # difflib ratio of a slip of the keyboard (gpt-4o-mnii, gpt-4o-mini)
 
 # What of a policy this install cannot serve (a route's classifier, a deployment's
@@ -153,14 +163,17 @@ def load_sources(
     # A value whose substitution failed is reported as such; what it then fails is noise.
     broken = {path for path, _ in substitution.problems}
     unset_env = {_dotted(path): names for path, names in substitution.unset.items()}
+    # A secret that came out empty (`${VAR:-}`, VAR unset) is unset too (the schema reads
+    # it as None): the variables are named where it is missed.
+    missed = unset_env | _emptied(substitution)
     try:
-        policy = Policy.model_validate(substitution.data, context={"unset_env": unset_env})
+        policy = Policy.model_validate(substitution.data, context={"unset_env": missed})
     except ValidationError as exc:
         for path, message, missing in _validation_findings(exc):
             if path not in broken:
                 report.add(path, message, missing=missing)
         # The policy is not valid as a whole: check between the entries that are.
-        sections = Sections.validated(substitution.data, unset_env)
+        sections = Sections.validated(substitution.data, missed)
         findings = [*sections.problems(), *_unservable(sections, install_check)]
     else:
         findings = list(_unservable(Sections.of(policy), install_check))
@@ -269,8 +282,22 @@ def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, 
         if isinstance(keys, list):
             candidates += [(section, index) for index in range(len(keys))]
     for path in candidates:
-        if path not in substitution.references and isinstance(_get(data, path), str):
-            yield path, "secrets come from the environment: write ${VAR_NAME}, not the secret"
+        value = _get(data, path)
+        if path in substitution.references or not isinstance(value, str):
+            continue
+        if path[0] != "deployments":
+            yield path, PLAINTEXT_SECRET
+        elif len(value) >= PLACEHOLDER_KEY_LENGTH:
+            yield path, PLAINTEXT_SECRET + PLACEHOLDER_HINT
+
+
+def _emptied(substitution: Substitution) -> dict[str, list[str]]:
+    """The dotted paths whose variables all came out empty (`${VAR:-}`), with them."""
+    return {
+        _dotted(path): names
+        for path, names in substitution.references.items()
+        if path not in substitution.unset and _get(substitution.data, path) == ""
+    }
 
 
 def _get(data: Any, path: FieldPath) -> Any:
@@ -296,7 +323,9 @@ def _validation_findings(exc: ValidationError) -> Iterator[tuple[FieldPath, str,
 
 def _unknown_field(loc: FieldPath) -> str:
     known = _model_fields_at(loc[:-1])
-    message = f"unknown field '{loc[-1]}'" + did_you_mean(closest_spelling(str(loc[-1]), known))
+    meant = MEANT_FIELDS.get(str(loc[-1]))
+    guess = meant if meant in known else closest_spelling(str(loc[-1]), known)
+    message = f"unknown field '{loc[-1]}'" + did_you_mean(guess)
     return f"{message} (fields here: {', '.join(known)})" if known else message
 
 

@@ -42,13 +42,25 @@ from policies.engines import EngineSpec
 from policies.errors import closest_spelling, did_you_mean
 from policies.providers import litellm_providers
 from policies.section import (
+    MAX_SECONDS,
+    MIN_RELOAD_INTERVAL_S,
+    Bytes,
     CrossReferenceError,
-    NonNegativeFloat,
-    PositiveFloat,
+    GpuHourUsd,
+    Interval,
+    Milliseconds,
+    PositiveInt,
+    Seconds,
+    Secret,
     Section,
+    TokensPerSecond,
+    UsdRate,
 )
 
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade", "select"]
+# Strategies whose answers may be escalated, so `max_escalations` applies (to a select
+# route with verify: true; without, it is accepted and unused, as `verify` toggles it).
+ESCALATING = ("cascade", "select")
 StreamCascadeType = Literal["buffer", "classifier"]
 # Which complexity classifier scores a route's requests: `features` (the default, under
 # a millisecond) or `minilm` (plus a sentence embedding: tens of ms, the embeddings extra).
@@ -69,22 +81,22 @@ class Price(Section):
     for the model when its map has one (OpenAI's cached input, Anthropic's cache reads
     and writes), else the input price (prompt classes) or output price (the others)."""
 
-    input_per_mtok: NonNegativeFloat
-    output_per_mtok: NonNegativeFloat
-    cached_input_per_mtok: NonNegativeFloat | None = None
-    cache_write_per_mtok: NonNegativeFloat | None = None
-    reasoning_per_mtok: NonNegativeFloat | None = None
-    audio_input_per_mtok: NonNegativeFloat | None = None
-    audio_output_per_mtok: NonNegativeFloat | None = None
-    image_input_per_mtok: NonNegativeFloat | None = None
-    image_output_per_mtok: NonNegativeFloat | None = None
+    input_per_mtok: UsdRate
+    output_per_mtok: UsdRate
+    cached_input_per_mtok: UsdRate | None = None
+    cache_write_per_mtok: UsdRate | None = None
+    reasoning_per_mtok: UsdRate | None = None
+    audio_input_per_mtok: UsdRate | None = None
+    audio_output_per_mtok: UsdRate | None = None
+    image_input_per_mtok: UsdRate | None = None
+    image_output_per_mtok: UsdRate | None = None
 
 
 class SelfHosted(Section):
     """A self-hosted deployment's cost: tokens are priced from GPU time and throughput."""
 
-    gpu_hour_usd: PositiveFloat
-    tokens_per_second: PositiveFloat
+    gpu_hour_usd: GpuHourUsd
+    tokens_per_second: TokensPerSecond
 
 
 class Deployment(Section):
@@ -99,22 +111,21 @@ class Deployment(Section):
     provider: str = Field(OPENAI_COMPATIBLE, examples=["openai", "anthropic"])
     model: Annotated[str, Field(min_length=1)]  # sent upstream: never empty (an unset ${M:-})
     api_base: str | None = None
-    api_key: str | None = None
+    api_key: Secret = None
     requires_key: bool = False
     tier: str = "default"
-    timeout_s: PositiveFloat = 60
-    connect_timeout_s: PositiveFloat = 5
+    timeout_s: Seconds = 60
+    connect_timeout_s: Seconds = 5
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
-    retry_backoff_s: NonNegativeFloat = 0.2
+    retry_backoff_s: Annotated[float, Field(ge=0, le=MAX_SECONDS)] = 0.2
     headers: dict[str, str] = {}
     price: Price | None = None
     pricing_model: str | None = None
     self_hosted: SelfHosted | None = None
-    requires: list[str] = []
-    context_window: Annotated[int, Field(gt=0)] | None = None
+    context_window: PositiveInt | None = None
     # The most output tokens per answer the gateway asks of this deployment (it lowers a
     # request's max_tokens to it): for engines whose context is small.
-    max_output_tokens: Annotated[int, Field(gt=0)] | None = None
+    max_output_tokens: PositiveInt | None = None
     # Load view: vLLM's Prometheus endpoint, scraped every `gateway.load_scrape_interval_s`
     # (default: `api_base` without its `/v1` suffix + `/metrics`, for self-hosted tiers).
     metrics_url: str | None = None
@@ -256,13 +267,13 @@ class Sla(Section):
     `hedge_after_ms`: when the first token is that late, the next candidate is asked
     too; the first to answer wins, the other is cancelled, both are priced."""
 
-    ttft_ms: PositiveFloat | None = None
-    timeout_ms: PositiveFloat | None = None
-    p99_ms: PositiveFloat | None = None
+    ttft_ms: Milliseconds | None = None
+    timeout_ms: Milliseconds | None = None
+    p99_ms: Milliseconds | None = None
     priority: PriorityType = "interactive"
     load_aware: bool = True
     on_miss: SlaMissType = "degrade"
-    hedge_after_ms: PositiveFloat | None = None
+    hedge_after_ms: Milliseconds | None = None
     max_hedges: Annotated[int, Field(ge=1, le=3)] = 1
 
     @model_validator(mode="after")
@@ -326,9 +337,9 @@ class Route(Section):
     # the target, verified (escalated when rejected), so that one placed below it can
     # earn its place back from traffic.
     explore: Annotated[float, Field(ge=0, le=1)] = 0.05
-    max_body_bytes: Annotated[int, Field(gt=0)] | None = None
+    max_body_bytes: Bytes | None = None
     # Output tokens assumed for a request without `max_tokens` when reserving budget.
-    max_output_tokens: Annotated[int, Field(gt=0)] = 4096
+    max_output_tokens: PositiveInt = 4096
     sla: Sla | None = None
     description: str = ""
 
@@ -380,6 +391,19 @@ class Route(Section):
                     f"{field} to strategy 'cascade' or 'select' with verify: true (routes "
                     f"whose answers are judged), not '{self.strategy}'"
                 )
+        for field in ("verify_threshold", "judge_timeout_ms"):
+            if field in self.model_fields_set and not self.verifies:
+                raise ValueError(
+                    f"{field} applies to strategy 'cascade' or 'select' with verify: true "
+                    f"(routes whose answers are judged), not '{self.strategy}'"
+                )
+        if "max_escalations" in self.model_fields_set and self.strategy not in ESCALATING:
+            raise ValueError(
+                f"max_escalations applies to strategy 'cascade' or 'select' (routes that "
+                f"escalate), not '{self.strategy}'"
+            )
+        if "stream_cascade" in self.model_fields_set and self.strategy != "cascade":
+            raise ValueError(f"stream_cascade applies to strategy 'cascade', not '{self.strategy}'")
         counts = Counter(self.second_opinions)  # not list.count per name: quadratic
         repeated = sorted(f"'{name}'" for name, n in counts.items() if n > 1)
         if repeated:
@@ -407,26 +431,26 @@ class CircuitBreaker(Section):
     """Eject a deployment after consecutive failures or timeouts; after `cooldown_s`
     let `half_open_probes` requests through, and close again on their success."""
 
-    failure_threshold: Annotated[int, Field(ge=1)] = 5
-    cooldown_s: PositiveFloat = 30.0
-    half_open_probes: Annotated[int, Field(ge=1)] = 1
+    failure_threshold: PositiveInt = 5
+    cooldown_s: Seconds = 30.0
+    half_open_probes: PositiveInt = 1
 
 
 class GatewaySection(Section):
     """Gateway-wide knobs that belong with the policy rather than the process settings."""
 
-    max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
+    max_body_bytes: Bytes = 4 * 1024 * 1024
     default_route: str | None = None
-    reload_interval_s: PositiveFloat = 2.0
+    reload_interval_s: Annotated[float, Field(ge=MIN_RELOAD_INTERVAL_S, le=MAX_SECONDS)] = 2.0
     # Upper bound on one request across all its attempts, retries and fallbacks (until
     # the first streamed byte, for streams); per-attempt limits are deployments' timeout_s.
-    request_timeout_s: PositiveFloat = 300.0
+    request_timeout_s: Seconds = 300.0
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     # When Redis is unreachable: serve without budget/rate checks (open) or refuse (closed).
     limits_when_redis_down: FailModeType = "open"
-    load_scrape_interval_s: PositiveFloat = 2.0
+    load_scrape_interval_s: Interval = 2.0
     # Sliding window of the live latency model (TTFT, inter-token time, error rate).
-    latency_window_s: PositiveFloat = 60.0
+    latency_window_s: Seconds = 60.0
     # Proxies (CIDRs) whose X-Forwarded-For gives the client's address for logs and
     # limits. A forwarded request is never key-less (auth.anonymous_team), trusted or not.
     trusted_proxies: list[Network] = []

@@ -1,16 +1,50 @@
 """What every policy section shares: unknown fields are errors, cross-section problems
-carry their field paths, and the common number types."""
+carry their field paths, and the common number types.
+
+Every number is finite (`.inf` and `.nan` are refused) and bounded well past any real
+setting, so that what passes `policy check` also works where it is used: dollars as
+integer nano-dollars, seconds as milliseconds, token counts in a request's JSON.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 Loc = tuple[str | int, ...]
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+MAX_USD = 1e9  # a budget: 1e18 nano-dollars, well within a 64-bit integer
+MAX_USD_RATE = 1e6  # USD per million tokens ($1 a token), or per GPU-hour
+MAX_SECONDS = 86_400.0  # a timeout, interval, window, backoff or cooldown: one day
+MAX_MS = MAX_SECONDS * 1000
+MIN_INTERVAL_S = 0.05  # polling more often burns a core for nothing
+MIN_RELOAD_INTERVAL_S = 0.1  # a reload poll reads and hashes every policy file
+MAX_COUNT = 10**9  # tokens, sequences, probes, restarts
+MAX_RATE = 10**15  # requests or tokens a minute: past any limit, exact as a double
+MAX_BYTES = 2**30  # a request body: 1 GiB
+MIN_TOKENS_PER_SECOND = 0.01  # an assumed throughput: slower prices a token past reason
+
+
+def empty_as_unset(value: object) -> object:
+    """None for an empty string (a `${VAR:-}` whose VAR is unset), else `value`."""
+    return None if value == "" else value
+
+
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+PerMinute = Annotated[int, Field(gt=0, le=MAX_RATE)]
+Bytes = Annotated[int, Field(gt=0, le=MAX_BYTES)]
+Usd = Annotated[float, Field(gt=0, le=MAX_USD)]
+UsdRate = Annotated[float, Field(ge=0, le=MAX_USD_RATE)]
+GpuHourUsd = Annotated[float, Field(gt=0, le=MAX_USD_RATE)]
+TokensPerSecond = Annotated[float, Field(ge=MIN_TOKENS_PER_SECOND, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+Milliseconds = Annotated[float, Field(gt=0, le=MAX_MS)]
+Interval = Annotated[float, Field(ge=MIN_INTERVAL_S, le=MAX_SECONDS)]
+# A secret (a client key, an API key): `${VAR:-}` with VAR unset means none, as an
+# unset `${VAR}` does, never an empty secret.
+Secret = Annotated[str | None, BeforeValidator(empty_as_unset)]
 
 
 class CrossReferenceError(ValueError):
@@ -23,6 +57,6 @@ class CrossReferenceError(ValueError):
 
 
 class Section(BaseModel):
-    """A policy section: unknown fields are errors, with their path."""
+    """A policy section: unknown fields are errors, with their path; floats are finite."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
