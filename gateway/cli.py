@@ -25,6 +25,7 @@ from policies import DEFAULT_POLICY_PATH, LoadedPolicy, PolicyError, load_policy
 from policies.keys import hash_key
 from policies.unserved import unserved_notes
 from router.cli import ScoreField, add_router_commands
+from router.rows import print_lines
 
 if TYPE_CHECKING:
     from gateway.pipeline.selector import QualitySelector
@@ -126,24 +127,23 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     policy = loaded.policy
-    print(
-        f"{args.path}: ok ({len(policy.deployments)} deployments, {len(policy.routes)} routes, "
-        f"{len(policy.keys)} keys)"
-    )
-    for note in unserved_notes(policy):
-        print(f"  note: {note}")
+    notes = unserved_notes(policy)
     if team := policy.auth.anonymous_team:
-        print(
-            f"  note: auth.anonymous_team '{team}' serves key-less requests from loopback "
+        notes.append(
+            f"auth.anonymous_team '{team}' serves key-less requests from loopback "
             "without forwarding headers"
         )
     if policy.budgets:
-        print(
-            f"  note: {len(policy.budgets)} budget(s) enforced on Redis (REDIS_URL); when it is "
+        notes.append(
+            f"{len(policy.budgets)} budget(s) enforced on Redis (REDIS_URL); when it is "
             f"unreachable limits fail {policy.gateway.limits_when_redis_down} "
             "(gateway.limits_when_redis_down)"
         )
-    return 0
+    summary = (
+        f"{args.path}: ok ({len(policy.deployments)} deployments, {len(policy.routes)} routes, "
+        f"{len(policy.keys)} keys)"
+    )
+    return print_lines([summary, *(f"  note: {note}" for note in notes)])
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
@@ -195,8 +195,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     }
     if choice is not None:
         decision |= choice_summary(route, choice, plan, needs)
-    print(json.dumps(decision, indent=2))
-    return 0
+    return print_lines([json.dumps(decision, indent=2)])
 
 
 def fresh_selector() -> QualitySelector:
@@ -360,9 +359,9 @@ def sla_reasons(route: RouteRuntime) -> list[str]:
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
     secret = "cg-" + secrets.token_urlsafe(32)
-    print(json.dumps({"key": secret, "hash": hash_key(secret)}))
+    status = print_lines([json.dumps({"key": secret, "hash": hash_key(secret)})])
     print("store only the hash in the policy; give the key to the client once", file=sys.stderr)
-    return 0
+    return status
 
 
 def cmd_keys_hash(args: argparse.Namespace) -> int:
@@ -370,8 +369,7 @@ def cmd_keys_hash(args: argparse.Namespace) -> int:
     if not secret:
         print("read no key on standard input", file=sys.stderr)
         return 1
-    print(hash_key(secret))
-    return 0
+    return print_lines([hash_key(secret)])
 
 
 def _ledger_scores(route: str, last: int, field: ScoreField) -> list[float]:

@@ -250,6 +250,20 @@ def test_policy_explain_says_whether_code_answers_are_run(tmp_path: Path) -> Non
         assert "not run" in code_reason(runs, code)
 
 
+@pytest.mark.parametrize("command", [("explain", "--prompt", "hello"), ("check",)])
+def test_a_reader_that_goes_ends_policy_output_quietly(command: tuple[str, ...]) -> None:
+    """`policy explain ... | head -1`: the reader closes the pipe; no BrokenPipeError
+    traceback, exit status 1 (as the router commands end)."""
+    verb, *rest = command
+    args = [EXE, "policy", verb, str(POLICIES / "default.yaml"), *rest]
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()  # before the child, still starting, writes anything
+        err = child.stderr.read().decode()
+    assert child.returncode == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
 def test_keys_new_and_hash_agree() -> None:
     made = json.loads(run("keys", "new").stdout)
     assert made["hash"] == hash_key(made["key"])
