@@ -189,8 +189,9 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         + capability_reasons(runtime, route)
         + ([] if routed_by_score else [unused_score_reason(route, score)])
         + sla_reasons(route)
+        + verify_reasons(route)
         + opinion_reasons(route, args.prompt, plan)
-        + code_run_reasons(route, args.prompt)
+        + code_run_reasons(runtime, route, args.prompt)
         + judge_reasons(route),
     }
     if choice is not None:
@@ -322,14 +323,31 @@ def judge_reasons(route: RouteRuntime) -> list[str]:
     ]
 
 
-def code_run_reasons(route: RouteRuntime, prompt: str) -> list[str]:
+def verify_reasons(route: RouteRuntime) -> list[str]:
+    """What decides an escalation: the verifier's threshold and how often it may act."""
+    if route.strategy == "cascade":
+        onward = "the next tier"
+    elif route.strategy == "select" and route.verify:
+        onward = "the next candidate that meets a higher target"
+    else:
+        return []
+    return [
+        f"an answer the verifier scores below verify_threshold {route.verify_threshold:g} "
+        f"escalates to {onward}, at most {route.max_escalations} time(s); the last answer "
+        "is delivered whatever its score"
+    ]
+
+
+def code_run_reasons(runtime: Runtime, route: RouteRuntime, prompt: str) -> list[str]:
     """Whether the cascade runs a code answer against its own examples, and why."""
     from router.verifier import asks_for_python
 
     if route.strategy != "cascade":
         return []
     if not route.run_code_examples:
-        return ["code answers are not run (run_code_examples off, or no sandbox on this host)"]
+        if runtime.policy.routes[route.name].run_code_examples:
+            return ["code answers are not run: this host cannot isolate code (see the log)"]
+        return ["code answers are not run (run_code_examples is off)"]
     if not asks_for_python(prompt):
         return ["code answers are run in the sandbox, but this prompt does not ask for Python code"]
     return [

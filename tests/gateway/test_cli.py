@@ -237,7 +237,7 @@ def test_policy_explain_says_whether_code_answers_are_run(tmp_path: Path) -> Non
         return reason
 
     code = "Write a python function to reverse a string."
-    assert "not run (run_code_examples off" in code_reason(example, code)
+    assert "not run (run_code_examples is off)" in code_reason(example, code)
     runs = example.replace("strategy: cascade", "strategy: cascade\n    run_code_examples: true")
     assert runs != example
     expected = "run in the sandbox against the examples it claims"
@@ -247,7 +247,17 @@ def test_policy_explain_says_whether_code_answers_are_run(tmp_path: Path) -> Non
         js = "Write a JavaScript function to reverse a string."
         assert "does not ask for Python code" in code_reason(runs, js)
     else:  # this host cannot isolate code: the route keeps the runs off
-        assert "not run" in code_reason(runs, code)
+        assert "this host cannot isolate code" in code_reason(runs, code)
+
+
+def test_policy_explain_says_what_decides_an_escalation() -> None:
+    policy = str(POLICIES / "examples" / "cascade-second-opinion.yaml")
+    env = {**os.environ, "LOCAL_URL": "http://a/v1", "OPINION_URL": "http://b/v1"}
+    result = run("policy", "explain", policy, "--prompt", "hi", "--model", "exam", env=env)
+    assert result.returncode == 0, result.stderr
+    [reason] = [r for r in json.loads(result.stdout)["reasons"] if "verify_threshold" in r]
+    assert reason.startswith("an answer the verifier scores below verify_threshold 0.6069 ")
+    assert "escalates to the next tier, at most 1 time(s)" in reason
 
 
 @pytest.mark.parametrize("command", [("explain", "--prompt", "hello"), ("check",)])
