@@ -126,8 +126,12 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
+    from gateway.runtime import build_runtime
+
     policy = loaded.policy
     notes = unserved_notes(policy)
+    # What serve logs at load besides (an unpriced deployment, code runs kept off).
+    notes += [message for _, message in build_runtime(loaded).warnings]
     if team := policy.auth.anonymous_team:
         notes.append(
             f"auth.anonymous_team '{team}' serves key-less requests from loopback "

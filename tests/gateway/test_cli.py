@@ -70,6 +70,24 @@ def test_policy_check_notes_what_serves_nothing_until_configured(tmp_path: Path)
     assert "note: no admin key is set: /admin answers 401" in notes
 
 
+def test_policy_check_notes_an_unpriced_deployment_as_serve_logs_it(tmp_path: Path) -> None:
+    """No price in litellm's map nor in the policy: its requests are recorded unpriced,
+    and a select route takes it for free; check says so before serve does."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "deployments:\n"
+        "  mystery: {api_base: 'http://127.0.0.1:9/v1', model: check-test-unpriced-model}\n"
+        "routes:\n"
+        "  auto: {deployments: [mystery]}\n"
+    )
+    result = run("policy", "check", str(policy))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "  note: deployment 'mystery' (model 'check-test-unpriced-model') has no price in "
+        "litellm's map and none in the policy: its requests are recorded as unpriced"
+    ) in result.stdout.splitlines()
+
+
 def test_serve_refuses_a_bad_policy_or_setting_with_the_message_alone(tmp_path: Path) -> None:
     """What a crash-looping pod's log shows: the problem, named as the operator wrote
     it (file, line and field; the environment variable), not a traceback."""
