@@ -53,6 +53,8 @@ SECRET_SECTIONS = {"keys": "secret", "engines": "api_key", "deployments": "api_k
 # checks no key (`api_key: ollama`, `EMPTY`, `unused`; litellm's providers need one):
 # real provider keys are far longer.
 PLACEHOLDER_KEY_LENGTH = 16
+# Longer placeholders that servers' docs tell users to write (llama.cpp, llamafile...).
+PLACEHOLDER_KEYS = frozenset({"sk-no-key-required", "not-needed", "no-key-required"})
 PLAINTEXT_SECRET = "secrets come from the environment: write ${VAR_NAME}, not the secret"
 PLACEHOLDER_HINT = " (a server that checks no key: `api_key: unused`, or ${VAR:-unused})"
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
@@ -287,7 +289,7 @@ def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, 
             continue
         if path[0] != "deployments":
             yield path, PLAINTEXT_SECRET
-        elif len(value) >= PLACEHOLDER_KEY_LENGTH:
+        elif len(value) >= PLACEHOLDER_KEY_LENGTH and value not in PLACEHOLDER_KEYS:
             yield path, PLAINTEXT_SECRET + PLACEHOLDER_HINT
 
 

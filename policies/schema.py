@@ -391,17 +391,14 @@ class Route(Section):
                     f"{field} to strategy 'cascade' or 'select' with verify: true (routes "
                     f"whose answers are judged), not '{self.strategy}'"
                 )
-        for field in ("verify_threshold", "judge_timeout_ms"):
-            if field in self.model_fields_set and not self.verifies:
+        # Kept on a select route whatever its `verify`, so that switching verification
+        # off (an incident) is one edit, not three.
+        for field in ("verify_threshold", "max_escalations", "judge_timeout_ms"):
+            if field in self.model_fields_set and self.strategy not in ESCALATING:
                 raise ValueError(
-                    f"{field} applies to strategy 'cascade' or 'select' with verify: true "
-                    f"(routes whose answers are judged), not '{self.strategy}'"
+                    f"{field} applies to strategy 'cascade' or 'select' (routes that "
+                    f"escalate), not '{self.strategy}'"
                 )
-        if "max_escalations" in self.model_fields_set and self.strategy not in ESCALATING:
-            raise ValueError(
-                f"max_escalations applies to strategy 'cascade' or 'select' (routes that "
-                f"escalate), not '{self.strategy}'"
-            )
         if "stream_cascade" in self.model_fields_set and self.strategy != "cascade":
             raise ValueError(f"stream_cascade applies to strategy 'cascade', not '{self.strategy}'")
         counts = Counter(self.second_opinions)  # not list.count per name: quadratic

@@ -16,7 +16,9 @@ Loc = tuple[str | int, ...]
 
 MAX_USD = 1e9  # a budget: 1e18 nano-dollars, well within a 64-bit integer
 MAX_USD_RATE = 1e6  # USD per million tokens ($1 a token), or per GPU-hour
-MAX_SECONDS = 86_400.0  # a timeout, interval, window, backoff or cooldown: one day
+# A timeout, interval, window, backoff or cooldown: 30 days, past "no timeout" for a batch
+# job (as milliseconds, far within a 64-bit integer).
+MAX_SECONDS = 30 * 86_400.0
 MAX_MS = MAX_SECONDS * 1000
 MIN_INTERVAL_S = 0.05  # polling more often burns a core for nothing
 MIN_RELOAD_INTERVAL_S = 0.1  # a reload poll reads and hashes every policy file

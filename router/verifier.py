@@ -70,7 +70,7 @@ def says_nothing(question: str, response: str) -> bool:
     """Whether ``response`` is punctuation and whitespace only, not offered by
     ``question``."""
     answer = response.strip()
-    if any(not unicodedata.category(c).startswith(("P", "Z")) for c in answer):
+    if any(not c.isspace() and unicodedata.category(c)[0] not in "PZ" for c in answer):
         return False
     if not answer or answer not in question:
         return True

@@ -60,6 +60,7 @@ def _request_id(request: Request) -> dict[str, str]:
     """A listing's `x-request-id`, as every reply has; noted on `request.state`, where
     the error handler finds it."""
     request.state.request_id = request_id = services_of(request).proxy.request_ids.next()
+    bind_request_id(request_id)  # on its log lines too
     return {"x-request-id": request_id}
 
 

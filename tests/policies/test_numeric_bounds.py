@@ -21,7 +21,7 @@ from gateway.limits.rules import RuleBook
 from policies import LoadedPolicy, PolicyError, PolicyReloader, load_policy
 from policies.access import Budget
 from policies.schema import Deployment, GatewaySection, Policy, Price, Route, SelfHosted
-from policies.section import MAX_COUNT
+from policies.section import MAX_COUNT, MAX_SECONDS
 
 INT64_MAX = 2**63 - 1
 MINIMAL = """\
@@ -67,7 +67,7 @@ deployments:
   a:
     model: m
     api_base: http://127.0.0.1:9/v1
-    timeout_s: 86400
+    timeout_s: 2592000
     max_output_tokens: 1000000000
     price: {input_per_mtok: 1000000, output_per_mtok: 1000000, cache_write_per_mtok: 1000000}
   b:
@@ -79,14 +79,14 @@ routes:
     deployments: [a, b]
     max_output_tokens: 1000000000
     max_body_bytes: 1073741824
-    sla: {timeout_ms: 86400000, hedge_after_ms: 86400000}
+    sla: {timeout_ms: 2592000000, hedge_after_ms: 2592000000}
 budgets:
   - {scope: team, name: default, period: month, limit_usd: 1000000000, soft_limit_usd: 1000000000}
 keys:
   k:
     hash: '${H}'
     rate_limit: {requests_per_minute: 1000000000000000, tokens_per_minute: 1000000000000000}
-gateway: {request_timeout_s: 86400, reload_interval_s: 0.1, load_scrape_interval_s: 0.05}
+gateway: {request_timeout_s: 2592000, reload_interval_s: 0.1, load_scrape_interval_s: 0.05}
 """  # fmt: skip
 
 
@@ -173,7 +173,7 @@ def numeric_properties(schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[
 NUMBERS = (
     st.floats()
     | st.integers(min_value=-(10**40), max_value=10**40)
-    | st.sampled_from([1e300, -0.0, 5e-324, 2**63, 10**9, 10**9 + 1, 86_400.0001])
+    | st.sampled_from([1e300, -0.0, 5e-324, 2**63, 10**9, 10**9 + 1, MAX_SECONDS + 1e-4])
 )
 
 
@@ -204,7 +204,7 @@ def test_what_the_schema_accepts_converts_where_it_is_used(first: Any, second: A
     if gateway := accepted(GatewaySection, {"request_timeout_s": first}):
         assert int((gateway.request_timeout_s + HOLD_GRACE_S) * 1000) > 0
     if gateway := accepted(GatewaySection, {"reload_interval_s": first}):
-        assert 0.1 <= gateway.reload_interval_s <= 86_400
+        assert 0.1 <= gateway.reload_interval_s <= MAX_SECONDS
     if route := accepted(Route, {"deployments": ["a"], "max_output_tokens": first}):
         assert orjson.dumps({"max_tokens": route.max_output_tokens})
     for number in (first, second):

@@ -237,7 +237,7 @@ def test_a_response_must_be_a_string(tmp_path: Path) -> None:
 
 
 OPEN = "Explain to a ten-year-old why the sky is blue during the day but red at sunset."
-NO_TEXT = [".", "...", "-", "?!", " . ", "", "\u2014", "\u3002"]
+NO_TEXT = [".", "...", "-", "?!", " . ", "", "\u2014", "\u3002", ".\n.", "-\t-"]
 
 
 def test_an_answer_without_a_letter_or_digit_is_capped(tmp_path: Path) -> None:
