@@ -189,6 +189,11 @@ def test_an_unknown_field_is_refused_and_known_ones_pass(
     assert fake_openai.requests == []
     known = {"service_tier": "auto", "metadata": {"user_id": "u"}, "stop_sequences": ["x"]}
     assert message(base, hello, **known).status_code == 200
+    # Known, but shaping the answer in a way chat cannot: refused, not dropped.
+    schema = {"type": "json_schema", "schema": {"type": "object"}}
+    anthropic_refusal(message(base, hello, output_format=schema), "output_format")
+    anthropic_refusal(message(base, hello, output_config={"format": schema}), "output_config")
+    assert message(base, hello, output_config={"effort": "low"}).status_code == 200
 
 
 # The Responses bridge.
@@ -240,6 +245,9 @@ def test_an_unknown_responses_field_is_refused_on_the_bridge_only(
     assert fake_openai.requests == []
     known = {"truncation": "auto", "include": [], "prompt_cache_key": "k", "store": False}
     assert responses(base, input="hi", **known).status_code == 200
+    for field, value in [("top_logprobs", 3), ("include", ["reasoning.encrypted_content"])]:
+        refused = responses(base, input="hi", **{field: value})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
     native = responses(base, model="auto", input="hi", foo=1)
     assert native.status_code == 200, native.text
     assert fake_responses.requests[-1]["body"]["foo"] == 1

@@ -19,7 +19,7 @@ a `tool_result` with `is_error` has its text prefixed "Error: ".
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -84,7 +84,8 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 ROLES = ("user", "assistant")
 # Every top-level field of the Messages API: the bridge refuses others (unknown to the API),
-# which only a native deployment may judge. Known ones it does not translate are dropped.
+# which only a native deployment may judge. Known ones it does not translate are dropped,
+# but for those that shape the answer (`UNTRANSLATED`), which only a native one may serve.
 KNOWN_FIELDS = frozenset(
     {
         *FIELDS,
@@ -94,6 +95,14 @@ KNOWN_FIELDS = frozenset(
         "workspace_id",
     }
 )
+# field -> whether its value asks for what the bridge cannot give: structured output,
+# MCP servers, a code-execution container
+UNTRANSLATED: Mapping[str, Callable[[Any], bool]] = {
+    "output_format": lambda v: v is not None,
+    "output_config": lambda v: isinstance(v, dict) and v.get("format") is not None,
+    "mcp_servers": bool,
+    "container": lambda v: v is not None,
+}
 # role -> the content blocks litellm's adapter translates to chat (it drops the others;
 # earlier turns' thinking, which Anthropic itself leaves out of the context, included)
 BLOCKS: Mapping[str, frozenset[str]] = {
@@ -201,8 +210,12 @@ def _check_messages(messages: Any) -> None:
 def unknown_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first top-level field the Messages API does not have, and why it needs a
     native deployment (which judges it)."""
-    name = next((n for n in body if n not in KNOWN_FIELDS), None)
-    return None if name is None else (name, f"'{name}' is not a field of the Messages API")
+    for name, value in body.items():
+        if name not in KNOWN_FIELDS:
+            return name, f"'{name}' is not a field of the Messages API"
+        if name in UNTRANSLATED and UNTRANSLATED[name](value):
+            return name, f"'{name}' is not translated for an OpenAI-style deployment"
+    return None
 
 
 def unbridged_block(body: Mapping[str, Any]) -> tuple[str, str] | None:

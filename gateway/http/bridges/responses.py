@@ -20,7 +20,7 @@ bridge did: `store: false` (it keeps nothing) and the request's `parallel_tool_c
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -83,7 +83,8 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
     ),
 }
 # Every top-level field of the Responses API: the bridge refuses others (unknown to the API),
-# which only a native deployment may judge. Known ones it does not translate are dropped.
+# which only a native deployment may judge. Known ones it does not translate are dropped,
+# but for those that shape the answer (`UNTRANSLATED`), which only a native one may serve.
 KNOWN_FIELDS = frozenset(
     {
         *FIELDS,
@@ -94,6 +95,13 @@ KNOWN_FIELDS = frozenset(
         *("background_options", "moderation", "image", "access_programs"),
     }
 )
+# field -> whether its value asks for what the bridge cannot give: token logprobs, more
+# output (encrypted reasoning, logprobs), a bound on tool calls
+UNTRANSLATED: Mapping[str, Callable[[Any], bool]] = {
+    "top_logprobs": lambda v: v is not None,
+    "include": bool,
+    "max_tool_calls": lambda v: v is not None,
+}
 # content part type -> the field it must have to be translated (litellm's translation turns
 # an image by `file_id` into an empty image URL, a `file_url` into a file id)
 PARTS: Mapping[str, tuple[str, ...]] = {
@@ -222,8 +230,11 @@ def stateful_field(body: Mapping[str, Any]) -> str | None:
 def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first field, tool, input item or content part the bridge does not translate,
     and why."""
-    if (name := next((n for n in body if n not in KNOWN_FIELDS), None)) is not None:
-        return name, f"'{name}' is not a field of the Responses API"
+    for name, value in body.items():
+        if name not in KNOWN_FIELDS:
+            return name, f"'{name}' is not a field of the Responses API"
+        if name in UNTRANSLATED and UNTRANSLATED[name](value):
+            return name, f"'{name}' is not translated for an OpenAI-style deployment"
     for i, tool in enumerate(body.get("tools") or []):
         if tool["type"] != "function":
             return f"tools[{i}].type", "only function tools are bridged to chat"
