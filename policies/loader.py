@@ -59,9 +59,6 @@ PLAINTEXT_SECRET = "secrets come from the environment: write ${VAR_NAME}, not th
 PLACEHOLDER_HINT = " (a server that checks no key: `api_key: unused`, or ${VAR:-unused})"
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
 SEPARATORS = tuple("-_.:/@")  # between the parts of a model name
-# Unknown fields that mean another, where the closest spelling would mislead:
-# `requires: [tools, vision]` (a field once declared and never read) is no `requires_key`.
-MEANT_FIELDS = {"requires": "capabilities"}
 NEAR_SPELLING = 0.8  # difflib ratio of a slip of the keyboard (gpt-4o-mnii, gpt-4o-mini)
 
 # What of a policy this install cannot serve (a route's classifier, a deployment's
@@ -325,8 +322,7 @@ def _validation_findings(exc: ValidationError) -> Iterator[tuple[FieldPath, str,
 
 def _unknown_field(loc: FieldPath) -> str:
     known = _model_fields_at(loc[:-1])
-    meant = MEANT_FIELDS.get(str(loc[-1]))
-    guess = meant if meant in known else closest_spelling(str(loc[-1]), known)
+    guess = closest_spelling(str(loc[-1]), known)
     message = f"unknown field '{loc[-1]}'" + did_you_mean(guess)
     return f"{message} (fields here: {', '.join(known)})" if known else message
 

@@ -113,6 +113,8 @@ class Deployment(Section):
     api_base: str | None = None
     api_key: Secret = None
     requires_key: bool = False
+    # Once declared and never read: still accepted, ignored, and noted (`unserved_notes`).
+    requires: list[str] = Field(default_factory=list, deprecated="ignored: see capabilities")
     tier: str = "default"
     timeout_s: Seconds = 60
     connect_timeout_s: Seconds = 5

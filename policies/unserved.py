@@ -14,6 +14,12 @@ def unserved_notes(policy: Policy) -> list[str]:
         for name, spec in policy.deployments.items()
         if (reason := spec.unavailable_reason())
     ]
+    notes += [
+        f"deployment '{name}': requires is ignored (it never took effect); capabilities "
+        "says what a deployment serves"
+        for name, spec in policy.deployments.items()
+        if "requires" in spec.model_fields_set
+    ]
     disabled = {key_id: key.disabled_reason for key_id, key in policy.keys.items()}
     notes += [
         f"key '{key_id}' is disabled, its requests are refused (401): {reason}"

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from policies import DEFAULT_POLICY_PATH, EXAMPLES_DIR, PolicyError, load_policy
 from policies.schema import Route
+from policies.unserved import unserved_notes
 
 ESCALATE = "applies to strategy 'cascade' or 'select' (routes that escalate)"
 STREAMED = "stream_cascade applies to strategy 'cascade'"
@@ -66,20 +67,20 @@ def test_the_error_names_the_route_and_its_line(tmp_path: Path) -> None:
     assert problem.message == f"verify_threshold {ESCALATE}, not 'fallback'"
 
 
-def test_requires_is_no_field_capabilities_is(tmp_path: Path) -> None:
-    """`requires: [tools, vision]` was declared, never read: now refused, pointing at
-    `capabilities` (not at `requires_key`, the closest spelling)."""
+def test_requires_is_ignored_and_noted(tmp_path: Path) -> None:
+    """`requires: [tools, vision]` was declared, never read: a policy with it still loads
+    (an upgrade must not stop serve), and check notes that it does nothing."""
     path = tmp_path / "policy.yaml"
     path.write_text(
         "deployments:\n"
         "  a: {model: m, api_base: 'http://127.0.0.1:9/v1', requires: [tools, vision]}\n"
         "routes:\n  auto: {deployments: [a]}\n"
     )
-    with pytest.raises(PolicyError) as caught:
-        load_policy(path, env={})
-    [problem] = caught.value.problems
-    assert problem.field == "deployments.a.requires"
-    assert problem.message.startswith("unknown field 'requires'; did you mean 'capabilities'?")
+    policy = load_policy(path, env={}).policy
+    assert (
+        "deployment 'a': requires is ignored (it never took effect); capabilities says what "
+        "a deployment serves"
+    ) in unserved_notes(policy)
 
 
 @pytest.mark.parametrize(
