@@ -97,6 +97,16 @@ def ready(run_dir: Path, supervisor: Callable[[int], bool]) -> EngineRecord:
     return eventually(check, START_S, "the engine ready", 0.05)
 
 
+def start_ready(
+    path: Path, policy: Policy, run_dir: Path, started: list[Autostart]
+) -> tuple[Autostart, EngineRecord]:
+    """The policy's engines started as serve starts them, once their engine is ready."""
+    autostart = start_engines(path, policy.engines, run_dir)
+    assert autostart is not None
+    started.append(autostart)
+    return autostart, ready(run_dir, lambda pid: pid == autostart.pid)
+
+
 def reported(guard: SlaGuard) -> object:
     """The engine state `/admin/policy` shows for the deployment."""
     return guard.health_report("local")["engine_state"]
@@ -121,10 +131,7 @@ def test_a_killed_supervisor_is_reaped_logged_and_replaced(
     caplog.set_level(logging.INFO, logger="local_engine")
     run_dir = tmp_path / "engines"
     path, policy, port = policy_at(tmp_path, fake_vllm, backoff=1)
-    autostart = start_engines(path, policy.engines, run_dir)
-    assert autostart is not None
-    started.append(autostart)
-    first = ready(run_dir, lambda pid: pid == autostart.pid)
+    autostart, first = start_ready(path, policy, run_dir, started)
     guard = build_guard(Metrics(), policy, None, "test:", run_dir)
     guard.warmup.watch(policy)
     assert reported(guard) == "ready"
@@ -164,10 +171,7 @@ def test_stopping_during_the_backoff_starts_nothing_and_stops_the_orphan(
     caplog.set_level(logging.INFO, logger="local_engine")
     run_dir = tmp_path / "engines"
     path, policy, _ = policy_at(tmp_path, fake_vllm, backoff=60)
-    autostart = start_engines(path, policy.engines, run_dir)
-    assert autostart is not None
-    started.append(autostart)
-    engine = ready(run_dir, lambda pid: pid == autostart.pid)
+    autostart, engine = start_ready(path, policy, run_dir, started)
     killed = autostart.pid
     assert killed is not None
     os.kill(killed, signal.SIGKILL)
