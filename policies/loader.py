@@ -20,6 +20,7 @@ import difflib
 import functools
 import hashlib
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -316,6 +317,10 @@ def _validation_findings(exc: ValidationError) -> Iterator[tuple[FieldPath, str,
             yield loc, "required field is missing", True
         elif error["type"] == "extra_forbidden":
             yield loc, _unknown_field(loc), False
+        elif error["type"] == "literal_error" and isinstance(error.get("input"), str):
+            allowed = re.findall(r"'([^']*)'", str(error["ctx"]["expected"]))
+            guess = closest_spelling(error["input"], allowed)
+            yield loc, str(error["msg"]) + did_you_mean(guess), False
         else:
             yield loc, str(error["msg"]).removeprefix("Value error, "), False
 

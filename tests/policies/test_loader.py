@@ -363,3 +363,19 @@ def test_an_empty_model_name_is_refused(tmp_path: Path) -> None:
     text = "deployments:\n  a: {model: '${M:-}', api_base: http://h/v1}\nroutes: {}\n"
     [problem] = problems(write(tmp_path, text), env={})
     assert problem.field == "deployments.a.model"
+
+
+def test_a_misspelt_choice_is_answered_with_the_one_meant(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        "    deployments: [a]\n", "    strategy: falback\n    deployments: [a]\n"
+    )
+    text += "budgets:\n  - {scope: team, name: t, period: monthly, limit_usd: 5}\n"
+    found = problems(write(tmp_path, text))
+    assert [(p.field, p.message) for p in found] == [
+        (
+            "routes.auto.strategy",
+            "Input should be 'fixed', 'fallback', 'classifier', 'cascade' or 'select'; "
+            "did you mean 'fallback'?",
+        ),
+        ("budgets.0.period", "Input should be 'day' or 'month'; did you mean 'month'?"),
+    ]
