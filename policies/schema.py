@@ -54,6 +54,7 @@ from policies.section import (
     Secret,
     Section,
     TokensPerSecond,
+    UnsetWhenEmpty,
     UsdRate,
 )
 
@@ -110,7 +111,7 @@ class Deployment(Section):
     # an unknown provider name is accepted and a wrong type gives a single error
     provider: str = Field(OPENAI_COMPATIBLE, examples=["openai", "anthropic"])
     model: Annotated[str, Field(min_length=1)]  # sent upstream: never empty (an unset ${M:-})
-    api_base: str | None = None
+    api_base: UnsetWhenEmpty = None
     api_key: Secret = None
     requires_key: bool = False
     # Once declared and never read: still accepted, ignored, and noted (`unserved_notes`).

@@ -44,9 +44,10 @@ TokensPerSecond = Annotated[float, Field(ge=MIN_TOKENS_PER_SECOND, le=MAX_COUNT)
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 Milliseconds = Annotated[float, Field(gt=0, le=MAX_MS)]
 Interval = Annotated[float, Field(ge=MIN_INTERVAL_S, le=MAX_SECONDS)]
-# A secret (a client key, an API key): `${VAR:-}` with VAR unset means none, as an
-# unset `${VAR}` does, never an empty secret.
-Secret = Annotated[str | None, BeforeValidator(empty_as_unset)]
+# A value the environment may leave out (a secret, a URL): `${VAR:-}` with VAR unset
+# means none, as an unset `${VAR}` does, never an empty string.
+UnsetWhenEmpty = Annotated[str | None, BeforeValidator(empty_as_unset)]
+Secret = UnsetWhenEmpty
 
 
 class CrossReferenceError(ValueError):

@@ -122,3 +122,16 @@ def test_an_empty_optional_key_is_no_key(tmp_path: Path) -> None:
     )
     local = load_policy(write(tmp_path, text), env={}).policy.deployments["local"]
     assert (local.api_key, local.unavailable_reason()) == (None, None)
+
+
+def test_an_empty_api_base_is_unset_not_a_bad_url(tmp_path: Path) -> None:
+    """`${URL:-}` with URL unset: the deployment waits to be configured, as with an unset
+    `${URL}`, instead of the policy failing on a URL without a scheme."""
+    path = write(
+        tmp_path,
+        "deployments:\n  a: {model: m, api_base: '${EMPTY_TEST_URL:-}'}\n"
+        "routes:\n  auto: {deployments: [a]}\n",
+    )
+    deployment = load_policy(path, env={}).policy.deployments["a"]
+    assert deployment.api_base is None
+    assert deployment.unavailable_reason() == "api_base is not set (EMPTY_TEST_URL unset)"
