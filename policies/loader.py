@@ -54,8 +54,9 @@ SECRET_SECTIONS = {"keys": "secret", "engines": "api_key", "deployments": "api_k
 # checks no key (`api_key: ollama`, `EMPTY`, `unused`; litellm's providers need one):
 # real provider keys are far longer.
 PLACEHOLDER_KEY_LENGTH = 16
-# Longer placeholders that servers' docs tell users to write (llama.cpp, llamafile...).
-PLACEHOLDER_KEYS = frozenset({"sk-no-key-required", "not-needed", "no-key-required"})
+# A longer literal that says it is no key (the placeholders servers' docs tell users to
+# write: llama.cpp's "...-no-key-required", "not-needed"): no real key reads so.
+SAYS_NO_KEY = re.compile(r"no-?key|not-?needed|unused|dummy|placeholder", re.IGNORECASE)
 PLAINTEXT_SECRET = "secrets come from the environment: write ${VAR_NAME}, not the secret"
 PLACEHOLDER_HINT = " (a server that checks no key: `api_key: unused`, or ${VAR:-unused})"
 MIN_SCRUBBED_LENGTH = 3  # shorter env values are too common in messages to be secrets
@@ -287,7 +288,7 @@ def _plaintext_secrets(substitution: Substitution) -> Iterator[tuple[FieldPath, 
             continue
         if path[0] != "deployments":
             yield path, PLAINTEXT_SECRET
-        elif len(value) >= PLACEHOLDER_KEY_LENGTH and value not in PLACEHOLDER_KEYS:
+        elif len(value) >= PLACEHOLDER_KEY_LENGTH and not SAYS_NO_KEY.search(value):
             yield path, PLAINTEXT_SECRET + PLACEHOLDER_HINT
 
 

@@ -32,7 +32,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    "key", ["ollama", "EMPTY", "unused", "fifteen-chars-x", "sk-no-key-required", "not-needed"]
+    "key", ["ollama", "EMPTY", "unused", "fifteen-chars-x", "llama-no-key-required", "not-needed"]
 )
 def test_a_short_literal_deployment_key_is_a_placeholder(tmp_path: Path, key: str) -> None:
     """A keyless server behind litellm still needs an `api_key`: a placeholder loads."""
