@@ -5,6 +5,7 @@ litellm's translation would fail on less clearly, is checked."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from gateway.errors import InvalidRequest
@@ -31,6 +32,7 @@ __all__ = [
     "is_token_limit",
     "optional",
     "refuse",
+    "unbridged_top_field",
 ]
 
 FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what OpenAI's chat API takes
@@ -60,3 +62,20 @@ def expect(ok: bool, field: str, expected: str, value: Any) -> None:
 
 def refuse(field: str, why: str) -> InvalidRequest:
     return InvalidRequest(f"'{field}' is not supported here: {why}", param=field)
+
+
+def unbridged_top_field(
+    body: Mapping[str, Any],
+    known: Collection[str],
+    untranslated: Mapping[str, Callable[[Any], bool]],
+    surface: str,
+) -> tuple[str, str] | None:
+    """The first top-level field a bridge cannot serve, and why: one `surface` (the API)
+    does not have, or one whose value asks for what translation to chat cannot give
+    (`untranslated`: field -> whether the value does)."""
+    for name, value in body.items():
+        if name not in known:
+            return name, f"'{name}' is not a field of the {surface}"
+        if name in untranslated and untranslated[name](value):
+            return name, f"'{name}' is not translated for an OpenAI-style deployment"
+    return None

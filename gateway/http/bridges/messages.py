@@ -48,6 +48,7 @@ from gateway.http.bridges.checks import (
     is_token_limit,
     optional,
     refuse,
+    unbridged_top_field,
 )
 from gateway.http.validation import show
 from gateway.native import NativeCall
@@ -210,12 +211,7 @@ def _check_messages(messages: Any) -> None:
 def unknown_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first top-level field the Messages API does not have, and why it needs a
     native deployment (which judges it)."""
-    for name, value in body.items():
-        if name not in KNOWN_FIELDS:
-            return name, f"'{name}' is not a field of the Messages API"
-        if name in UNTRANSLATED and UNTRANSLATED[name](value):
-            return name, f"'{name}' is not translated for an OpenAI-style deployment"
-    return None
+    return unbridged_top_field(body, KNOWN_FIELDS, UNTRANSLATED, "Messages API")
 
 
 def unbridged_block(body: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -48,6 +48,7 @@ from gateway.http.bridges.checks import (
     is_token_limit,
     optional,
     refuse,
+    unbridged_top_field,
 )
 from gateway.http.validation import show
 from gateway.native import NativeCall
@@ -230,11 +231,8 @@ def stateful_field(body: Mapping[str, Any]) -> str | None:
 def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first field, tool, input item or content part the bridge does not translate,
     and why."""
-    for name, value in body.items():
-        if name not in KNOWN_FIELDS:
-            return name, f"'{name}' is not a field of the Responses API"
-        if name in UNTRANSLATED and UNTRANSLATED[name](value):
-            return name, f"'{name}' is not translated for an OpenAI-style deployment"
+    if found := unbridged_top_field(body, KNOWN_FIELDS, UNTRANSLATED, "Responses API"):
+        return found
     for i, tool in enumerate(body.get("tools") or []):
         if tool["type"] != "function":
             return f"tools[{i}].type", "only function tools are bridged to chat"
