@@ -12,7 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +147,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         f"{args.path}: ok ({len(policy.deployments)} deployments, {len(policy.routes)} routes, "
         f"{len(policy.keys)} keys)"
     )
-    return print_lines([summary, *(f"  note: {note}" for note in notes)])
+    return print_report([summary, *(f"  note: {note}" for note in notes)])
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
@@ -200,7 +200,32 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     }
     if choice is not None:
         decision |= choice_summary(route, choice, plan, needs)
-    return print_lines([json.dumps(decision, indent=2)])
+    return print_report([json.dumps(decision, indent=2)])
+
+
+def print_report(lines: Iterable[str]) -> int:
+    """Print a policy command's lines: 0, also when the reader has gone (`policy check
+    PATH | head -1` read what it wanted: the exit status stays the command's outcome,
+    unlike `print_lines`'); 1 when stdout cannot be written (`> /dev/full`), saying
+    why. Either way stdout then goes nowhere, so that the flush at exit cannot fail
+    again."""
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:  # quietly, as Python's docs advise (the note on SIGPIPE)
+        _silence_stdout()
+    except OSError as exc:
+        _silence_stdout()
+        print(f"error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def fresh_selector() -> QualitySelector:

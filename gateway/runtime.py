@@ -28,7 +28,7 @@ from policies.capabilities import OPENAI_SERVES, default_capabilities
 from policies.engines import EngineSpec
 from policies.keys import hash_key
 from policies.prices import litellm_price_map
-from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Sla
+from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Route, Sla
 from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route, sandbox
 from router.target_selection import FLOOR_PROFILE, Choice, prior_profile
 
@@ -233,7 +233,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             max_output_tokens=spec.max_output_tokens,
             second_opinions=tuple(deployments[d] for d in spec.second_opinions),
             run_code_examples=spec.run_code_examples and _sandbox_usable(name, warnings),
-            judge=deployments[spec.judge] if spec.judge is not None else None,
+            judge=_judge(name, spec, deployments, warnings),
             judge_timeout_s=spec.judge_timeout_ms / 1000,
             quality_target=spec.quality_target,
             reference_profile=_reference_profile(spec.reference_model, deployments),
@@ -384,6 +384,48 @@ def _sandbox_usable(route: str, warnings: list[tuple[int, str]]) -> bool:
         message = f"route {route}: run_code_examples is off: cannot isolate code here: {reason}"
         warnings.append((logging.ERROR, message))
     return reason is None
+
+
+def _judge(
+    route: str,
+    spec: Route,
+    deployments: Mapping[str, DeploymentRuntime],
+    warnings: list[tuple[int, str]],
+) -> DeploymentRuntime | None:
+    """The route's judge, warned of where it grades its own answers or its model's."""
+    if spec.judge is None:
+        return None
+    judge = deployments[spec.judge]
+    # A verified `select` picks its climb per request: what its judge grades is not
+    # known here.
+    if spec.strategy == "cascade":
+        graded = _graded_by_judge([deployments[name] for name in spec.deployments], spec)
+        warnings += [
+            (logging.WARNING, _self_judged(route, judge, deployment))
+            for deployment in graded
+            if deployment.target.model == judge.target.model  # the judge itself too
+        ]
+    return judge
+
+
+def _graded_by_judge(candidates: list[DeploymentRuntime], spec: Route) -> list[DeploymentRuntime]:
+    """The deployments of a cascade whose answers its judge grades: every tier climbed
+    (at most `max_escalations` past the first) but the last, whose answer is kept
+    unverified."""
+    climbed = tier_groups(candidates)[: spec.max_escalations + 1]
+    return [deployment for group in climbed[:-1] for deployment in group]
+
+
+def _self_judged(route: str, judge: DeploymentRuntime, graded: DeploymentRuntime) -> str:
+    tier, model = graded.tier, graded.target.model
+    what = f"is a deployment of tier '{tier}'"
+    if graded.name != judge.name:
+        what = f"runs the same model ('{model}') as '{graded.name}' of tier '{tier}'"
+    return (
+        f"route '{route}': judge '{judge.name}' {what}, whose answers it grades: a model "
+        "rates its own answers too kindly, so answers that should escalate are kept; name "
+        "a judge of another model"
+    )
 
 
 def _reference_name(

@@ -15,6 +15,7 @@ from policies.section import (
     Section,
     Usd,
     empty_as_unset,
+    unset_or_empty,
 )
 
 BudgetScopeType = Literal["key", "team", "route"]
@@ -71,8 +72,9 @@ class Key(Section):
     description: str = ""
 
     # field -> env var names of a secret or hash that was unset: the key is disabled
-    # (set by `Policy`)
+    # (set by `Policy`, with the env vars that are set but empty)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+    _empty_env: frozenset[str] = PrivateAttr(default_factory=frozenset)
 
     @model_validator(mode="after")
     def _check_one_secret(self) -> Self:
@@ -82,12 +84,13 @@ class Key(Section):
 
     @property
     def disabled_reason(self) -> str | None:
-        """Why this key accepts no requests (its secret's env var is unset), or None."""
+        """Why this key accepts no requests (its secret's env var is unset or empty), or
+        None."""
         if self.secret is not None or self.hash is not None:
             return None
         for field in ("hash", "secret"):
             if names := self._unset_env.get(field):
-                return f"{field} is not set ({', '.join(names)} unset)"
+                return f"{field} is not set ({unset_or_empty(names, self._empty_env)})"
         return "secret is not set"
 
 

@@ -7,7 +7,8 @@ Rules, shell-like:
   its API key). Inside a longer string an unset VAR without default is an error.
 - `$$` is a literal `$`.
 Mapping keys are names, never substituted. Values read from the environment are kept
-so error messages can be scrubbed of them.
+so error messages can be scrubbed of them, and the variables set but empty so that
+messages can tell them from unset ones. Linear in the text, hostile text too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from typing import Any
 from policies.document import FieldPath
 
 VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
+# Past a text's last '}' no variable can close, so only these match there; VARIABLE
+# would scan on to the end from every `${NAME:-` there, quadratic in a hostile value.
+UNCLOSED = re.compile(r"\$\$|\$\{")
 WHOLE_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -31,6 +35,7 @@ class Substitution:
     references: dict[FieldPath, list[str]] = field(default_factory=dict)
     unset: dict[FieldPath, list[str]] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)  # env value -> var name
+    empty: set[str] = field(default_factory=set)  # vars referenced that are set to ""
     problems: list[tuple[FieldPath, str]] = field(default_factory=list)
 
 
@@ -57,7 +62,7 @@ class _Substituter:
 
     def string(self, text: str, path: FieldPath) -> str | None:
         whole = WHOLE_VARIABLE.fullmatch(text)
-        if whole is not None and not self.env.get(whole[1]):
+        if whole is not None and self.lookup(whole[1]) is None:
             self.result.references[path] = [whole[1]]
             self.result.unset[path] = [whole[1]]
             return None
@@ -65,14 +70,14 @@ class _Substituter:
         missing: list[str] = []
 
         def replace(match: re.Match[str]) -> str:
-            name, default = match[1], match[2]
             if match[0] == "$$":
                 return "$"
-            if name is None:
+            if match[0] == "${":  # no `NAME}` or `NAME:-...}` follows
                 self.result.problems.append((path, _MALFORMED))
                 return match[0]
+            name, default = match[1], match[2]
             names.append(name)
-            value = self.env.get(name)
+            value = self.lookup(name)
             if value:
                 self.result.secrets[value] = name
                 return value
@@ -80,7 +85,8 @@ class _Substituter:
                 missing.append(name)
             return default or ""
 
-        substituted = VARIABLE.sub(replace, text)
+        end = text.rfind("}") + 1
+        substituted = VARIABLE.sub(replace, text[:end]) + UNCLOSED.sub(replace, text[end:])
         if names:
             self.result.references[path] = names
         for name in missing:
@@ -90,6 +96,13 @@ class _Substituter:
             )
             self.result.problems.append((path, message))
         return substituted
+
+    def lookup(self, name: str) -> str | None:
+        """VAR's value; None when it is unset or empty (an empty one is noted)."""
+        value = self.env.get(name)
+        if value == "":
+            self.result.empty.add(name)
+        return value or None
 
 
 _MALFORMED = "'${' must start ${NAME} or ${NAME:-default} (write $${ for a literal '${')"

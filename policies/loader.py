@@ -43,7 +43,7 @@ from policies.envsubst import Substitution, substitute
 from policies.errors import PolicyError, Problem, closest_spelling, did_you_mean
 from policies.prices import litellm_price_map, litellm_rates
 from policies.schema import Deployment, Policy
-from policies.section import CrossReferenceError
+from policies.section import CrossReferenceError, unset_or_empty
 from policies.sections import Sections
 
 POLICY_SUFFIXES = (".yaml", ".yml")
@@ -73,7 +73,7 @@ class LoadedPolicy:
     """A validated policy and where it came from.
 
     `unset_env` maps dotted field paths to the env vars they referenced that were unset
-    (the field is null); `digest` changes whenever the source files' bytes do.
+    or empty (the field is null); `digest` changes whenever the source files' bytes do.
     """
 
     policy: Policy
@@ -167,14 +167,15 @@ def load_sources(
     # A secret that came out empty (`${VAR:-}`, VAR unset) is unset too (the schema reads
     # it as None): the variables are named where it is missed.
     missed = unset_env | _emptied(substitution)
+    context = {"unset_env": missed, "empty_env": substitution.empty}
     try:
-        policy = Policy.model_validate(substitution.data, context={"unset_env": missed})
+        policy = Policy.model_validate(substitution.data, context=context)
     except ValidationError as exc:
         for path, message, missing in _validation_findings(exc):
             if path not in broken:
                 report.add(path, message, missing=missing)
         # The policy is not valid as a whole: check between the entries that are.
-        sections = Sections.validated(substitution.data, missed)
+        sections = Sections.validated(substitution.data, missed, substitution.empty)
         findings = [*sections.problems(), *_unservable(sections, install_check)]
     else:
         findings = list(_unservable(Sections.of(policy), install_check))
@@ -394,7 +395,7 @@ class _Report:
     def _explain_env(self, path: FieldPath, message: str) -> str:
         unset = self.substitution.unset.get(path)
         if unset:
-            return f"{message} ({', '.join(unset)} is unset)"
+            return f"{message} ({unset_or_empty(unset, self.substitution.empty, verb='is ')})"
         names = self.substitution.references.get(path)
         if names:
             return f"{message} (value from {', '.join('${' + name + '}' for name in names)})"

@@ -56,6 +56,7 @@ from policies.section import (
     TokensPerSecond,
     UnsetWhenEmpty,
     UsdRate,
+    unset_or_empty,
 )
 
 RouteStrategyType = Literal["fixed", "fallback", "classifier", "cascade", "select"]
@@ -153,8 +154,10 @@ class Deployment(Section):
     # model at or below its price (`router.target_selection.prior_profile`).
     quality_profile: str | None = Field(None, examples=["gpt-3.5-turbo-1106"])
 
-    # field name -> env var names that were referenced but unset (set by `Policy`)
+    # field name -> env var names that were referenced but unset (set by `Policy`, with
+    # the env vars that are set but empty)
     _unset_env: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+    _empty_env: frozenset[str] = PrivateAttr(default_factory=frozenset)
 
     @field_validator("provider")
     @classmethod
@@ -228,7 +231,7 @@ class Deployment(Section):
         names = self._unset_env.get(field)
         if not names:
             return f"{field} is not set"
-        return f"{field} is not set ({', '.join(names)} unset)"
+        return f"{field} is not set ({unset_or_empty(names, self._empty_env)})"
 
 
 def _url_problem(url: str) -> str | None:
@@ -459,8 +462,9 @@ class GatewaySection(Section):
 class Policy(Section):
     """The whole policy file (or directory), validated.
 
-    Validation context `{"unset_env": {"keys.ci.secret": ["CI_KEY"], ...}}` (the
-    loader passes it) tells deployments and keys which env vars they missed.
+    Validation context `{"unset_env": {"keys.ci.secret": ["CI_KEY"], ...}, "empty_env":
+    {"CI_KEY"}}` (the loader passes it) tells deployments and keys which env vars they
+    missed, and which of those are set but empty.
     """
 
     deployments: dict[str, Deployment]
@@ -483,7 +487,7 @@ class Policy(Section):
 
         context = info.context if isinstance(info.context, Mapping) else {}
         sections = Sections.of(self)
-        sections.note_unset_env(context.get("unset_env", {}))
+        sections.note_unset_env(context.get("unset_env", {}), context.get("empty_env", ()))
         problems = list(sections.problems())
         if problems:
             raise CrossReferenceError(problems)

@@ -8,6 +8,7 @@ integer nano-dollars, seconds as milliseconds, token counts in a request's JSON.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -31,6 +32,15 @@ MIN_TOKENS_PER_SECOND = 0.01  # an assumed throughput: slower prices a token pas
 def empty_as_unset(value: object) -> object:
     """None for an empty string (a `${VAR:-}` whose VAR is unset), else `value`."""
     return None if value == "" else value
+
+
+def unset_or_empty(names: Sequence[str], empty: Collection[str], verb: str = "") -> str:
+    """How env vars `names` gave no value, `verb` before each state: `A, B unset`,
+    `A empty` (set to ""), or one by one when they differ, `A unset, B empty`."""
+    states = ["empty" if name in empty else "unset" for name in names]
+    if len(set(states)) == 1:
+        return f"{', '.join(names)} {verb}{states[0]}"
+    return ", ".join(f"{name} {verb}{state}" for name, state in zip(names, states, strict=True))
 
 
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]

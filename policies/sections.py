@@ -9,7 +9,7 @@ pairs, raised together as a `CrossReferenceError`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,7 +63,9 @@ class Sections:
         )
 
     @classmethod
-    def validated(cls, data: Any, unset_env: Mapping[str, list[str]]) -> Sections:
+    def validated(
+        cls, data: Any, unset_env: Mapping[str, list[str]], empty_env: Collection[str] = ()
+    ) -> Sections:
         """Each entry of raw policy `data` validated on its own, for a policy that does
         not validate as a whole: the valid ones are cross-checked all the same."""
         data = data if isinstance(data, Mapping) else {}
@@ -78,17 +80,23 @@ class Sections:
             auth=_valid(Auth, data.get("auth", {})),
             gateway=_valid(GatewaySection, data.get("gateway", {})),
         )
-        sections.note_unset_env(unset_env)
+        sections.note_unset_env(unset_env, empty_env)
         return sections
 
-    def note_unset_env(self, unset_env: Mapping[str, list[str]]) -> None:
-        """Tell deployments and keys which of their env vars were unset."""
+    def note_unset_env(
+        self, unset_env: Mapping[str, list[str]], empty_env: Collection[str] = ()
+    ) -> None:
+        """Tell deployments and keys which of their env vars were unset, and which env
+        vars are set but empty (`empty_env`: their messages say so)."""
+        empty = frozenset(empty_env)
         for name, deployment in _present(self.deployments):
             for field in ("api_base", "api_key"):
                 names = unset_env.get(f"deployments.{name}.{field}")
                 if names:
                     deployment._unset_env[field] = list(names)
+            deployment._empty_env = empty
         for key_id, key in _present(self.keys):
+            key._empty_env = empty
             key._unset_env = {
                 field: list(names)
                 for field in ("secret", "hash")

@@ -1,4 +1,5 @@
-"""What a valid policy serves nothing with until it is configured (an env var unset)."""
+"""What a valid policy serves nothing with until it is configured (an env var unset or
+empty)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from policies.schema import Policy
 
 
 def unserved_notes(policy: Policy) -> list[str]:
-    """What in `policy` serves nothing until configured (an env var unset): printed by
-    `policy check` and logged when a gateway loads the policy, since a request that
-    meets it gets only a 401 or 503."""
+    """What in `policy` serves nothing until configured (an env var unset or empty):
+    printed by `policy check` and logged when a gateway loads the policy, since a
+    request that meets it gets only a 401 or 503."""
     notes = [
         f"deployment '{name}' is unavailable until configured: {reason}"
         for name, spec in policy.deployments.items()

@@ -278,18 +278,47 @@ def test_policy_explain_says_what_decides_an_escalation() -> None:
     assert "escalates to the next tier, at most 1 time(s)" in reason
 
 
-@pytest.mark.parametrize("command", [("explain", "--prompt", "hello"), ("check",)])
-def test_a_reader_that_goes_ends_policy_output_quietly(command: tuple[str, ...]) -> None:
-    """`policy explain ... | head -1`: the reader closes the pipe; no BrokenPipeError
-    traceback, exit status 1 (as the router commands end)."""
+def many_deployments_policy(path: Path, count: int = 1000) -> Path:
+    """A valid policy whose `check` notes (each deployment waits for its key) and
+    `explain` reasons (what each serves) run past what a pipe holds (64 KiB)."""
+    lines = ["deployments:"]
+    lines += [
+        f"  d{n:04}: {{model: m, api_base: 'http://127.0.0.1:9/v1', requires_key: true,"
+        f" api_key: '${{UNSET_KEY_{n:04}}}', price: {{input_per_mtok: 1, output_per_mtok: 1}}}}"
+        for n in range(count)
+    ]
+    names = ", ".join(f"d{n:04}" for n in range(count))
+    path.write_text("\n".join([*lines, "routes:", f"  auto: {{deployments: [{names}]}}", ""]))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("command", "valid"),
+    [(["check"], True), (["explain", "--prompt", "hello"], True), (["check"], False)],
+    ids=["check", "explain", "check-invalid"],
+)
+def test_a_reader_that_goes_leaves_the_policy_commands_outcome(
+    tmp_path: Path, command: list[str], valid: bool
+) -> None:
+    """`policy check PATH | head -1`: the reader takes a line and closes the pipe while
+    the command still writes; it ends quietly (no BrokenPipeError traceback) with its
+    own outcome, 0 for a valid policy, 1 for an invalid one."""
+    path = many_deployments_policy(tmp_path / "policy.yaml")
+    if not valid:
+        path.write_text(path.read_text().replace("model: m,", "model: 7,", 1))
     verb, *rest = command
-    args = [EXE, "policy", verb, str(POLICIES / "default.yaml"), *rest]
+    args = [EXE, "policy", verb, str(path), *rest]
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
         assert child.stdout is not None and child.stderr is not None
-        child.stdout.close()  # before the child, still starting, writes anything
+        first = child.stdout.readline()
+        child.stdout.close()
         err = child.stderr.read().decode()
-    assert child.returncode == 1
+    assert child.returncode == (0 if valid else 1), err
     assert "Traceback" not in err and "BrokenPipe" not in err
+    if valid:
+        assert first.startswith(b"{" if verb == "explain" else str(path).encode())
+    else:
+        assert first == b"" and "deployments.d0000.model" in err
 
 
 def test_keys_new_and_hash_agree() -> None:

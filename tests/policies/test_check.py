@@ -303,7 +303,73 @@ def test_a_classifier_this_install_cannot_run_fails_check(
     assert "routes.smart.classifier" in capsys.readouterr().err
 
 
-# 5. Every problem in one run ----------------------------------------------------------
+# 5. A judge grading its own answers -----------------------------------------------
+
+JUDGE = """\
+  mini:
+    model: small-model
+    api_base: http://127.0.0.1:9/v1
+    tier: judges
+    price: {input_per_mtok: 0.1, output_per_mtok: 0.2}
+  middle:
+    model: mid-model
+    api_base: http://127.0.0.1:9/v1
+    tier: middle
+    price: {input_per_mtok: 1, output_per_mtok: 2}
+"""
+JUDGE_WHY = (
+    ", whose answers it grades: a model rates its own answers too kindly, so answers "
+    "that should escalate are kept; name a judge of another model"
+)
+
+
+def judged_policy(judge: str, tiers: str = "cheap, premium", escalations: int = 2) -> str:
+    """POLICY with the judge deployments, its route a cascade over `tiers` judged by `judge`."""
+    text = POLICY.replace("routes:\n", JUDGE + "routes:\n").replace("cheap, premium", tiers)
+    return text + (
+        f"    strategy: cascade\n    max_escalations: {escalations}\n    judge: {judge}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("judge", "what"),
+    [
+        ("cheap", "is a deployment of tier 'cheap'"),
+        ("mini", "runs the same model ('small-model') as 'cheap' of tier 'cheap'"),
+    ],
+)
+def test_a_judge_of_a_tier_it_grades_is_noted(
+    judge: str, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A judge that is a graded tier's deployment, or runs its model, grades its own
+    answers: check passes, and notes which route, judge and tier, and why it matters."""
+    assert main(["policy", "check", str(write(tmp_path, judged_policy(judge)))]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "judge '" in line]
+    assert notes == [f"  note: route 'auto': judge '{judge}' {what}{JUDGE_WHY}"]
+
+
+@pytest.mark.parametrize(
+    ("judge", "tiers", "escalations"),
+    [
+        ("premium", "cheap, premium", 2),  # the last tier's answer is kept unjudged
+        ("mini", "premium, cheap", 2),
+        ("middle", "cheap, middle, premium", 1),  # the climb stops at middle
+        ("mini", "cheap, premium", 0),  # no climb: nothing is judged
+    ],
+)
+def test_a_judge_that_never_grades_its_own_answers_is_not_noted(
+    judge: str,
+    tiers: str,
+    escalations: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = judged_policy(judge, tiers, escalations)
+    assert main(["policy", "check", str(write(tmp_path, text))]) == 0
+    assert "judge '" not in capsys.readouterr().out
+
+
+# 6. Every problem in one run ----------------------------------------------------------
 
 ALL_AT_ONCE = """\
 deployments:

@@ -68,6 +68,10 @@ def test_unavailable_reason_names_unset_env() -> None:
     policy = Policy.model_validate(data, context=context)
     reason = policy.deployments["a"].unavailable_reason()
     assert reason == "api_base is not set (UPSTREAM_BASE_URL unset)"
+    empty = {**context, "empty_env": {"UPSTREAM_BASE_URL"}}  # set, but to ""
+    policy = Policy.model_validate(data, context=empty)
+    reason = policy.deployments["a"].unavailable_reason()
+    assert reason == "api_base is not set (UPSTREAM_BASE_URL empty)"
 
 
 def test_fixed_route_takes_one_deployment() -> None:

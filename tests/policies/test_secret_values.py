@@ -135,3 +135,46 @@ def test_an_empty_api_base_is_unset_not_a_bad_url(tmp_path: Path) -> None:
     deployment = load_policy(path, env={}).policy.deployments["a"]
     assert deployment.api_base is None
     assert deployment.unavailable_reason() == "api_base is not set (EMPTY_TEST_URL unset)"
+
+
+def test_a_variable_set_but_empty_is_said_to_be_empty(tmp_path: Path) -> None:
+    """Set to "" a variable disables what needs it, as an unset one does, but the
+    messages say which it is: an empty one is no typo in its name."""
+    text = (
+        "deployments:\n"
+        "  a: {model: m, api_base: '${URL}', price: {input_per_mtok: 1, output_per_mtok: 1}}\n"
+        "  b: {model: m, api_base: 'http://127.0.0.1:9/v1', requires_key: true,"
+        " api_key: '${UNSET_B:-}${EMPTY_B:-}', price: {input_per_mtok: 1, output_per_mtok: 1}}\n"
+        "routes:\n  auto: {deployments: [a, b]}\n"
+        "keys:\n  k: {secret: '${K}'}\n  h: {hash: '${H:-}'}\n"
+    )
+    path = write(tmp_path, text)
+    loaded = load_policy(path, env={"URL": "", "EMPTY_B": "", "K": "", "H": ""})
+    deployments, keys = loaded.policy.deployments, loaded.policy.keys
+    assert deployments["a"].unavailable_reason() == "api_base is not set (URL empty)"
+    assert (
+        deployments["b"].unavailable_reason() == "api_key is not set (UNSET_B unset, EMPTY_B empty)"
+    )
+    assert keys["k"].disabled_reason == "secret is not set (K empty)"
+    assert keys["h"].disabled_reason == "hash is not set (H empty)"
+    notes = unserved_notes(loaded.policy)
+    assert (
+        "deployment 'a' is unavailable until configured: api_base is not set (URL empty)" in notes
+    )
+    assert (
+        "key 'k' is disabled, its requests are refused (401): secret is not set (K empty)" in notes
+    )
+    unset = load_policy(path, env={}).policy
+    assert unset.deployments["a"].unavailable_reason() == "api_base is not set (URL unset)"
+    assert unset.keys["k"].disabled_reason == "secret is not set (K unset)"
+
+
+def test_a_problem_with_an_empty_variable_says_it_is_empty(tmp_path: Path) -> None:
+    """A required field left null by `${VAR}`: the problem names VAR, empty or unset."""
+    path = write(tmp_path, KEYLESS.format(key="unused").replace("model: llama3", "model: ${M}"))
+    for env, state in [({"M": ""}, "empty"), ({}, "unset")]:
+        with pytest.raises(PolicyError) as caught:
+            load_policy(path, env=env)
+        [problem] = caught.value.problems
+        assert problem.field == "deployments.local.model"
+        assert problem.message == f"Input should be a valid string (M is {state})"
