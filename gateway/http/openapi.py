@@ -60,6 +60,7 @@ ERRORS: Mapping[int, tuple[str, str]] = {
     504: ("GatewayTimeout", "The upstreams did not answer within the request's deadline."),
 }
 CLIENT_ERRORS = (400, 401, 403, 404, 405, 413, 429, 502, 503, 504)
+COUNT_ERRORS = (400, 401, 403, 404, 405, 413)  # counted here: no upstream, no limits
 READ_ERRORS = (400, 401, 403, 405, 503)  # the spend API reads the ledger, never an upstream
 
 
@@ -175,11 +176,10 @@ def proxied(summary: str, request: str, reply_schema: str, *media: str) -> Schem
     return operation(summary, ok, CLIENT_ERRORS, CLIENT, body=request)
 
 
-def anthropic(summary: str, request: str, reply_schema: str) -> Schema:
-    """An Anthropic Messages operation: its errors in Anthropic's shape, its key also
-    in `x-api-key`."""
-    op = proxied(summary, request, reply_schema, SSE)
-    for status in CLIENT_ERRORS:
+def anthropic(op: Schema, errors: Iterable[int] = CLIENT_ERRORS) -> Schema:
+    """An Anthropic Messages API operation: its errors in Anthropic's shape, its key
+    also in `x-api-key`."""
+    for status in errors:
         response = error_response(status)
         response["content"] = {JSON: {"schema": ref("AnthropicError")}}
         op["responses"][str(status)] = response
@@ -203,7 +203,26 @@ PATHS: Mapping[str, Mapping[str, Schema]] = {
         "post": proxied("Create a response (bridged to chat)", "ResponsesRequest", "Response", SSE)
     },
     "/v1/messages": {
-        "post": anthropic("Create a message (bridged to chat)", "MessagesRequest", "Message")
+        "post": anthropic(
+            proxied("Create a message (bridged to chat)", "MessagesRequest", "Message", SSE)
+        )
+    },
+    "/v1/messages/count_tokens": {
+        "post": anthropic(
+            operation(
+                "Count a message's input tokens (the gateway's estimate)",
+                reply("The count.", {JSON: ref("MessageTokensCount")}),
+                COUNT_ERRORS,
+                CLIENT,
+                body="MessageCountTokensRequest",
+                description=(
+                    "The prompt's tokens as the gateway counts them for budgets (tiktoken; "
+                    "an estimate for non-OpenAI models), for the route's first deployment. "
+                    "No upstream is asked; nothing is billed, held or rate limited."
+                ),
+            ),
+            COUNT_ERRORS,
+        )
     },
     "/v1/models": {
         "get": plain("List the models this key may use", ref("ModelList"), (401, 405), CLIENT)

@@ -24,7 +24,7 @@ FINANCE_KEY = "fake-finance-key"
 METRICS_KEY = "fake-metrics-key"
 TIGHT_KEY = "fake-tight-key"  # one request a minute, one route, a tiny budget
 
-ANTHROPIC_PATH = "/v1/messages"  # errors in Anthropic's shape
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")  # errors in Anthropic's shape
 
 # Statuses that mean an upstream (or the ledger) failed, documented as such; any other
 # 5xx is the gateway's own fault.
@@ -318,13 +318,14 @@ def openai_error_shape(ctx: CheckContext, response: Response, case: Case[Any]) -
 
 def error_shape_problem(content: bytes, path: str = "") -> str | None:
     """What is wrong with an error body, or None if it has its API's shape: OpenAI's,
-    or on `/v1/messages` Anthropic's (`{"type": "error", "error": {"type", "message"}}`)."""
+    or on the Messages API's paths Anthropic's (`{"type": "error", "error": {"type",
+    "message"}}`)."""
     try:
         body: Any = json.loads(content)
     except ValueError:
         return "with a body that is not JSON"
     error = body.get("error") if isinstance(body, dict) else None
-    if path == ANTHROPIC_PATH:
+    if path in ANTHROPIC_PATHS:
         shaped = body.get("type") == "error" and isinstance(error, dict)
         typed = shaped and all(isinstance(error.get(k), str) for k in ("type", "message"))
         return None if typed else "not in Anthropic's error shape"

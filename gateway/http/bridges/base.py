@@ -26,6 +26,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from gateway.billing.tokens import count_prompt_off_loop
 from gateway.errors import CapabilityUnavailable, InvalidRequest, UpstreamError
 from gateway.http.endpoints import arrival, label_route
 from gateway.http.validation import parse_body, parse_object
@@ -115,6 +116,10 @@ class Translation:
         self.lib, self.body, self.request_id = lib, body, request_id
         self.model: str = body["model"]
         self.stream = bool(body.get("stream"))
+        self.chat: dict[str, Any] = {}  # the chat form, once `translated_request` made it
+        # The model the prompt is counted as (`prompt_model`): the answering deployment's,
+        # once the pipeline answered.
+        self.counted_as = self.model
 
     @staticmethod
     def check(body: dict[str, Any]) -> None:
@@ -134,6 +139,11 @@ class Translation:
     def events(self, chunks: ChunkSource) -> AsyncIterator[bytes]:
         """The chat stream as this API's SSE events; failures become its error event."""
         raise NotImplementedError
+
+    async def prompt_tokens(self) -> int:
+        """The chat prompt's tokens as the gateway counts them for budgets (the upstream
+        reports its own count only with its answer)."""
+        return await count_prompt_off_loop(self.counted_as, "chat", self.chat)
 
     async def answering_model(self, chunks: ChunkSource) -> str:
         """The model the upstream names in its first chunk, which the non-streaming
@@ -158,6 +168,7 @@ class ChunkSource:
         self._payloads = payloads
         self._chunk = chunk
         self._peeked: list[Any] = []  # read by `peek`, not yet iterated
+        self.reported_usage = False  # whether a chunk read so far carried `usage`
 
     def __aiter__(self) -> ChunkSource:
         return self
@@ -183,6 +194,7 @@ class ChunkSource:
             error = event.get("error") if isinstance(event, dict) else None
             message = error.get("message") if isinstance(error, dict) else None
             raise StreamFailed(str(message or "the upstream stream failed"))
+        self.reported_usage = self.reported_usage or bool(event.get("usage"))
         return self._chunk(**event)
 
     def bill_failure_after_earlier_rounds(self, earlier: Any) -> None:
@@ -265,7 +277,8 @@ def translated_request(translation: Translation) -> dict[str, Any]:
             f"the {translation.surface} request could not be translated: {exc}"
         ) from None
     try:
-        return parse_body(raw, "chat")
+        translation.chat = parse_body(raw, "chat")
+        return translation.chat
     except InvalidRequest as error:
         param = error.param
         if param is not None and param.startswith("messages"):
@@ -310,10 +323,7 @@ async def bridge(
     came = await arrival(request, authorization)
     runtime = came.runtime
     body = parse_object(came.raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
-    label_route(request, runtime, model)
+    label_route(request, runtime, requested_model(body))
     kind.check(body)
     translation = kind(await library(), body, came.request_id)
     chat = translated_request(translation)
@@ -342,7 +352,26 @@ async def bridge(
         ) from None
     if answered_natively(response, native, runtime):
         return response
+    translation.counted_as = prompt_model(
+        runtime, response.headers.get("x-cascade-deployment", translation.model)
+    )
     return translated_response(response, translation)
+
+
+def requested_model(body: Mapping[str, Any]) -> str:
+    """The body's `model`, which must name something (a route or deployment)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    return model
+
+
+def prompt_model(runtime: Runtime, name: str) -> str:
+    """The model a prompt sent to `name` is counted as, as admission counts it: a
+    deployment's upstream model, a route's first deployment's; else `name` itself."""
+    route = runtime.routes.get(name)
+    deployment = runtime.deployments.get(route.deployments[0] if route is not None else name)
+    return deployment.target.model if deployment is not None else name
 
 
 def answered_natively(response: Response, native: NativeCall, runtime: Runtime) -> bool:

@@ -14,6 +14,14 @@ not carry (`BLOCKS`, `SOURCES`), a field the API does not have, need a native de
 the adapter are filled before it runs (`bridged_body`): a document with a text (or
 text-only content) source becomes a text block carrying its title, context and text, and
 a `tool_result` with `is_error` has its text prefixed "Error: ".
+
+A bridged stream's `message_start` reports the prompt's tokens as the gateway counts
+them (an OpenAI stream reports its usage only at its end), and its `message_delta` the
+upstream's count (`with_prompt_count`).
+
+`POST /v1/messages/count_tokens` answers `{"input_tokens": N}`: the gateway's count of
+the request's chat form, for the model the route would first use. No upstream is asked,
+nothing is recorded or held, and no rate limit applies, as for `/v1/models`.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.http.bridges.base import (
@@ -33,8 +41,12 @@ from gateway.http.bridges.base import (
     Translation,
     bridge,
     chat_form,
+    library,
     plain,
+    prompt_model,
+    requested_model,
     sse,
+    translated_request,
 )
 from gateway.http.bridges.checks import (
     MAX_TOKENS_FORM,
@@ -50,7 +62,8 @@ from gateway.http.bridges.checks import (
     refuse,
     unbridged_top_field,
 )
-from gateway.http.validation import show
+from gateway.http.endpoints import arrival
+from gateway.http.validation import parse_object, show
 from gateway.native import NativeCall
 from gateway.native.formats import messages_error_event
 
@@ -145,9 +158,7 @@ class MessagesTranslation(Translation):
     def check(body: dict[str, Any]) -> None:
         tokens = body.get("max_tokens")
         expect(is_token_limit(tokens), "max_tokens", MAX_TOKENS_FORM, tokens)
-        check_fields(body, FIELDS)
-        _check_messages(body.get("messages"))
-        _check_tools(body)
+        check_prompt(body)
 
     def chat_body(self) -> dict[str, Any]:
         chat, self.tool_names = self.lib.messages.translate_anthropic_to_openai(
@@ -171,6 +182,7 @@ class MessagesTranslation(Translation):
     async def events(self, chunks: ChunkSource) -> AsyncIterator[bytes]:
         try:
             model = await self.answering_model(chunks)
+            counted = await self.prompt_tokens()
             stream = self.lib.messages_stream(
                 chunks, model=model, tool_name_mapping=self.tool_names
             )
@@ -178,6 +190,7 @@ class MessagesTranslation(Translation):
                 data = plain(event)
                 if data.get("type") == "message_start" and isinstance(data.get("message"), dict):
                     data["message"]["id"] = self.id
+                with_prompt_count(data, counted, chunks.reported_usage)
                 yield sse(str(data.get("type", "message")), data)
         except StreamFailed as failed:
             yield messages_error_event(str(failed))
@@ -188,11 +201,37 @@ class MessagesTranslation(Translation):
             await chunks.aclose()
 
 
+def with_prompt_count(event: dict[str, Any], counted: int, reported: bool) -> None:
+    """Put the gateway's count of the prompt's tokens in litellm's `message_start`,
+    which says 0 (an OpenAI stream reports usage only at its end, and the Anthropic SDK
+    reads `input_tokens` there), and in `message_delta` when the upstream reported no
+    usage (`reported`); otherwise `message_delta` keeps the upstream's, as litellm
+    translated it."""
+    kind = event.get("type")
+    if kind == "message_start":
+        message = event.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
+    elif kind == "message_delta" and not reported:
+        usage = event.get("usage")
+    else:
+        return
+    if isinstance(usage, dict):
+        usage["input_tokens"] = counted
+
+
 def error_body(error: GatewayError) -> dict[str, Any]:
     """The gateway's error in Anthropic's shape."""
     other = "api_error" if error.status >= 500 else "invalid_request_error"
     kind = ERROR_TYPES.get(error.status, other)
     return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def check_prompt(body: dict[str, Any]) -> None:
+    """Refuse a body whose prompt the bridge cannot read (all `check` does but for
+    `max_tokens`, which counting tokens does without); InvalidRequest names the field."""
+    check_fields(body, FIELDS)
+    _check_messages(body.get("messages"))
+    _check_tools(body)
 
 
 def _check_messages(messages: Any) -> None:
@@ -328,7 +367,27 @@ def _check_tools(body: dict[str, Any]) -> None:
 
 
 async def create_message(request: Request) -> Response:
+    return await bridge(request, MessagesTranslation, _authorization(request))
+
+
+async def count_tokens(request: Request) -> Response:
+    """The prompt's tokens as the gateway counts them for budgets, for the model the
+    route would first use; checked as `/v1/messages` checks a request (but for
+    `max_tokens`), with its errors, in the same order."""
+    came = await arrival(request, _authorization(request))
+    body = parse_object(came.raw)
+    model = requested_model(body)
+    check_prompt(body)
+    translation = MessagesTranslation(await library(), body, came.request_id)
+    translated_request(translation)  # its chat form, which is counted
+    route = came.runtime.resolve(model)
+    came.principal.check_route(route.name)
+    translation.counted_as = prompt_model(came.runtime, route.name)
+    tokens = await translation.prompt_tokens()
+    return JSONResponse({"input_tokens": tokens}, headers={"x-request-id": came.request_id})
+
+
+def _authorization(request: Request) -> str | None:
     """The key from `x-api-key` unless an Authorization header is sent."""
     key = request.headers.get("x-api-key")
-    authorization = None if "authorization" in request.headers or not key else f"Bearer {key}"
-    return await bridge(request, MessagesTranslation, authorization)
+    return None if "authorization" in request.headers or not key else f"Bearer {key}"

@@ -25,6 +25,10 @@ PASSED_ON = (
     "serve this API natively, else translated to a chat completion request (see the "
     "HTTP docs for what the bridge approximates or drops)."
 )
+COUNTED = (
+    "A Messages API request without `max_tokens` (ignored when sent), checked as "
+    "`/v1/messages` checks one. Counted by the gateway, never sent upstream."
+)
 STATEFUL = (
     "Stored state: served by the route's native deployments only (capability "
     "`responses`); a 400 naming the field on a route without one."
@@ -91,6 +95,32 @@ ANTHROPIC_MESSAGE = obj(
     "role",
     "content",
 )
+# What a Messages request's prompt is made of: what `/v1/messages/count_tokens` reads.
+MESSAGES_PROMPT: Mapping[str, Schema] = {
+    "messages": array_of(ANTHROPIC_MESSAGE),
+    "system": {"oneOf": [TEXT, {"type": "array", "items": OBJECT}]},
+    "stop_sequences": {"type": ["array", "null"], "items": TEXT},
+    "stream": BOOLEAN,
+    "temperature": number(0, 1),
+    "top_p": number(0, 1),
+    "top_k": {"type": ["integer", "null"], "minimum": 0},
+    "tools": {
+        "type": ["array", "null"],
+        "items": obj(
+            {"type": {"enum": ["custom", None]}, "name": NAME, "input_schema": OBJECT},
+            "name",
+            "input_schema",
+        ),
+    },
+    "tool_choice": {
+        "oneOf": [
+            obj({"type": {"enum": ["auto", "any", "none"]}}, "type"),
+            obj({"type": {"const": "tool"}, "name": TEXT}, "type", "name"),
+        ]
+    },
+    "metadata": NULLABLE_OBJECT,
+    "thinking": NULLABLE_OBJECT,
+}
 
 REQUESTS: Mapping[str, Schema] = {
     "ResponsesRequest": obj(
@@ -134,38 +164,19 @@ REQUESTS: Mapping[str, Schema] = {
         description=PASSED_ON,
     ),
     "MessagesRequest": obj(
-        {
-            "model": MODEL,
-            "max_tokens": TOKENS,
-            "messages": array_of(ANTHROPIC_MESSAGE),
-            "system": {"oneOf": [TEXT, {"type": "array", "items": OBJECT}]},
-            "stop_sequences": {"type": ["array", "null"], "items": TEXT},
-            "stream": BOOLEAN,
-            "temperature": number(0, 1),
-            "top_p": number(0, 1),
-            "top_k": {"type": ["integer", "null"], "minimum": 0},
-            "tools": {
-                "type": ["array", "null"],
-                "items": obj(
-                    {"type": {"enum": ["custom", None]}, "name": NAME, "input_schema": OBJECT},
-                    "name",
-                    "input_schema",
-                ),
-            },
-            "tool_choice": {
-                "oneOf": [
-                    obj({"type": {"enum": ["auto", "any", "none"]}}, "type"),
-                    obj({"type": {"const": "tool"}, "name": TEXT}, "type", "name"),
-                ]
-            },
-            "metadata": NULLABLE_OBJECT,
-            "thinking": NULLABLE_OBJECT,
-        },
+        {"model": MODEL, "max_tokens": TOKENS, **MESSAGES_PROMPT},
         "model",
         "max_tokens",
         "messages",
         additionalProperties=True,
         description=PASSED_ON,
+    ),
+    "MessageCountTokensRequest": obj(
+        {"model": MODEL, **MESSAGES_PROMPT},
+        "model",
+        "messages",
+        additionalProperties=True,
+        description=COUNTED,
     ),
 }
 REPLIES: Mapping[str, Schema] = {
@@ -180,6 +191,11 @@ REPLIES: Mapping[str, Schema] = {
         "id",
         "type",
         "content",
+    ),
+    "MessageTokensCount": obj(
+        {"input_tokens": {"type": "integer", "minimum": 0}},
+        "input_tokens",
+        description="The prompt's tokens as the gateway counts them for budgets.",
     ),
     "AnthropicError": obj(
         {
