@@ -245,9 +245,12 @@ def test_an_unknown_responses_field_is_refused_on_the_bridge_only(
     assert fake_openai.requests == []
     known = {"truncation": "auto", "include": [], "prompt_cache_key": "k", "store": False}
     assert responses(base, input="hi", **known).status_code == 200
-    for field, value in [("top_logprobs", 3), ("include", ["reasoning.encrypted_content"])]:
+    for field, value, param in [
+        ("top_logprobs", 3, "top_logprobs"),
+        ("include", ["message.output_text.logprobs"], "include[0]"),
+    ]:
         refused = responses(base, input="hi", **{field: value})
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
     native = responses(base, model="auto", input="hi", foo=1)
     assert native.status_code == 200, native.text
     assert fake_responses.requests[-1]["body"]["foo"] == 1

@@ -57,7 +57,9 @@ async def test_a_plain_message_is_answered_and_priced_as_its_chat_equivalent(
     assert message.stop_reason == "end_turn" and message.id.startswith("msg_")
     sent = fake_openai.requests[-1]["body"]
     assert sent["messages"] == [{"role": "system", "content": "Be brief."}, *HELLO]
-    assert sent["max_tokens"] == 100
+    assert (
+        sent["max_completion_tokens"] == 100 and "max_tokens" not in sent
+    )  # reasoning models refuse it
     assert fake_openai.requests[-1]["headers"].get("x-api-key") is None  # our key stays ours
     record = await wait_for_record(ledger_store, raw.headers["x-request-id"])
     assert (record.prompt_tokens, record.completion_tokens) == (

@@ -67,7 +67,7 @@ async def test_a_plain_response_is_answered_and_priced_as_its_chat_equivalent(
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "say hello to me"},
     ]
-    assert sent["max_tokens"] == 50 and sent["model"] == "fake-model"
+    assert sent["max_completion_tokens"] == 50 and sent["model"] == "fake-model"
     assert raw.headers["x-cascade-route"] == "auto"
     record = await wait_for_record(ledger_store, raw.headers["x-request-id"])
     assert reply.usage is not None

@@ -247,6 +247,11 @@ def chat_form(chat: Mapping[str, Any], model: str) -> dict[str, Any]:
     body = {k: v for k, v in chat.items() if k in CHAT_FIELDS and v is not None}
     body["model"] = model  # the route or deployment the client named, never rewritten
     body["messages"] = [_message(m) for m in plain(chat.get("messages") or [])]
+    # OpenAI's reasoning models (o-series, gpt-5) refuse `max_tokens`; every chat model
+    # takes `max_completion_tokens`, which budgets and deployment caps lower as they
+    # lower `max_tokens`, and litellm maps per provider.
+    if (limit := body.pop("max_tokens", None)) is not None:
+        body["max_completion_tokens"] = limit
     return body
 
 

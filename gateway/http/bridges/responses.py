@@ -8,7 +8,9 @@ using them goes to the route's native deployments only; a route with none refuse
 with a 400 naming the field. So does one with tools other than functions (hosted tools)
 or input items other than messages and function calls, which the bridge does not
 translate, as do content parts it does not translate (`PARTS`: an image by `file_id`, a
-file by `file_url`, unknown types) and fields the API does not have (`KNOWN_FIELDS`).
+file by `file_url`, unknown types), fields the API does not have (`KNOWN_FIELDS`) and
+`include` values asking for what the bridge cannot give (`DROPPED_INCLUDES` are dropped).
+Earlier turns' `reasoning` items are dropped: chat has no place for them.
 `background: true` is refused everywhere: its answer comes later, unpriced, from an
 endpoint the gateway does not serve.
 
@@ -78,6 +80,13 @@ FIELDS: Mapping[str, tuple[Check, str]] = {
     "text": (optional(lambda v: isinstance(v, dict)), "an object"),
     "reasoning": (optional(lambda v: isinstance(v, dict)), "an object"),
     "metadata": (optional(lambda v: isinstance(v, dict)), "an object"),
+    "include": (
+        optional(lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+        "an array of strings",
+    ),
+    "prompt_cache_key": (optional(lambda v: isinstance(v, str)), "a string"),
+    "prompt_cache_retention": (optional(lambda v: isinstance(v, str)), "a string"),
+    "safety_identifier": (optional(lambda v: isinstance(v, str)), "a string"),
     "tool_choice": (
         optional(lambda v: v in ("none", "auto", "required") or isinstance(v, dict)),
         '"none", "auto", "required" or an object',
@@ -90,19 +99,36 @@ KNOWN_FIELDS = frozenset(
     {
         *FIELDS,
         *STATEFUL,
-        *("model", "input", "include", "truncation", "service_tier", "prompt_cache_key"),
-        *("safety_identifier", "max_tool_calls", "top_logprobs", "stream_options"),
-        *("context_management", "prompt_cache_retention", "prompt_cache_options"),
+        *("model", "input", "truncation", "service_tier", "max_tool_calls", "top_logprobs"),
+        *("stream_options", "context_management", "prompt_cache_options"),
         *("background_options", "moderation", "image", "access_programs"),
     }
 )
-# field -> whether its value asks for what the bridge cannot give: token logprobs, more
-# output (encrypted reasoning, logprobs), a bound on tool calls
+# field -> whether its value asks for what the bridge cannot give: token logprobs, a bound
+# on tool calls (`include`: by value, `unbridged_include`)
 UNTRANSLATED: Mapping[str, Callable[[Any], bool]] = {
     "top_logprobs": lambda v: v is not None,
-    "include": bool,
     "max_tool_calls": lambda v: v is not None,
 }
+# `include` values the bridge drops: extra output it cannot give, without which the answer
+# means the same (hosted tools' results, never bridged; input image URLs echoed; encrypted
+# reasoning, which a chat deployment does not return and later turns may leave out). The
+# others need a native deployment: token logprobs (an answer without them would read as
+# having none; litellm does not translate them back) and values the bridge does not know.
+DROPPED_INCLUDES = frozenset(
+    {
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+        "message.input_image.image_url",
+        "reasoning.encrypted_content",
+    }
+)
+# Responses fields chat completions take too, passed on as the chat path passes vendor
+# fields (litellm's providers drop them, as they do a chat request's).
+CHAT_PASSED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier")
 # content part type -> the field it must have to be translated (litellm's translation turns
 # an image by `file_id` into an empty image URL, a `file_url` into a file id)
 PARTS: Mapping[str, tuple[str, ...]] = {
@@ -132,7 +158,7 @@ class ResponsesTranslation(Translation):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.input = self.body["input"]
+        self.input = without_reasoning(self.body["input"])
         # The optional parameters, as litellm's translation reads (and echoes) them;
         # stored state is for native deployments, never looked up by litellm.
         self.params = {
@@ -175,7 +201,9 @@ class ResponsesTranslation(Translation):
             custom_llm_provider="openai",
             stream=self.stream,
         )
-        return chat_form(chat, self.model)
+        body = chat_form(chat, self.model)
+        body.update({k: self.params[k] for k in CHAT_PASSED if self.params.get(k) is not None})
+        return body
 
     def reply(self, chat: dict[str, Any]) -> dict[str, Any]:
         response = self.lib.responses.transform_chat_completion_response_to_responses_api_response(
@@ -233,6 +261,8 @@ def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     and why."""
     if found := unbridged_top_field(body, KNOWN_FIELDS, UNTRANSLATED, "Responses API"):
         return found
+    if found := unbridged_include(body.get("include") or []):
+        return found
     for i, tool in enumerate(body.get("tools") or []):
         if tool["type"] != "function":
             return f"tools[{i}].type", "only function tools are bridged to chat"
@@ -248,6 +278,14 @@ def unbridged_field(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def unbridged_include(values: list[str]) -> tuple[str, str] | None:
+    """The first `include` value asking for output the bridge cannot give, and why."""
+    for i, value in enumerate(values):
+        if value not in DROPPED_INCLUDES:
+            return f"include[{i}]", f"{show(value)} is not produced for an OpenAI-style deployment"
+    return None
+
+
 def unbridged_part(part: Mapping[str, Any]) -> tuple[str, str] | None:
     """The field of a message's content part that the bridge cannot translate, and why."""
     kind = part.get("type")
@@ -260,6 +298,15 @@ def unbridged_part(part: Mapping[str, Any]) -> tuple[str, str] | None:
     field = other or fields[0]
     instead = " or ".join(fields)
     return field, f"{kind} parts by '{field}' (not {instead}) are {NOT_BRIDGED}"
+
+
+def without_reasoning(items: Any) -> Any:
+    """The input without earlier turns' `reasoning` items: chat has no place for them (an
+    OpenAI chat model never sees its earlier reasoning), and litellm would leave an empty
+    assistant message where one stood alone."""
+    if not isinstance(items, list):
+        return items
+    return [i for i in items if i.get("type") != "reasoning"]
 
 
 def bridged_only(items: Any, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
