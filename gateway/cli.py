@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -28,11 +30,11 @@ from router.cli import ScoreField, add_router_commands
 from router.rows import print_lines
 
 if TYPE_CHECKING:
-    from gateway.pipeline.selector import QualitySelector
+    from gateway.pipeline.selector import QualitySelector, TrafficProfiles
     from gateway.runtime import RouteRuntime, Runtime
     from gateway.settings import Settings
     from router import Plan
-    from router.target_selection import Choice
+    from router.target_selection import Choice, Estimate
 
 log = logging.getLogger("gateway")
 
@@ -175,9 +177,10 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     classifier = route.classifier if routed_by_score else "features"
     score = RequestScorer()("chat", {"messages": messages}, classifier)
     needs = frozenset({"chat", *args.needs})
-    choice = None
-    if route.strategy == "select":
-        choice = select_choice(runtime, route, {"messages": messages})
+    choice = learning = None
+    if route.strategy == "select":  # as the gateway would choose, with what it learned
+        learning = fleet_learning(runtime)
+        choice = select_choice(runtime, route, {"messages": messages}, learning.traffic)
     plan = runtime.plan(route, score if routed_by_score else None, needs=needs, choice=choice)
     first = runtime.deployments[plan.steps[0].deployment] if plan.steps else None
     decision = {
@@ -199,7 +202,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         + judge_reasons(route),
     }
     if choice is not None:
-        decision |= choice_summary(route, choice, plan, needs)
+        decision |= choice_summary(route, choice, plan, needs, runtime, learning)
     return print_report([json.dumps(decision, indent=2)])
 
 
@@ -228,26 +231,72 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-def fresh_selector() -> QualitySelector:
-    """A selector as a fresh gateway has it: no traffic seen (the predictor alone, the
-    default answer length)."""
+def fresh_selector(traffic: TrafficProfiles | None = None) -> QualitySelector:
+    """A selector as a fresh gateway has it: no answer lengths seen (the default), and
+    `traffic`'s learned offsets (None: none, the predictor alone)."""
     from gateway.pipeline.accounting import OutputLengths
     from gateway.pipeline.selector import QualitySelector
 
-    return QualitySelector(OutputLengths())
+    return QualitySelector(OutputLengths(), traffic=traffic)
 
 
-def select_choice(runtime: Runtime, route: RouteRuntime, body: dict[str, Any]) -> Choice:
-    """A `select` route's choice for `body`, as a fresh gateway would make it."""
-    named = {name: runtime.deployments[name] for name in route.deployments}
-    return fresh_selector().choose(route, named, "chat", body)
+def select_choice(
+    runtime: Runtime,
+    route: RouteRuntime,
+    body: dict[str, Any],
+    traffic: TrafficProfiles | None = None,
+) -> Choice:
+    """A `select` route's choice for `body`, as a fresh gateway would make it (with
+    `traffic`'s learned offsets)."""
+    return fresh_selector(traffic).choose(runtime, route, "chat", body)
+
+
+@dataclasses.dataclass(frozen=True)
+class Learning:
+    """What select routes learned from traffic as `policy explain` read it, and whence."""
+
+    traffic: TrafficProfiles
+    source: str
+
+
+def fleet_learning(runtime: Runtime) -> Learning:
+    """The learned offsets of `runtime`'s select deployments, read once from the Redis
+    the gateway's settings name (REDIS_URL, CASCADE_REDIS_PREFIX); none, saying why, when
+    it is not set or cannot be read."""
+    from redis.exceptions import RedisError
+
+    from gateway.pipeline.selector import TrafficProfiles, select_deployments
+    from gateway.pipeline.shared_profiles import read_learning
+    from gateway.settings import Settings
+
+    none = "none, the predictor alone"
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        return Learning(TrafficProfiles(), f"{none}: the gateway's settings do not load ({exc})")
+    if not settings.redis_url:
+        return Learning(TrafficProfiles(), f"{none}: REDIS_URL is not set")
+    deployments = select_deployments(runtime)
+    url, prefix, cluster = settings.redis_url, settings.redis_prefix, settings.redis_cluster
+    try:
+        traffic = asyncio.run(read_learning(url, prefix, deployments, cluster=cluster))
+    except (RedisError, OSError, ValueError) as exc:
+        return Learning(TrafficProfiles(), f"{none}: Redis cannot be read ({exc})")
+    return Learning(traffic, f"from Redis (prefix '{prefix}'), as the gateway has them")
 
 
 def choice_summary(
-    route: RouteRuntime, choice: Choice, plan: Plan, needs: Collection[str]
+    route: RouteRuntime,
+    choice: Choice,
+    plan: Plan,
+    needs: Collection[str],
+    runtime: Runtime | None = None,
+    learning: Learning | None = None,
 ) -> dict[str, Any]:
     """Every candidate's predicted quality and expected cost (those skipped too, and
-    why), the target and, when the route verifies, the order it escalates in."""
+    why), the target and, when the route verifies, the order it escalates in; with
+    `runtime` and `learning`, each candidate's profile (and whether its price chose
+    it) and learned offset, and where the offsets came from."""
     from gateway.runtime import climbs
 
     skipped = dict(plan.skipped)
@@ -258,6 +307,7 @@ def choice_summary(
             "expected_cost_usd": round(e.cost_usd, 9),
             "meets_target": choice.meets(name),
         }
+        candidates[name] |= _profile_summary(name, e, runtime, learning)
         if name in skipped:
             candidates[name]["skipped"] = skipped[name]
     summary: dict[str, Any] = {
@@ -265,12 +315,29 @@ def choice_summary(
         "reference_profile": fresh_selector().reference_profile(route) or "the best candidate",
         "candidates": candidates,
     }
+    if learning is not None:
+        summary["learned_offsets"] = learning.source
     if plan.choice is not None and climbs(route, route.strategy, needs):
         summary["escalation_chain"] = list(plan.choice.chain())
         explorer = plan.choice.explorer() if route.explore > 0 else None
         if explorer is not None:  # tried first on that share of requests, verified
             summary["explores"] = {"deployment": explorer, "share": route.explore}
     return summary
+
+
+def _profile_summary(
+    name: str, estimate: Estimate, runtime: Runtime | None, learning: Learning | None
+) -> dict[str, Any]:
+    """The known model a candidate is rated as (a profile-less one: its price's prior),
+    the predictor's figure for it and the offset traffic moved that by."""
+    found: dict[str, Any] = {"prior_quality": round(estimate.predicted, 4)}
+    if runtime is not None and name in runtime.policy.deployments:
+        named = runtime.policy.deployments[name].quality_profile is not None
+        found["quality_profile"] = estimate.profile
+        found["profile_from"] = "policy" if named else "price"  # its price's prior
+    if learning is not None:
+        found["learned_offset"] = round(learning.traffic.offset(name, estimate.profile), 4)
+    return found
 
 
 def explained_route(runtime: Runtime) -> str:

@@ -407,14 +407,23 @@ class Route(Section):
                 )
         if "stream_cascade" in self.model_fields_set and self.strategy != "cascade":
             raise ValueError(f"stream_cascade applies to strategy 'cascade', not '{self.strategy}'")
-        counts = Counter(self.second_opinions)  # not list.count per name: quadratic
-        repeated = sorted(f"'{name}'" for name, n in counts.items() if n > 1)
-        if repeated:
+        if repeated := _repeated(self.second_opinions):
             raise ValueError(
-                f"second_opinions name {', '.join(repeated)} more than once; each "
-                "deployment gives one opinion"
+                f"second_opinions name {repeated} more than once; each deployment gives one opinion"
+            )
+        # A select route's deployments are candidates, one each (a fallback chain may
+        # come back to one on purpose).
+        if self.strategy == "select" and (repeated := _repeated(self.deployments)):
+            raise ValueError(
+                f"deployments name {repeated} more than once; a select route weighs each "
+                "candidate once"
             )
         return self
+
+
+def _repeated(names: list[str]) -> str:
+    """The names listed more than once, quoted (Counter, not list.count: quadratic)."""
+    return ", ".join(sorted(f"'{name}'" for name, n in Counter(names).items() if n > 1))
 
 
 def _check_tiers(tiers: list[TierThreshold]) -> None:
@@ -442,11 +451,12 @@ class CircuitBreaker(Section):
 class GatewaySection(Section):
     """Gateway-wide knobs that belong with the policy rather than the process settings."""
 
-    max_body_bytes: Bytes = 4 * 1024 * 1024
+    max_body_bytes: Bytes = 20 * 1024 * 1024  # OpenAI takes a 20 MB image (50 MB a request)
     default_route: str | None = None
     reload_interval_s: Annotated[float, Field(ge=MIN_RELOAD_INTERVAL_S, le=MAX_SECONDS)] = 2.0
     # Upper bound on one request across all its attempts, retries and fallbacks (until
-    # the first streamed byte, for streams); per-attempt limits are deployments' timeout_s.
+    # the first streamed byte, for streams); a non-streamed attempt may wait this long,
+    # a stream's silences are bounded by deployments' timeout_s.
     request_timeout_s: Seconds = 300.0
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     # When Redis is unreachable: serve without budget/rate checks (open) or refuse (closed).

@@ -14,7 +14,10 @@ Order: the candidates that meet the target, cheapest first; then the rest, best
 predicted quality first (an answer below the target beats an error). The chain for a
 verified selection starts at the choice, and each escalation goes to the cheapest
 remaining candidate predicted to do strictly better than the answer just rejected: a
-higher target each time.
+higher target each time. Where that ends short of them, it goes on to the strongest
+candidate by the predictor alone (a learned offset may have lifted a cheap model over
+it) and then to the reference deployment: a rejected answer always has somewhere to
+climb while one of them has not answered.
 
 A deployment with no `quality_profile` behaves, until traffic says otherwise, like the
 known model at or just below its price (`prior_profile`): a model is rarely better than
@@ -84,6 +87,12 @@ class Estimate:
     quality: float
     cost_usd: float
     prior: float | None = None
+    profile: str | None = None  # the known model the predictor rated it as
+
+    @property
+    def predicted(self) -> float:
+        """What the predictor alone said of it."""
+        return self.quality if self.prior is None else self.prior
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +103,12 @@ class Choice:
     fraction: float  # the route's quality_target
     target: float  # fraction x the reference's predicted quality
     order: tuple[str, ...]
+    reference: str | None = None  # the candidate that is the route's reference, if one is
 
     def among(self, names: Collection[str]) -> Choice:
         """The same choice over only `names` (those that may be tried now)."""
         kept = {n: e for n, e in self.estimates.items() if n in names}
-        return _ordered(kept, self.fraction, self.target)
+        return _ordered(kept, self.fraction, self.target, self.reference)
 
     @property
     def chosen(self) -> str:
@@ -109,27 +119,40 @@ class Choice:
 
     def chain(self) -> tuple[str, ...]:
         """The verified climb: the choice, then each time the cheapest candidate left
-        predicted to do strictly better than the last one asked."""
+        predicted to do strictly better than the last one asked; then the strongest by
+        the predictor alone and the reference, those of them not asked yet."""
         steps = [self.chosen]
         rest = sorted(self.order[1:], key=lambda n: self.estimates[n].cost_usd)
         while True:
             bar = self.estimates[steps[-1]].quality
             better = [n for n in rest if self.estimates[n].quality > bar]
             if not better:
-                return tuple(steps)
+                break
             steps.append(better[0])
             rest.remove(better[0])
+        # Learned offsets may put a cheap model at the top of the climb: its rejected
+        # answer still goes to the model the predictor rates best, then the reference.
+        reference = [] if self.reference is None else [self.reference]
+        for last_resort in [self.strongest(), *reference]:
+            if last_resort in self.estimates and last_resort not in steps:
+                steps.append(last_resort)
+        return tuple(steps)
+
+    def strongest(self) -> str:
+        """The candidate the predictor alone rates best (the cheaper of equals)."""
+        e = self.estimates
+        return max(e, key=lambda n: (e[n].predicted, -e[n].cost_usd))
 
     def explorer(self, margin: float = EXPLORE_MARGIN) -> str | None:
         """The candidate to try first when exploring, cheaper than the choice and under
-        the target: the cheapest that the predictor alone put at the target (traffic
-        lowered it: it may have recovered) or under it by at most `margin` (a newcomer
-        whose prior is a little pessimistic). None: no such one."""
+        the target: the cheapest that the predictor alone or traffic put at most
+        `margin` under it. Traffic lowering one does not end its tries (it moves an
+        offset only on verdicts, so one unlucky verdict would end them for good): a
+        model that got better can earn its place back. None: no such one."""
         chosen = self.estimates[self.chosen]
 
         def worth_a_try(e: Estimate) -> bool:
-            prior = e.quality if e.prior is None else e.prior
-            near = e.quality >= self.target - margin or prior >= self.target
+            near = max(e.quality, e.predicted) >= self.target - margin
             return near and e.quality < self.target and e.cost_usd < chosen.cost_usd
 
         tries = [n for n, e in self.estimates.items() if worth_a_try(e)]
@@ -137,7 +160,8 @@ class Choice:
 
     def reasons(self) -> list[str]:
         """One line per candidate, in order: its quality, cost and why it stands there."""
-        lines = [f"quality target {self.fraction:g} x reference = {self.target:.3f}"]
+        of = "reference" if self.reference is None else f"reference '{self.reference}'"
+        lines = [f"quality target {self.fraction:g} x {of} = {self.target:.3f}"]
         for name in self.order:
             e = self.estimates[name]
             if name == self.chosen:
@@ -157,14 +181,27 @@ class Choice:
         return lines
 
 
-def choose(estimates: Mapping[str, Estimate], reference_quality: float, fraction: float) -> Choice:
-    """Order `estimates` (name -> Estimate, in the route's order) for a request."""
+def choose(
+    estimates: Mapping[str, Estimate],
+    reference_quality: float,
+    fraction: float,
+    reference: str | None = None,
+) -> Choice:
+    """Order `estimates` (name -> Estimate, in the route's order) for a request;
+    `reference`: the candidate that is the route's reference (its estimate is then the
+    reference quality, so that it always meets its own target)."""
     if not estimates:
         raise ValueError("no candidates to choose from")
-    return _ordered(estimates, fraction, fraction * reference_quality)
+    if reference is not None and reference in estimates:
+        reference_quality = estimates[reference].quality
+    else:
+        reference = None
+    return _ordered(estimates, fraction, fraction * reference_quality, reference)
 
 
-def _ordered(estimates: Mapping[str, Estimate], fraction: float, target: float) -> Choice:
+def _ordered(
+    estimates: Mapping[str, Estimate], fraction: float, target: float, reference: str | None
+) -> Choice:
     names = list(estimates)
     meeting = sorted(
         (n for n in names if estimates[n].quality >= target), key=lambda n: estimates[n].cost_usd
@@ -173,4 +210,4 @@ def _ordered(estimates: Mapping[str, Estimate], fraction: float, target: float) 
         (n for n in names if estimates[n].quality < target),
         key=lambda n: (-estimates[n].quality, estimates[n].cost_usd),
     )
-    return Choice(dict(estimates), fraction, target, tuple(meeting + below))
+    return Choice(dict(estimates), fraction, target, tuple(meeting + below), reference)

@@ -3,6 +3,8 @@ expected cost (`router.target_selection` orders them).
 
 - Quality: the quality predictor's estimate for the deployment's `quality_profile`,
   moved by what live traffic showed of that deployment (`TrafficProfiles`).
+- Target: the route's `quality_target` x the reference's quality, moved by what traffic
+  showed of it as the candidates' are (a reference deployment always meets its own).
 - Cost: its price x (the prompt's tokens, estimated from its size, and the route's
   typical answer length, kept from the answers the ledger priced; `max_tokens` when
   smaller). Until a route has answers, `DEFAULT_OUTPUT_TOKENS`.
@@ -13,7 +15,10 @@ graded, else the verifier's) passed the route's `verify_threshold`, else 0, the 
 of the predictor's "share of answers that are right". A deployment's offset from the
 predictor moves `LEARNING_RATE` of the way to each observation's residual and is
 bounded by `MAX_SHIFT`: 7 answers move it about halfway (0.9^7 ~ 1/2), 22 answers 90%
-of the way, and no run of answers moves a deployment by more than 0.25.
+of the way, and no run of answers moves a deployment by more than 0.25. An offset
+belongs to the `quality_profile` it was learned against: when a reload gives the
+deployment another, the offset is set aside (logged once) and the next verdict starts
+its learning again from the predictor.
 
 Without Redis, `TrafficProfiles` keeps the offsets in this process: each worker learns
 on its own and starts at 0 on a restart. With Redis the gateway uses
@@ -25,6 +30,7 @@ and a restart keeps it; while Redis is down, learning is local again.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +47,8 @@ from router.target_selection import Choice, Estimate, choose
 if TYPE_CHECKING:
     from router.quality import QualityPredictor
 
+log = logging.getLogger(__name__)
+
 DEFAULT_OUTPUT_TOKENS = 256
 LEARNING_RATE = 0.1
 MAX_SHIFT = 0.25
@@ -48,16 +56,27 @@ MAX_SHIFT = 0.25
 
 @dataclass(slots=True)
 class Profile:
-    """A deployment's learning: its offset from the predictor, from `observations`."""
+    """A deployment's learning: its offset from the predictor, from `observations`,
+    against `quality_profile` (None: not recorded, taken for whichever it has now)."""
 
     offset: float = 0.0
     observations: int = 0
+    quality_profile: str | None = None
+
+    def learned_under(self, quality_profile: str | None) -> bool:
+        """Whether it was learned against `quality_profile` (None: any)."""
+        return quality_profile is None or self.quality_profile in (None, quality_profile)
 
 
-def stepped(held: Profile, predicted: float, observed: float) -> Profile:
-    """`held` moved by one observation (`shared_profiles.OBSERVE_LUA` is the same rule)."""
-    moved = held.offset + LEARNING_RATE * (observed - predicted - held.offset)
-    return Profile(min(MAX_SHIFT, max(-MAX_SHIFT, moved)), held.observations + 1)
+def stepped(
+    held: Profile, predicted: float, observed: float, quality_profile: str | None = None
+) -> Profile:
+    """`held` moved by one observation against `quality_profile` (`shared_profiles.
+    OBSERVE_LUA` is the same rule): learned against another profile, it starts over."""
+    start = held if held.learned_under(quality_profile) else Profile()
+    moved = start.offset + LEARNING_RATE * (observed - predicted - start.offset)
+    bounded = min(MAX_SHIFT, max(-MAX_SHIFT, moved))
+    return Profile(bounded, start.observations + 1, quality_profile or start.quality_profile)
 
 
 class TrafficProfiles:
@@ -67,20 +86,46 @@ class TrafficProfiles:
     def __init__(self, on_change: Callable[[str, float], None] | None = None) -> None:
         self._profiles: dict[str, Profile] = {}
         self._on_change = on_change
+        self._set_aside: set[tuple[str, str]] = set()  # (deployment, profile) logged
 
-    def offset(self, deployment: str) -> float:
-        profile = self._profiles.get(deployment)
-        return 0.0 if profile is None else profile.offset
+    def offset(self, deployment: str, quality_profile: str | None = None) -> float:
+        """Its learned offset; 0 when learned against another `quality_profile`."""
+        held = self._profiles.get(deployment)
+        if held is None:
+            return 0.0
+        if not held.learned_under(quality_profile):
+            self._note_set_aside(deployment, held, quality_profile)
+            return 0.0
+        return held.offset
+
+    def _note_set_aside(self, deployment: str, held: Profile, quality_profile: str | None) -> None:
+        if (deployment, str(quality_profile)) in self._set_aside:
+            return
+        self._set_aside.add((deployment, str(quality_profile)))
+        log.info(
+            "deployment '%s' now has quality_profile '%s': the offset %+.3f learned under "
+            "'%s' is set aside; its learning starts again from the predictor",
+            deployment,
+            quality_profile,
+            held.offset,
+            held.quality_profile,
+        )
 
     def observations(self, deployment: str) -> int:
         profile = self._profiles.get(deployment)
         return 0 if profile is None else profile.observations
 
-    def observe(self, deployment: str, predicted: float, observed: float) -> None:
-        """One live answer scored `observed`; the predictor (alone) said `predicted`."""
-        self.adopt(
-            deployment, stepped(self._profiles.get(deployment, Profile()), predicted, observed)
-        )
+    def observe(
+        self,
+        deployment: str,
+        predicted: float,
+        observed: float,
+        quality_profile: str | None = None,
+    ) -> None:
+        """One live answer scored `observed`; the predictor (alone) said `predicted`,
+        rating the deployment as `quality_profile`."""
+        held = self._profiles.get(deployment, Profile())
+        self.adopt(deployment, stepped(held, predicted, observed, quality_profile))
 
     def adopt(self, deployment: str, profile: Profile) -> None:
         """From now on `deployment`'s profile is `profile` (a step, or what Redis shows)."""
@@ -96,9 +141,19 @@ class TrafficProfiles:
 
 
 def select_deployments(runtime: Runtime) -> list[str]:
-    """The deployments whose learning `runtime`'s select routes use."""
-    routes = runtime.routes.values()
-    return sorted({d for r in routes if r.strategy == "select" for d in r.deployments})
+    """The deployments whose learning `runtime`'s select routes use: their candidates
+    and the deployments their targets are relative to."""
+    routes = [r for r in runtime.routes.values() if r.strategy == "select"]
+    references = (reference_deployment(runtime, r) for r in routes)
+    named = {d for r in routes for d in r.deployments}
+    return sorted(named | {d.name for d in references if d is not None})
+
+
+def reference_deployment(runtime: Runtime, route: RouteRuntime) -> DeploymentRuntime | None:
+    """The deployment `route`'s `reference_model` names; None: it names a model, or none."""
+    spec = runtime.policy.routes.get(route.name)
+    name = None if spec is None else spec.reference_model
+    return None if name is None else runtime.deployments.get(name)
 
 
 class QualitySelector:
@@ -124,12 +179,14 @@ class QualitySelector:
 
     def choose(
         self,
+        runtime: Runtime,
         route: RouteRuntime,
-        candidates: Mapping[str, DeploymentRuntime],
         endpoint: EndpointType,
         body: Mapping[str, Any],
     ) -> Choice:
-        """Every candidate's quality and cost for this request, ordered."""
+        """Every candidate of `route` (in `runtime`) with its quality and cost for this
+        request, ordered."""
+        candidates = {name: runtime.deployments[name] for name in route.deployments}
         profiles = [d.quality_profile for d in candidates.values()]
         reference = self.reference_profile(route)
         asked = profiles if reference is None else [*profiles, reference]
@@ -138,15 +195,29 @@ class QualitySelector:
         output_tokens = self.output_tokens(route.name, body)
         estimates = {
             name: Estimate(
-                _clipped(predicted[d.quality_profile] + self.traffic.offset(name)),
+                self._learned(d, predicted),
                 d.price.cost_nanos(prompt_tokens, output_tokens) / 1e9,
                 predicted[d.quality_profile],
+                d.quality_profile,
             )
             for name, d in candidates.items()
         }
-        best = max(e.quality for e in estimates.values())
-        reference_quality = best if reference is None else predicted[reference]
-        return choose(estimates, reference_quality, route.quality_target)
+        # The reference moved by its learning as the candidates are (a candidate
+        # reference: `choose` takes its estimate); none: the best candidate.
+        deployment = reference_deployment(runtime, route)
+        if reference is None:
+            reference_quality = max(e.quality for e in estimates.values())
+        elif deployment is not None:
+            reference_quality = self._learned(deployment, predicted)
+        else:
+            reference_quality = predicted[reference]
+        named = None if deployment is None else deployment.name
+        return choose(estimates, reference_quality, route.quality_target, named)
+
+    def _learned(self, deployment: DeploymentRuntime, predicted: Mapping[str, float]) -> float:
+        """Its predicted quality moved by what traffic showed of it."""
+        profile = deployment.quality_profile
+        return _clipped(predicted[profile] + self.traffic.offset(deployment.name, profile))
 
     def reference_profile(self, route: RouteRuntime) -> str | None:
         """What the target is relative to: the reference's profile; a reference model
@@ -174,8 +245,8 @@ class QualitySelector:
         its verifier `accepted` or not: an observation of its quality."""
         estimate = choice.estimates.get(deployment)
         if estimate is not None:  # against the predictor's own figure, as it was then
-            prior = estimate.quality if estimate.prior is None else estimate.prior
-            self.traffic.observe(deployment, prior, 1.0 if accepted else 0.0)
+            observed = 1.0 if accepted else 0.0
+            self.traffic.observe(deployment, estimate.predicted, observed, estimate.profile)
 
 
 def _chat_body(endpoint: EndpointType, body: Mapping[str, Any]) -> Mapping[str, Any]:

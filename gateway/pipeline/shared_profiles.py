@@ -3,8 +3,10 @@ replica, so that each learns from all of their answers and a restart keeps what 
 learned. The local kind, `selector.TrafficProfiles`, is what runs without Redis.
 
     P{select}:profile:<deployment>   hash  `offset` (what live verdicts moved its
-                                           predicted quality by), `observations`;
-                                           expires PROFILE_TTL_S after the last write
+                                           predicted quality by), `observations`,
+                                           `profile` (the quality_profile they were
+                                           learned against); expires PROFILE_TTL_S
+                                           after the last write
 
 An observation moves the worker's copy at once (the local rule, `selector.stepped`) and
 runs `OBSERVE_LUA`, the same rule on the shared offset, whose result the worker then
@@ -15,8 +17,12 @@ slot of a Redis Cluster). While Redis is down each worker learns on its own, as 
 local kind does; when it is back, the shared offsets take over again. A key Redis lost
 (a restart without persistence) is seeded by the next observation with what Redis last
 showed its worker; one that expired (no verdict for `PROFILE_TTL_S`) starts again from
-the predictor. To reset a deployment's learning, write a zero profile (`HSET <key>
-offset 0 observations 0`): every worker adopts it at its next poll.
+the predictor. An observation against another `profile` than the stored one (a reload
+changed the deployment's `quality_profile`) starts the learning again from 0, as the
+local rule does; until then the workers set the stored offset aside. A hash without
+`profile` (written before it was kept) counts as learned against the current one. To
+reset a deployment's learning, write a zero profile (`HSET <key> offset 0 observations
+0`): every worker adopts it at its next poll.
 """
 
 from __future__ import annotations
@@ -47,23 +53,40 @@ PROFILE_TTL_S = 30 * 86400  # a deployment nobody used for a month starts afresh
 SYNC_S = 0.5  # how often workers adopt each other's learning, as the breakers' poll
 
 # ARGV: predicted, observed, learning rate, max shift, seed offset, seed observations,
-# TTL (s). The offset goes back as text: Redis truncates a Lua number to an integer.
+# TTL (s), quality profile ('': any). The offset goes back as text: Redis truncates a
+# Lua number to an integer. Learned against another profile, the offset starts over.
 OBSERVE_LUA = """
-local stored = redis.call('HMGET', KEYS[1], 'offset', 'observations')
+local stored = redis.call('HMGET', KEYS[1], 'offset', 'observations', 'profile')
 local offset = tonumber(stored[1] or ARGV[5])
-local seen = tonumber(stored[2] or ARGV[6]) + 1
+local seen = tonumber(stored[2] or ARGV[6])
+local profile = stored[3]
+if ARGV[8] ~= '' then
+  if profile and profile ~= ARGV[8] then
+    offset, seen = 0, 0
+  end
+  profile = ARGV[8]
+  redis.call('HSET', KEYS[1], 'profile', profile)
+end
+seen = seen + 1
 local moved = offset + tonumber(ARGV[3]) * (tonumber(ARGV[2]) - tonumber(ARGV[1]) - offset)
 local bound = tonumber(ARGV[4])
 local text = string.format('%.17g', math.min(bound, math.max(-bound, moved)))
 redis.call('HSET', KEYS[1], 'offset', text, 'observations', seen)
 redis.call('EXPIRE', KEYS[1], ARGV[7])
-return {text, seen}
+return {text, seen, profile or ''}
 """
+FIELDS = ["offset", "observations", "profile"]
 
 
 def profile_key(prefix: str, deployment: str) -> str:
     """The Redis hash of what select routes learned of `deployment`."""
     return f"{prefix}{{select}}:profile:{deployment}"
+
+
+def shared(offset: bytes | str, seen: bytes | str | int, profile: bytes | str | None) -> Profile:
+    """A profile as Redis holds it (bytes replies; no or an empty `profile`: any)."""
+    name = profile.decode() if isinstance(profile, bytes) else profile
+    return Profile(float(offset), int(seen), name or None)
 
 
 class SharedTrafficProfiles(TrafficProfiles):
@@ -112,38 +135,59 @@ class SharedTrafficProfiles(TrafficProfiles):
     def key(self, deployment: str) -> str:
         return profile_key(self._prefix, deployment)
 
-    def observe(self, deployment: str, predicted: float, observed: float) -> None:
+    def observe(
+        self,
+        deployment: str,
+        predicted: float,
+        observed: float,
+        quality_profile: str | None = None,
+    ) -> None:
         self._observed_at[deployment] = self.clock()
-        held = Profile(self.offset(deployment), self.observations(deployment))
-        self.adopt(deployment, stepped(held, predicted, observed))  # until Redis answers
+        held = self._profiles.get(deployment, Profile())
+        # Until Redis answers.
+        self.adopt(deployment, stepped(held, predicted, observed, quality_profile))
         # The seed, should Redis have lost the key: what it last showed, not this copy,
         # which counts observations in flight that may have reached it already.
         seed = self._confirmed.get(deployment, Profile())
-        task = asyncio.ensure_future(self._publish(deployment, predicted, observed, seed))
+        if not seed.learned_under(quality_profile):
+            seed = Profile()
+        publish = self._publish(deployment, predicted, observed, seed, quality_profile)
+        task = asyncio.ensure_future(publish)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     async def _publish(
-        self, deployment: str, predicted: float, observed: float, seed: Profile
+        self,
+        deployment: str,
+        predicted: float,
+        observed: float,
+        seed: Profile,
+        quality_profile: str | None,
     ) -> None:
-        args = [predicted, observed, LEARNING_RATE, MAX_SHIFT]
-        args += [seed.offset, seed.observations, PROFILE_TTL_S]
+        args: list[float | str] = [predicted, observed, LEARNING_RATE, MAX_SHIFT]
+        args += [seed.offset, seed.observations, PROFILE_TTL_S, quality_profile or ""]
         try:
-            offset, seen = await self._script(keys=[self.key(deployment)], args=args)
+            offset, seen, profile = await self._script(keys=[self.key(deployment)], args=args)
         except (RedisError, OSError) as exc:
             self._failed(f"could not share an observation of '{deployment}': {exc}")
             return
         self._failing = False
-        self._adopt_shared(deployment, Profile(float(offset), int(seen)))
+        self._adopt_shared(deployment, shared(offset, seen, profile))
 
     def _adopt_shared(self, deployment: str, profile: Profile, polled: bool = False) -> None:
         # Replies to observations in flight together may come back in any order, and a
-        # poll may read what a reply already showed: the shared count only grows. But a
-        # poll with none of ours in flight is the truth, lower or not (Redis lost the
-        # key and another worker seeded it afresh): else this one would stop listening.
+        # poll may read what a reply already showed: the shared count only grows, but
+        # for a new profile's learning. A poll with none of ours in flight is the truth,
+        # lower or not (Redis lost the key and another worker seeded it afresh): else
+        # this one would stop listening.
         confirmed = self._confirmed.get(deployment)
         settled = polled and not self._pending
-        if settled or confirmed is None or profile.observations >= confirmed.observations:
+        if (
+            settled
+            or confirmed is None
+            or profile.observations >= confirmed.observations
+            or profile.quality_profile != confirmed.quality_profile
+        ):
             if confirmed is None or profile.observations > confirmed.observations:
                 self._observed_at[deployment] = self.clock()  # someone's verdict: alive
             self._confirmed[deployment] = profile
@@ -162,10 +206,11 @@ class SharedTrafficProfiles(TrafficProfiles):
             return
         pipe = self._client.pipeline(transaction=False)
         for deployment in deployments:
-            pipe.hmget(self.key(deployment), ["offset", "observations"])
-        for deployment, (offset, seen) in zip(deployments, await pipe.execute(), strict=True):
+            pipe.hmget(self.key(deployment), FIELDS)
+        replies = await pipe.execute()
+        for deployment, (offset, seen, profile) in zip(deployments, replies, strict=True):
             if offset is not None and seen is not None:
-                self._adopt_shared(deployment, Profile(float(offset), int(seen)), polled=True)
+                self._adopt_shared(deployment, shared(offset, seen, profile), polled=True)
             else:  # nothing learned yet, lost, or expired
                 self._forget_if_expired(deployment)
 
@@ -210,3 +255,16 @@ class SharedTrafficProfiles(TrafficProfiles):
     async def flush(self) -> None:
         """Wait for the observations in flight to land (or fail, logged)."""
         await asyncio.gather(*self._pending, return_exceptions=True)
+
+
+async def read_learning(
+    url: str, prefix: str, deployments: Sequence[str], *, cluster: bool = False
+) -> TrafficProfiles:
+    """What the fleet has learned of `deployments`, read once (`policy explain`): a
+    snapshot, whose client is closed. Raises what Redis raised."""
+    traffic = SharedTrafficProfiles.connect(url, prefix, cluster=cluster)
+    try:
+        await traffic.sync(deployments)
+    finally:
+        await traffic.stop()
+    return traffic

@@ -9,16 +9,21 @@ gateway sharing its Redis."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.cli import select_choice
 from gateway.ledger import RedisStore
 from gateway.pipeline.scoring import AnswerVerifier
 from gateway.pipeline.selector import MAX_SHIFT
+from gateway.pipeline.shared_profiles import profile_key
 from gateway.runtime import build_runtime
 from policies import load_policy
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -252,3 +257,73 @@ def test_what_one_gateway_learned_moves_the_others_through_redis(
         assert response.headers["x-cascade-escalations"] == "0"
         assert response.headers["x-cascade-deployment"] != "mistral"
     assert len(fakes["mistral"].requests) == asked_mistral  # neither asked it
+
+
+MIXTRAL = "mistralai/mixtral-8x7b-chat"
+
+
+async def lift(client: aioredis.Redis, prefix: str, deployment: str, profile: str) -> None:
+    """What 30 accepted answers would have taught the fleet of `deployment`: the bound."""
+    key = profile_key(prefix, deployment)
+    await client.hset(key, mapping={"offset": MAX_SHIFT, "observations": 30, "profile": profile})
+
+
+async def test_a_cheap_model_learned_above_the_rest_still_escalates_its_rejections(
+    start_gateway: StartGateway,
+    fakes: dict[str, FakeOpenAI],
+    ledger_store: RedisStore,
+    redis_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """mixtral's learned offset puts it above gpt4 on "hi" (0.675 + 0.25 > 0.731): no
+    candidate is predicted better, yet its refusal is rejected and climbs to gpt4, the
+    predictor's best and the reference (a review found it delivered, 0 escalations)."""
+    good, poor = verifier_score(GREETING), verifier_score(REFUSAL)
+    for fake in fakes.values():
+        fake.reply_text = GREETING
+    fakes["mixtral"].reply_text = REFUSAL
+    await lift(ledger_store.client, redis_prefix, "mixtral", MIXTRAL)
+    route = verified_route(round((good + poor) / 2, 4)).replace("0.5\n", "0.95\n", 1)
+    env = {f"{name.upper()}_URL": fake.url for name, fake in fakes.items()}
+    server = start_gateway(policy(route), CASCADE_LOG_DECISIONS="true", **env)
+    traffic = server.services.proxy.selector.traffic
+    eventually(lambda: traffic.offset("mixtral") == MAX_SHIFT, 3, "the gateway's poll")
+    with caplog.at_level(logging.INFO, logger="gateway.decisions"):
+        response = ask(server.url, "careful", "hi")
+    assert response.headers["x-cascade-escalations"] == "1"
+    assert response.headers["x-cascade-deployment"] == "gpt4"
+    assert response.json()["choices"][0]["message"]["content"] == GREETING
+    request_id = response.headers["x-request-id"]
+    rejected = await wait_for_record(ledger_store, request_id)
+    assert rejected.deployment == "mixtral"
+    assert rejected.verifier_score == pytest.approx(poor, abs=1e-4)
+    assert rejected.predicted_quality == pytest.approx(1.0, abs=0.1)  # lifted over gpt4's
+    # The decisions log shows the score of each answer of the climb, the last one too.
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.decisions"]
+    verdict = next(line for line in lines if "verifier scores" in line)
+    assert re.search(r"select: verifier scores 'mixtral' 0\.\d{3}, 'gpt4' [01]\.\d{3} ", verdict)
+
+
+async def test_the_decisions_log_says_why_an_ejected_choice_was_skipped(
+    start_gateway: StartGateway,
+    fakes: dict[str, FakeOpenAI],
+    ledger_store: RedisStore,
+    redis_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {f"{name.upper()}_URL": fake.url for name, fake in fakes.items()}
+    server = start_gateway(policy(PICK), CASCADE_LOG_DECISIONS="true", **env)
+    first = ask(server.url, "pick", PROMPTS[1]).headers["x-cascade-deployment"]
+    until = time.time() + 60
+    client = ledger_store.client
+    await client.set(f"{redis_prefix}{{breaker}}:{first}", f"{until:.3f}", px=60_000)
+    breakers = server.services.guard.breakers
+    eventually(lambda: breakers.is_ejected(first), 3, "the breakers' poll")
+    with caplog.at_level(logging.INFO, logger="gateway.decisions"):
+        response = ask(server.url, "pick", PROMPTS[1])
+    assert response.headers["x-cascade-deployment"] != first
+    request_id = response.headers["x-request-id"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(request_id)]
+    assert f"candidate '{first}'" in lines[0]  # the plan's choice, before the breakers
+    assert f"skip '{first}': ejected by its circuit breaker" in lines[1]
+    assert f"left: '{response.headers['x-cascade-deployment']}'" in lines[1]

@@ -265,3 +265,57 @@ async def test_a_key_redis_lost_and_another_worker_seeded_afresh_is_adopted(
     await old.sync(["d"])
     assert old.observations("d") == 1
     assert old.offset("d") == pytest.approx(fresh.offset("d")) and old.offset("d") > 0
+
+
+async def test_a_shared_offset_belongs_to_the_profile_it_was_learned_against(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    """The hash keeps the profile; an observation against another (a reload changed the
+    deployment's quality_profile) starts the shared learning again, and every worker
+    follows, though the count went down."""
+    first, second = worker(), worker()
+    for _ in range(5):
+        first.observe("d", predicted=0.8, observed=0.0, quality_profile="old")
+    await first.flush()
+    await second.sync(["d"])
+    assert second.offset("d", "old") < 0 and second.offset("d", "new") == 0.0
+    assert (await client.hgetall(first.key("d")))["profile"] == "old"
+    second.observe("d", predicted=0.4, observed=1.0, quality_profile="new")
+    await second.flush()
+    stored = await client.hgetall(first.key("d"))
+    assert (stored["profile"], int(stored["observations"])) == ("new", 1)
+    assert float(stored["offset"]) == pytest.approx(local(1, 0.4, 1.0).offset("d"))
+    first.observe("d", predicted=0.4, observed=1.0, quality_profile="new")  # 5 -> 2 as well
+    await first.flush()
+    await second.sync(["d"])
+    assert first.observations("d") == second.observations("d") == 2
+    assert second.offset("d", "new") == pytest.approx(local(2, 0.4, 1.0).offset("d"))
+
+
+async def test_a_hash_without_a_profile_is_adopted_and_stamped(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    """Written before the profile was kept: taken for the current profile's learning."""
+    traffic = worker()
+    await client.hset(traffic.key("d"), mapping={"offset": -0.1, "observations": 5})
+    await traffic.sync(["d"])
+    assert traffic.offset("d", "p") == -0.1
+    traffic.observe("d", predicted=0.5, observed=0.0, quality_profile="p")
+    await traffic.flush()
+    stored = await client.hgetall(traffic.key("d"))
+    assert (stored["profile"], stored["observations"]) == ("p", "6")
+    assert traffic.offset("d", "p") == pytest.approx(-0.1 + 0.1 * (0.0 - 0.5 + 0.1))
+
+
+async def test_a_lost_key_is_not_seeded_with_another_profile_s_learning(
+    worker: Worker, client: aioredis.Redis
+) -> None:
+    traffic = worker()
+    for _ in range(3):
+        traffic.observe("d", predicted=0.7, observed=0.0, quality_profile="old")
+    await traffic.flush()
+    await client.delete(traffic.key("d"))
+    traffic.observe("d", predicted=0.7, observed=1.0, quality_profile="new")
+    await traffic.flush()
+    stored = await client.hgetall(traffic.key("d"))
+    assert (stored["profile"], stored["observations"]) == ("new", "1")

@@ -38,7 +38,7 @@ def test_defaults() -> None:
     deployment = policy.deployments["a"]
     assert (deployment.provider, deployment.tier, deployment.timeout_s) == ("openai", "default", 60)
     assert policy.routes["auto"].strategy == "fallback"
-    assert policy.gateway.max_body_bytes == 4 * 1024 * 1024
+    assert policy.gateway.max_body_bytes == 20 * 1024 * 1024
     assert policy.auth.anonymous_team is None
     assert (policy.teams, policy.keys, policy.admin_keys, policy.budgets) == ({}, {}, [], [])
 
@@ -279,3 +279,12 @@ def test_explore_applies_to_a_verified_select_only() -> None:
     route["verify"] = False
     with pytest.raises(ValidationError, match="explore applies to strategy 'select' with verify"):
         Policy.model_validate(data)
+
+
+def test_a_select_route_names_each_candidate_once() -> None:
+    data = cascade_with([], strategy="select")
+    data["routes"]["careful"]["deployments"] = ["a", "b", "a"]
+    with pytest.raises(ValidationError, match="deployments name 'a' more than once"):
+        Policy.model_validate(data)
+    data["routes"]["careful"]["strategy"] = "fallback"  # a chain may come back to one
+    assert Policy.model_validate(data).routes["careful"].deployments == ["a", "b", "a"]
