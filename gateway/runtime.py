@@ -27,7 +27,7 @@ from policies import LoadedPolicy
 from policies.capabilities import OPENAI_SERVES, default_capabilities
 from policies.engines import EngineSpec
 from policies.keys import hash_key
-from policies.prices import litellm_price_map
+from policies.prices import litellm_entry, litellm_price_map
 from policies.schema import OPENAI_COMPATIBLE, Deployment, Policy, Route, Sla
 from router import DeploymentView, Plan, RouteSpec, Threshold, plan_route, sandbox
 from router.target_selection import FLOOR_PROFILE, Choice, prior_profile
@@ -108,6 +108,9 @@ class RouteRuntime:
     reference_model: str | None
     reference_price: TokenPrice | None
     max_body_bytes: int | None = None
+    # The reference is an embedding model in litellm's map: embeddings are compared
+    # with it. Otherwise they carry no reference (a chat model prices no vector).
+    reference_embeds: bool = False
     direct: bool = False  # `model` named a deployment, not a route
     tiers: tuple[Threshold, ...] = ()
     classifier: str = "features"  # which model scores requests for `tiers`
@@ -223,6 +226,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             deployments=tuple(spec.deployments),
             reference_model=_reference_name(spec.reference_model, deployments),
             reference_price=_reference_price(spec.reference_model, deployments, warnings),
+            reference_embeds=_reference_embeds(spec.reference_model, policy.deployments),
             max_body_bytes=spec.max_body_bytes,
             tiers=tuple(Threshold(t.tier, t.below) for t in spec.tiers),
             classifier=spec.classifier,
@@ -357,6 +361,16 @@ def returns_logprobs(spec: Deployment, engines: Mapping[str, EngineSpec]) -> boo
 
 
 def _deployment_price(name: str, spec: Deployment, warnings: list[tuple[int, str]]) -> TokenPrice:
+    if spec.price is not None and not (spec.price.input_per_mtok or spec.price.output_per_mtok):
+        # A zero price is no price (docs/policy.md), not free: counted as unpriced.
+        warnings.append(
+            (
+                logging.WARNING,
+                f"deployment '{name}' has a zero price in the policy: its requests are "
+                "recorded as unpriced",
+            )
+        )
+        return UNPRICED
     if spec.price is not None:
         # A token class the policy leaves unpriced keeps the provider's rate for it.
         classes = litellm_class_rates(spec.pricing_model or spec.model, spec.provider)
@@ -465,6 +479,19 @@ def _reference_price(
             (logging.WARNING, f"reference model '{reference}' has no price in litellm's map")
         )
     return price if price.priced else UNPRICED
+
+
+def _reference_embeds(reference: str | None, specs: Mapping[str, Deployment]) -> bool:
+    """Whether a route's reference is an embedding model (`mode: embedding` in
+    litellm's map, under a deployment's `pricing_model` or `model`)."""
+    if reference is None:
+        return False
+    spec = specs.get(reference)
+    name, provider = (
+        (reference, None) if spec is None else (spec.pricing_model or spec.model, spec.provider)
+    )
+    found = litellm_entry(name, provider)
+    return found is not None and found[1].get("mode") == "embedding"
 
 
 def _key_table(policy: Policy) -> KeyTable:

@@ -6,8 +6,9 @@
 Every problem found is reported at once, each with its file, line and dotted field
 (`PolicyError`): schema errors, the checks between sections (run on the entries that
 are valid when others are not) and what this install cannot serve (a route's
-classifier, a reference model with no price). Only a YAML syntax error, or a file past
-one of the size limits in `policies.document`, stops the rest.
+classifier, a reference model with no price, a `select` candidate with none). Only a
+YAML syntax error, or a file past one of the size limits in `policies.document`, stops
+the rest.
 What this install can serve is asked of the caller (an `InstallCheck`: the gateway knows
 its router's classifiers and quality profiles), so the policies import nothing above them.
 Secrets are never echoed: messages name the `${VAR}` a value came from, and any
@@ -198,6 +199,7 @@ def _unservable(
     if install_check is not None:
         yield from install_check(sections)
     yield from _unpriced_references(sections)
+    yield from _unpriced_candidates(sections)
 
 
 def _unpriced_references(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
@@ -214,11 +216,10 @@ def _unpriced_references(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
         if reference in deployments:
             deployment = deployments[reference]
             if deployment is not None and _priced(sections, deployment) is False:
-                model = deployment.pricing_model or deployment.model
                 yield (
                     loc,
-                    f"{owner}, a deployment with no price (litellm's price map does not know "
-                    f"'{model}'): give it a price ({{input_per_mtok, output_per_mtok}}) or "
+                    f"{owner}, a deployment with no price ({_unpriced_because(deployment)}): "
+                    f"give it a price ({{input_per_mtok, output_per_mtok}}) above zero or "
                     "self_hosted, or name a priced deployment or model",
                 )
         elif litellm_rates(reference) is None:
@@ -234,10 +235,41 @@ def _unpriced_references(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
             )
 
 
+def _unpriced_candidates(sections: Sections) -> Iterator[tuple[FieldPath, str]]:
+    """Deployments of `select` routes with no price. A select route ranks its
+    candidates by expected cost: an unpriced one would cost 0, the cheapest of all,
+    and take the route's traffic whatever its quality."""
+    deployments = sections.deployments or {}
+    for name, route in (sections.routes or {}).items():
+        if route is None or route.strategy != "select":
+            continue
+        for index, candidate in enumerate(route.deployments):
+            deployment = deployments.get(candidate)
+            if deployment is None or _priced(sections, deployment) is not False:
+                continue
+            yield (
+                ("routes", name, "deployments", index),
+                f"route '{name}' (strategy select) ranks its deployments by price, and "
+                f"'{candidate}' has none ({_unpriced_because(deployment)}): it would rank "
+                "as free and take the route's traffic; give it a price "
+                "({input_per_mtok, output_per_mtok}) above zero or self_hosted",
+            )
+
+
+def _unpriced_because(deployment: Deployment) -> str:
+    """Why `_priced` finds a deployment unpriced, for a message."""
+    if deployment.price is not None:
+        return "its price is zero, and a zero price is no price, not free"
+    return f"litellm's price map does not know '{deployment.pricing_model or deployment.model}'"
+
+
 def _priced(sections: Sections, deployment: Deployment) -> bool | None:
     """Does serve price this deployment (in the order `gateway.runtime` does)? None
-    when its engine did not validate."""
-    if deployment.price is not None or deployment.self_hosted is not None:
+    when its engine did not validate. A zero `price` is none (`gateway.runtime` records
+    the deployment as unpriced)."""
+    if deployment.price is not None:
+        return deployment.price.input_per_mtok > 0 or deployment.price.output_per_mtok > 0
+    if deployment.self_hosted is not None:
         return True
     if deployment.engine is not None:
         engine = (sections.engines or {}).get(deployment.engine)

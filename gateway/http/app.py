@@ -26,6 +26,7 @@ from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamUnava
 from gateway.health.sla import build_guard
 from gateway.http import admin, bridges, endpoints, openapi, spend_api
 from gateway.http.dashboard import dashboard_routes
+from gateway.http.disconnects import serve_watched
 from gateway.http.openapi_schemas import Schema
 from gateway.http.services import Services, counted_models, log_unserved
 from gateway.http.shutdown import Requests
@@ -40,6 +41,7 @@ from gateway.ledger import (
 )
 from gateway.ledger.archive import ArchiveExporter, ArchiveOptions, build_exporter, check_installed
 from gateway.limits import Limiter, RedisLimitStore
+from gateway.limits.ledger_spend import LedgerSpend
 from gateway.limits.rules import RuleBook, periods_at
 from gateway.limits.store import LimitsLayoutError, LimitsStoreUnavailable
 from gateway.metrics import Metrics
@@ -68,7 +70,8 @@ STOP_MARGIN_S = 5.0  # beyond shutdown_grace_s, for a component's own flush time
 class GatewayApp(Starlette):
     """The gateway's ASGI app: plain Starlette routes, and its OpenAPI document. Its
     outermost layer answers the requests the shutdown grace cuts off
-    (`gateway.http.shutdown`)."""
+    (`gateway.http.shutdown`); the next one cancels those whose client disconnected
+    before their answer (`gateway.http.disconnects`)."""
 
     def __init__(self, *args: Any, requests: Requests | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -81,7 +84,11 @@ class GatewayApp(Starlette):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        await self.requests.serve(super().__call__, scope, receive, send, error_response)
+        await self.requests.serve(self._serve_watched, scope, receive, send, error_response)
+
+    async def _serve_watched(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, cancelled when its client disconnects before the answer."""
+        await serve_watched(super().__call__, scope, receive, send)
 
 
 async def openapi_json(request: Request) -> Response:
@@ -266,7 +273,7 @@ async def start_services(settings: Settings) -> Services:
     }
     accountant = Accountant(ledger, metrics, guard.load.prices)
     executor = Executor(clients, metrics, settings.max_retry_wait_s, guard)
-    limits = Limiter(limit_store, metrics)
+    limits = Limiter(limit_store, metrics, ledger_spend=LedgerSpend(store))
     log_unserved(loaded)
     runtime = build_runtime(loaded)
     log_new_warnings(runtime, None)

@@ -7,6 +7,7 @@ Plain Starlette routes, as every route of the gateway: the body is checked by
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -81,8 +82,10 @@ ROUTES = [
 async def _proxy(request: Request, endpoint: EndpointType) -> Response:
     came = await arrival(request)
     body = parse_body(came.raw, endpoint, lambda model: label_route(request, came.runtime, model))
+    # The bytes are not kept through the upstream calls: a body may be tens of MB.
+    size, came = len(came.raw), dataclasses.replace(came, raw=b"")
     return await came.services.proxy.handle(
-        came.runtime, came.principal, endpoint, body, came.request_id, len(came.raw), came.started
+        came.runtime, came.principal, endpoint, body, came.request_id, size, came.started
     )
 
 

@@ -169,7 +169,8 @@ class RedisLimitStore:
             keys += [key, key + ":held"]
             soft = -1 if budget.soft_nanos is None else budget.soft_nanos
             down = downgrades[i] if downgrades else 0
-            args += [budget.limit_nanos, soft, down, _expire_at(period.ends_at)]
+            seed = ask.seeds[i] if ask.seeds else -1
+            args += [budget.limit_nanos, soft, down, _expire_at(period.ends_at), seed]
         return keys, args
 
     async def _admit_spread(self, ask: Ask, groups: list[SlotGroup]) -> Verdict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from gateway.ledger.record import to_nanos
 from policies.access import Budget, BudgetPeriodType, BudgetScopeType, RateLimit
@@ -153,6 +153,14 @@ class Period:
     @property
     def ends_iso(self) -> str:
         return datetime.fromtimestamp(self.ends_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @property
+    def first_day(self) -> date:
+        return date.fromisoformat(self.id if len(self.id) == len("YYYY-MM-DD") else f"{self.id}-01")
+
+    @property
+    def last_day(self) -> date:
+        return datetime.fromtimestamp(self.ends_at - 1, UTC).date()
 
 
 class Calendar:

@@ -34,7 +34,8 @@ end
 # KEYS: the rate hashes (n_rate), then per budget its hash and its set of holds.
 # ARGV: 1 request id, 2 hold ms, 3 n_rate, 4 n_budget, 5 n_options, 6 tokens,
 #       then the options' worst-case costs, then per rate rule rpm and tpm (0: none),
-#       then per budget: limit, soft limit (-1: none), option past soft (0: none), expire-at.
+#       then per budget: limit, soft limit (-1: none), option past soft (0: none), expire-at,
+#       seed (the ledger's spend in the period; -1: none).
 # Returns {1, option, window, (requests left, tokens left) per rule, past-soft per budget},
 #         {0, 1, rule, kind (1 requests, 2 tokens), previous, current, elapsed ms}, or
 #         {0, 2, budget, spent + reserved, worst case, option}.
@@ -70,6 +71,13 @@ local budgets = {}
 local option = 1
 for b = 1, n_budget do
   local hash, held = KEYS[n_rate + 2 * b - 1], KEYS[n_rate + 2 * b]
+  -- No hash: nothing was admitted or settled here this period, so the ledger's spend
+  -- (read before this call) holds nothing charged here; the period starts from it.
+  local seed = amount(ARGV[a + 4])
+  if seed >= 0 and redis.call('EXISTS', hash) == 0 then
+    redis.call('HSET', hash, 'spent', int(seed))
+    redis.call('EXPIREAT', hash, ARGV[a + 3])
+  end
   -- Holds past their expiry belong to requests whose worker died: release them.
   local expired = redis.call('ZRANGEBYSCORE', held, '-inf', int(now), 'LIMIT', 0, 100)
   for _, rid in ipairs(expired) do
@@ -86,7 +94,7 @@ for b = 1, n_budget do
   local past = soft >= 0 and used >= soft
   if past and down > 0 and option == 1 then option = down + 1 end
   budgets[b] = {hash, held, used, amount(ARGV[a]), ARGV[a + 3], past and 1 or 0}
-  a = a + 4
+  a = a + 5
 end
 local cost = amount(ARGV[6 + option])
 local cost_arg = int(cost)

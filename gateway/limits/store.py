@@ -4,7 +4,8 @@ Contract:
 - `admit` checks every rate limit and budget of one request and, only if all pass,
   counts the request in its rate windows and holds its worst-case cost on each budget,
   all atomically: concurrent admissions (any worker, any replica) see each other.
-  Holds older than `hold_ms` are released by later admissions on the same budget.
+  Holds older than `hold_ms` are released by later admissions on the same budget. A
+  budget nothing was admitted to or settled on in its period yet starts from its seed.
 - `settle_many` settles each charge once (idempotent on the request id): releases the
   request's holds, adds its real cost to each budget and corrects its token count.
 - `spent` reads what each budget has settled in its period (a scrape's gauge).
@@ -45,6 +46,10 @@ class Ask:
     downgrades: tuple[int, ...]  # per budget: the option used past its soft limit, 0 none
     tokens: int  # prompt + max output tokens, counted against tokens per minute
     hold_ms: int
+    # Per budget: the ledger's spend in its period so far, which the budget's counters
+    # start from if this is the first admission of their period (-1, or none given:
+    # from 0). See `gateway.limits.ledger_spend`.
+    seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,14 +158,21 @@ def _selected(choice: Choice | None, deployment: str) -> dict[str, Any]:
     }
 
 
-def _reference_cost(route: RouteRuntime, usage: Usage) -> int:
-    """What the usage would cost on the route's reference model; 0 on a route without
-    one, whose records carry no reference (its first deployment is no counterfactual)."""
-    if route.reference_price is None:
+def _reference(route: RouteRuntime, endpoint: EndpointType) -> tuple[str | None, TokenPrice | None]:
+    """The reference model (and its price) that `endpoint`'s records on `route` are
+    compared with; none on a route without one (its first deployment is no
+    counterfactual), nor for embeddings unless the reference is an embedding model: a
+    chat model's input price is no counterfactual for a vector."""
+    if endpoint == "embeddings" and not route.reference_embeds:
+        return None, None
+    return route.reference_model, route.reference_price
+
+
+def _reference_cost(price: TokenPrice | None, usage: Usage) -> int:
+    """What the usage would cost on the reference model; 0 without one."""
+    if price is None:
         return 0
-    return route.reference_price.cost_nanos(
-        usage.prompt_tokens, usage.completion_tokens, usage.classes
-    )
+    return price.cost_nanos(usage.prompt_tokens, usage.completion_tokens, usage.classes)
 
 
 def _classes(usage: Usage, price: TokenPrice) -> dict[str, int]:
@@ -234,6 +241,7 @@ class Accountant:
         answered_at: float | None = None,
         missed_sla: bool = False,
         delivered: bool = True,
+        reference: Usage | None = None,
     ) -> SpendRecord:
         """Price one attempt, count it in metrics and hand it to the ledger.
         `answered_at` (perf_counter) is when the answer came, if it is settled later
@@ -243,9 +251,12 @@ class Accountant:
         The request's first answer (attempt 0, no `label`) carries the reference cost:
         what the request would have cost sent once to the route's reference model.
         Escalations, hedges and second opinions add cost only, so savings are not
-        counted once per attempt. A route without a reference model records none."""
+        counted once per attempt. `reference`: the tokens it prices, when not this
+        answer's own (a cascade's delivered answer). A route without a reference model
+        records none, nor do embeddings against a chat model (`_reference`)."""
         first_answer = attempt == 0 and label is None and status != "error"
         route = call.route
+        reference_model, reference_price = _reference(route, call.endpoint)
         now = time.perf_counter()
         ended = now if answered_at is None else answered_at
         latency_ms = round((ended - call.started) * 1000, 3)
@@ -267,8 +278,10 @@ class Accountant:
             cost_nanos=price.cost_nanos(
                 usage.prompt_tokens, usage.completion_tokens, usage.classes
             ),
-            reference_model=route.reference_model,
-            reference_cost_nanos=_reference_cost(route, usage) if first_answer else 0,
+            reference_model=reference_model,
+            reference_cost_nanos=(
+                _reference_cost(reference_price, reference or usage) if first_answer else 0
+            ),
             status=status,
             usage_source=usage.source,
             stream=call.stream,

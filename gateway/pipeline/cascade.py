@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import GatewayError
 from gateway.ledger import SpendRecord
 from gateway.metrics import Metrics
-from gateway.pipeline.accounting import Accountant, count_unreported, reply_usage
+from gateway.pipeline.accounting import Accountant, Usage, count_unreported, reply_usage
 from gateway.pipeline.code_runs import run_code
 from gateway.pipeline.executor import Completed, Executor
 from gateway.pipeline.judge import RUBRIC_VERSION, Judge
@@ -141,14 +141,16 @@ class Cascade:
         the verifier's scores, the escalations (the tiers climbed to the answer
         kept: past rejected answers and past tiers that failed) and the upstream calls
         of every tier, failed ones included. `judge_last`: the last answer is verified
-        too, for the record (a select route learns from it), never escalated. Each answer is priced
-        into `records`; a rejected one once the next tier's outcome says whether the
-        client gets it after all (its escalation failed), so that only the answer the
-        client gets is judged against the route's SLA: one verdict per request."""
+        too, for the record (a select route learns from it), never escalated. Every
+        answer is priced into `records` once the climb ends, however it ends: only then
+        is it known which answer the client gets (a rejected one, when its escalation
+        failed), the one judged against the route's SLA and whose tokens the request's
+        reference prices."""
         scores: list[float] = []
         attempts = 0
         closing: asyncio.Task[None] | None = None  # the opinions' early close
-        latest: _Answer | None = None  # the last answer, not priced yet
+        answers: list[_Answer] = []  # every answer so far, priced when the climb ends
+        latest: _Answer | None = None  # the last of them
         delivered = False  # whether `latest` is the client's answer
         endpoint, body = call.endpoint, call.body
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
@@ -188,10 +190,8 @@ class Cascade:
                     latest.answered_at, delivered = time.perf_counter(), True
                     break
                 attempts += done.attempts
-                # The answer before, rejected, is not the client's now that another came.
-                rejected, latest = latest, _Answer(done, step, time.perf_counter())
-                if rejected is not None:
-                    records.append(self._settle(call, rejected, len(records), delivered=False))
+                latest = _Answer(done, step, time.perf_counter())
+                answers.append(latest)
                 await count_unreported(
                     call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
                 )
@@ -215,11 +215,10 @@ class Cascade:
                     delivered = True
                     break
         finally:
-            # Priced with its verdict, however the climb ends: a request cancelled while
-            # its answer is judged or escalated is priced all the same (and judged as
-            # answered to nobody).
-            if latest is not None:
-                records.append(self._settle(call, latest, len(records), delivered=delivered))
+            # Priced with their verdicts, however the climb ends: a request cancelled
+            # while its answer is judged or escalated is priced all the same (and judged
+            # as answered to nobody).
+            records += self._settle(call, answers, delivered)
             if closing is not None:  # after the answer is priced: it is paid for
                 await _finished(closing)
         assert latest is not None  # the first group either answered or raised
@@ -294,29 +293,38 @@ class Cascade:
             log.exception("verifier failed on %s; escalating", call.request_id)
             return None
 
-    def _settle(
-        self,
-        call: Call,
-        answer: _Answer,
-        attempt: int,
-        *,
-        delivered: bool,
-    ) -> SpendRecord:
-        """Price the `attempt`-th answer (numbered among answers: the first is always
-        `<request id>`), given by the `answer.step`-th tier (its escalations);
-        `delivered`: it is the one the client gets."""
+    def _settle(self, call: Call, answers: list[_Answer], delivered: bool) -> list[SpendRecord]:
+        """Price each answer of a climb, in order (the first is `<request id>`, the n-th
+        after it `<request id>:<n>`), given by the `answer.step`-th tier (its
+        escalations); `delivered`: the last is the one the client gets.
+
+        The first carries the request's reference cost, priced on the delivered answer's
+        tokens: what the client got, had the reference model written it. A rejected
+        answer's length is no counterfactual (a truncated ramble escalated to a one-word
+        answer would read as savings). Delivered nothing (cancelled), the first is
+        priced on its own tokens."""
+        usages = [self._usage(call, answer) for answer in answers]
+        reference = usages[-1] if delivered and usages else None
+        last = len(answers) - 1
+        return [
+            self._accountant.settle(
+                call,
+                answer.done.deployment,
+                usage,
+                attempt=n,
+                escalations=answer.step,
+                verifier_score=answer.judged,
+                answered_at=answer.answered_at,
+                delivered=delivered and n == last,
+                reference=reference if n == 0 else None,
+            )
+            for n, (answer, usage) in enumerate(zip(answers, usages, strict=True))
+        ]
+
+    @staticmethod
+    def _usage(call: Call, answer: _Answer) -> Usage:
         done = answer.done
-        usage = reply_usage(done.deployment, call.endpoint, call.body, done.reply.body, call.prompt)
-        return self._accountant.settle(
-            call,
-            done.deployment,
-            usage,
-            attempt=attempt,
-            escalations=answer.step,
-            verifier_score=answer.judged,
-            answered_at=answer.answered_at,
-            delivered=delivered,
-        )
+        return reply_usage(done.deployment, call.endpoint, call.body, done.reply.body, call.prompt)
 
 
 @dataclass(slots=True)

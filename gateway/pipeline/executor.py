@@ -4,7 +4,11 @@ Per deployment: up to `max_retries` further tries on retryable answers (408/409/
 5xx), waiting `Retry-After` when the upstream gives one (a wait longer than the cap
 moves on instead), else exponential backoff with jitter. A refused connection or a
 timeout moves straight to the next deployment (retrying a dead or stuck one only adds
-latency); on the last deployment it is retried like the rest. Non-retryable answers:
+latency); on the last deployment it is retried like the rest, except a non-streamed
+attempt that timed out: it had the prompt, and another try would pay for a second
+generation. A non-streamed attempt waits for its answer until the request's deadline
+(it comes whole, at the end of the generation); a deployment's `timeout_s` bounds a
+stream's silences, its first byte included. Non-retryable answers:
 a 400/413/422 is the client's fault and is returned at once (another deployment would
 reject it too) with the upstream's error `type`, `code` and `param`; a 401/403/404/501
 means this deployment is misconfigured or cannot do this, so the next one is tried.
@@ -20,6 +24,7 @@ connection has the guard read the engine's state again, so a retry waits too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -48,6 +53,7 @@ from gateway.upstreams.base import (
     UpstreamFailure,
     UpstreamReply,
     UpstreamStatus,
+    UpstreamTarget,
     UpstreamTimedOut,
     UpstreamUnsupported,
     close_stream,
@@ -61,6 +67,7 @@ log = logging.getLogger(__name__)
 decisions = logging.getLogger("gateway.decisions")  # proxy.DECISIONS_LOGGER: why, per request
 
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+ANSWER_WAIT_MARGIN_S = 1.0  # a non-streamed call waits this much past the request's deadline
 ENGINE_LOADING_RETRY_S = 1.0  # Retry-After of a request whose deadline passed first
 
 AttemptFn = Callable[[DeploymentRuntime], Awaitable[Any]]  # one try on one deployment
@@ -189,14 +196,20 @@ class Executor:
         """One answer from the first candidate that gives one; `logprobs` asks those
         that return token logprobs for them (a cascade verifying the answer);
         `native`: the bridged request for the deployments serving its format."""
+        ends_at = time.monotonic() + deadline_s
 
         async def call(d: DeploymentRuntime) -> UpstreamReply:
-            if native is not None and native.serves(d):
-                client = self._native_client(d)
-                request = native.body_for(d, body)
-                return await client.complete(d.target, native.surface, request, native.headers)
-            request = upstream_body(d, endpoint, body, priority, logprobs)
-            return await self.client_for(d).complete(d.target, endpoint, request)
+            target = answer_target(d, ends_at)
+            try:
+                if native is not None and native.serves(d):
+                    client = self._native_client(d)
+                    request = native.body_for(d, body)
+                    return await client.complete(target, native.surface, request, native.headers)
+                request = upstream_body(d, endpoint, body, priority, logprobs)
+                return await self.client_for(d).complete(target, endpoint, request)
+            except UpstreamTimedOut as failure:
+                failure.retryable = False  # it had the prompt: another try pays again
+                raise
 
         deployment, reply, run, losers = await self._run(
             candidates, call, deadline_s, hedge, cut_off
@@ -271,6 +284,7 @@ class Executor:
                     return deployment, result, run, []
                 return await self._hedged(candidates, call, run, hedge)
         except TimeoutError:
+            self._report_silent(run)
             _cut_off_in_flight(run)  # in flight when the deadline hit
             if run.waiting:
                 raise self._still_loading(run, deadline_s) from None
@@ -438,6 +452,20 @@ class Executor:
         who = warmup.describe(deployment.name)
         decisions.info("waited %.2fs for deployment %s to load its model", waited, who)
 
+    def _report_silent(self, run: _Run) -> None:
+        """Tell the breakers of the attempts the deadline cut off after they waited past
+        their deployment's `timeout_s` (a non-streamed answer is waited for until the
+        deadline): a timeout, as a stream silent that long is. A deadline shorter than
+        that (an SLA's) is no verdict on the deployment."""
+        if self._guard is None:
+            return
+        now = time.perf_counter()
+        for chain, deployment in run.current.items():
+            waited = now - run.started.get(chain, now)
+            if waited >= deployment.target.timeout_s:
+                message = f"deployment '{deployment.name}' did not answer within {waited:.3g}s"
+                self._guard.failed(deployment.name, UpstreamTimedOut(message))
+
     def _still_loading(self, run: _Run, deadline_s: float) -> GatewayError:
         assert self._guard is not None
         waited = next(iter(run.waiting.values()))  # hedged chains: the first one is enough
@@ -468,6 +496,14 @@ class Executor:
 
     def _count(self, deployment: DeploymentRuntime, outcome: str) -> None:
         self._metrics.child(self._metrics.upstream_attempts, deployment.name, outcome).inc()
+
+
+def answer_target(deployment: DeploymentRuntime, ends_at: float) -> UpstreamTarget:
+    """The deployment's target for a non-streamed call: its answer waited for until the
+    request's deadline (`ends_at`, time.monotonic()), and a little past it, so that the
+    deadline ends the wait and the client's 504 names it."""
+    wait_s = max(0.0, ends_at - time.monotonic()) + ANSWER_WAIT_MARGIN_S
+    return dataclasses.replace(deployment.target, answer_timeout_s=wait_s)
 
 
 def upstream_body(

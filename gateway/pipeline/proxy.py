@@ -41,7 +41,7 @@ from gateway.pipeline.streaming import (
     loser_answer,
     loser_usage,
 )
-from gateway.request import Call
+from gateway.request import Call, asked_tokens
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, climbs
 from gateway.upstreams.base import EndpointType, close_stream
 from router import SCORED_STRATEGIES
@@ -53,6 +53,8 @@ decisions = logging.getLogger(DECISIONS_LOGGER)  # one line per request when ena
 
 # 429s that mean the route's upstreams could not take the request in time.
 SLA_FAILURES = frozenset({"upstream_rate_limited", "sla_unmeetable"})
+# OpenAI's `max_tokens` for a legacy completion that sets none (chat's is the model's).
+LEGACY_COMPLETION_MAX_TOKENS = 16
 
 
 def new_request_id() -> str:
@@ -147,6 +149,7 @@ class Proxy:
         except GatewayError as error:  # nothing may serve it (unavailable, ejected, shed)
             self._fail(runtime, call, [], error)
             raise
+        self._log_dropped(call, planned, candidates)
         if choice is not None:  # its records carry the predicted quality and the target
             call.choice = choice
             met = "true" if choice.meets(choice.chosen) else "false"
@@ -162,7 +165,7 @@ class Proxy:
             principal,
             route,
             endpoint,
-            body,
+            limited_body(endpoint, body),
             candidates,
             strategy,
             request_id,
@@ -207,6 +210,25 @@ class Proxy:
             return candidates
         # A cascade keeps its tier order: only ejected deployments are dropped.
         return self._guard.select(route, candidates, use_sla=strategy != "cascade")
+
+    def _log_dropped(
+        self, call: Call, planned: list[DeploymentRuntime], kept: list[DeploymentRuntime]
+    ) -> None:
+        """For the decisions log: which of the plan's deployments the guard left out and
+        why (the plan's reasons, logged before, still named them), and those left."""
+        if len(kept) == len(planned) or not decisions.isEnabledFor(logging.INFO):
+            return
+        left = [d.name for d in kept]
+        reasons = [
+            f"skip '{d.name}': {self._drop_reason(d)}" for d in planned if d.name not in left
+        ]
+        names = ", ".join(f"'{name}'" for name in left)
+        decisions.info("%s %s; left: %s", call.request_id, "; ".join(reasons), names)
+
+    def _drop_reason(self, deployment: DeploymentRuntime) -> str:
+        if self._guard is not None and self._guard.breakers.is_ejected(deployment.name):
+            return "ejected by its circuit breaker"
+        return "predicted to miss the route's TTFT SLA"
 
     def _fail(
         self,
@@ -254,8 +276,7 @@ class Proxy:
         wanted, route = frozenset(needs), call.route
         choice = None
         if strategy == "select":
-            named = {name: runtime.deployments[name] for name in route.deployments}
-            choice = self.selector.choose(route, named, call.endpoint, call.body)
+            choice = self.selector.choose(runtime, route, call.endpoint, call.body)
         plan = runtime.plan(route, call.score, strategy, wanted, choice)
         if decisions.isEnabledFor(logging.INFO):
             decisions.info("%s %s", call.request_id, "; ".join(plan.reasons()))
@@ -457,6 +478,16 @@ class Proxy:
             self._guard.count_outcome(call.route, ttft_s, elapsed)
 
 
+def limited_body(endpoint: EndpointType, body: dict[str, Any]) -> dict[str, Any]:
+    """The body as limits read it: a legacy completion without `max_tokens` asks for the
+    API's own default, 16 tokens, which is then what is held and, when a budget or rate
+    limit applies, sent (not the route's `max_output_tokens`, which would let it write
+    more than the client would get from OpenAI); a chat request as it is."""
+    if endpoint != "completions" or asked_tokens(body) is not None:
+        return body
+    return {**body, "max_tokens": LEGACY_COMPLETION_MAX_TOKENS}
+
+
 def hedge_of(route: RouteRuntime) -> Hedge | None:
     sla = route.sla
     if sla is None or sla.hedge_after_s is None:
@@ -471,8 +502,11 @@ def priority_of(route: RouteRuntime) -> int | None:
 def cascade_verdict(route: RouteRuntime, result: CascadeResult) -> str:
     """What the cascade decided, for the decisions log."""
     scores = ", ".join(f"{s:.3f}" for s in result.scores) or "none (one tier)"
+    if route.strategy == "select":  # every answer of the chain is judged, its last too
+        judged = [(r.deployment, r.verifier_score) for r in result.records]
+        scores = ", ".join(f"'{d}' {s:.3f}" for d, s in judged if s is not None) or "none"
     verdict = (
-        f"cascade: verifier scores {scores} against {route.verify_threshold}; "
+        f"{route.strategy}: verifier scores {scores} against {route.verify_threshold}; "
         f"{result.escalations} escalation(s); answered by '{result.final.deployment.name}' "
         f"(tier {result.final.deployment.tier})"
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import ClassifierUnavailable
 from gateway.pipeline.selector import profile_problems
+from gateway.request import asked_tokens, choices_of
 from gateway.runtime import RouteRuntime
 from gateway.upstreams.base import EndpointType
 from policies.document import FieldPath
@@ -185,9 +186,28 @@ def answer_parts(reply: Mapping[str, Any]) -> tuple[str, list[float] | None, str
     return text, logprobs, choice.get("finish_reason")
 
 
+def reached_request_limit(
+    endpoint: EndpointType, body: Mapping[str, Any], reply: Mapping[str, Any]
+) -> bool:
+    """Did the answers run to the output limit of the request itself (the `max_tokens` /
+    `max_completion_tokens` every tier is sent: the client's, or the route's
+    `max_output_tokens` a budget sends), by the usage the upstream reports? An answer
+    cut sooner was cut by something else, which another tier may not have: a
+    deployment's lower `max_output_tokens`, its model's context."""
+    limit = asked_tokens(body)
+    usage = reply.get("usage")
+    if limit is None or not isinstance(usage, Mapping):
+        return False
+    completion = usage.get("completion_tokens")
+    if not isinstance(completion, int) or isinstance(completion, bool):
+        return False
+    return completion >= limit * choices_of(endpoint, body)
+
+
 class AnswerVerifier:
     """`verifier(endpoint, body, reply) -> float` in [0, 1]: how likely the answer is
-    acceptable. The model is loaded on first use and kept."""
+    acceptable; one that the request's own token limit cut (`reached_request_limit`)
+    is not judged truncated. The model is loaded on first use and kept."""
 
     def __init__(
         self, verifier: Verifier | None = None, scorer: RequestScorer | None = None
@@ -207,6 +227,10 @@ class AnswerVerifier:
         ``code_run``: the answer's code run against its own examples (``run_code``)."""
         verifier = self._verifier or shipped_verifier()
         text, logprobs, finish_reason = answer_parts(reply)
+        if finish_reason == "length" and reached_request_limit(endpoint, body, reply):
+            # Cut where the request asked (max_tokens: 1 to classify): not the answer's
+            # fault, and every tier would be cut alike. The rest of the verdict stands.
+            finish_reason = None
         response_format = body.get("response_format")
         return verifier.score(
             prompt_text(endpoint, body),

@@ -46,13 +46,16 @@ def client_fault(failure: UpstreamStatus) -> GatewayError:
 
 def upstream_error_fields(body: Any) -> dict[str, str]:
     """`type`, `code` and `param` of an upstream's OpenAI-style error body (raw bytes or
-    parsed), those that are short strings; nothing else of the body is ever kept."""
+    parsed; vLLM's older flat `{"object": "error", ...}` too), those that are short
+    strings; nothing else of the body is ever kept."""
     if isinstance(body, bytes | str):
         try:
             body = orjson.loads(body)
         except orjson.JSONDecodeError:
             return {}
     error = body.get("error") if isinstance(body, dict) else None
+    if error is None and isinstance(body, dict) and body.get("object") == "error":
+        error = body
     if not isinstance(error, dict):
         return {}
     return {

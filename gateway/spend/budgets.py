@@ -2,7 +2,9 @@
 current period, how fast, and where that pace ends.
 
 A period is the UTC day or calendar month that contains `now`. Spend is the ledger's
-daily aggregates for the budget's key, team or route. The burn rate is the spend so
+daily aggregates for the budget's key, team or route: the figure enforcement starts the
+period from (`gateway.limits.ledger_spend`), so a budget added mid-period is enforced on
+what it reports. The burn rate is the spend so
 far over the time elapsed in the period (in days, fractions included); the forecast
 carries that rate on to the period's end. Money is summed in integer nano-dollars.
 """

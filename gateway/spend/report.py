@@ -92,10 +92,19 @@ def dollars(nanos: int | None) -> float | None:
     return None if nanos is None else round(usd(nanos), 9)
 
 
+def per_1k_requests(row: AggregateRow) -> int | None:
+    """Cost per 1,000 requests in nano-dollars, rounded half up; None for a row with no
+    requests (a deployment that only answered escalations, judge calls or hedges: its
+    cost has no requests to be shared by, which is no figure, not 0)."""
+    if not row.requests:
+        return None
+    return (row.cost_nanos * 1000 + row.requests // 2) // row.requests
+
+
 def report_row(row: AggregateRow) -> dict[str, Any]:
     savings = row.savings_nanos
     reference = None if savings is None else row.reference_cost_nanos
-    per_1k = (row.cost_nanos * 1000 + row.requests // 2) // row.requests if row.requests else 0
+    per_1k = per_1k_requests(row)
     return {
         **row.group,
         "requests": row.requests,

@@ -25,6 +25,9 @@ import httpx
 if TYPE_CHECKING:
     import aiohttp
 
+LARGE_BODY_BYTES = 1 << 20  # aiohttp's own threshold (`payload.TOO_LARGE_BYTES_BODY`)
+BODY_SLICE_BYTES = 1 << 16
+
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """`httpx.AsyncClient(transport=AiohttpTransport())`: one pooled aiohttp session."""
@@ -60,7 +63,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 request.method,
                 str(request.url),
                 headers=request.headers.multi_items(),
-                data=request.content,
+                data=_payload(request.content),
                 allow_redirects=False,
                 timeout=timeout,
                 compress=None,
@@ -90,6 +93,19 @@ class _ResponseStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         self._response.release()
+
+
+def _payload(content: bytes) -> bytes | AsyncIterator[memoryview]:
+    """The body as aiohttp takes it: a large one (a base64 image, say) as slices of it,
+    written one at a time as the socket takes them, since aiohttp warns against bytes
+    over 1 MiB (a BytesIO would copy them). Its `content-length` header stays."""
+    return _slices(content) if len(content) > LARGE_BODY_BYTES else content
+
+
+async def _slices(content: bytes) -> AsyncIterator[memoryview]:
+    view = memoryview(content)
+    for start in range(0, len(view), BODY_SLICE_BYTES):
+        yield view[start : start + BODY_SLICE_BYTES]
 
 
 def _timeout(spec: dict[str, Any]) -> aiohttp.ClientTimeout:

@@ -3,7 +3,8 @@
     UpstreamFailure             anything that kept an attempt from producing an answer
     ├── UpstreamStatus          the upstream answered with an HTTP error status
     ├── UpstreamConnectFailed   could not connect / connection reset before the answer
-    ├── UpstreamTimedOut        no answer within the deployment's timeout
+    ├── UpstreamTimedOut        no answer in time: a stream silent for the deployment's
+    │                           timeout, a whole answer past the request's deadline
     └── UpstreamUnsupported     this deployment cannot take a parameter the request sets
 
 Implementations translate their library's exceptions into these, `raise ... from exc`,
@@ -35,10 +36,18 @@ class UpstreamTarget:
     model: str
     api_base: str | None
     api_key: str | None
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # a stream's longest silence (its first byte included)
     connect_timeout_s: float = 5.0
     headers: Mapping[str, str] = field(default_factory=dict)
     load_report: bool = False  # ask for vLLM's `endpoint-load-metrics` response header
+    # A non-streamed call's wait for its answer, which comes in one piece at the end of
+    # the generation (the executor sets the request's time left); None: `timeout_s`.
+    answer_timeout_s: float | None = None
+
+    @property
+    def answer_wait_s(self) -> float:
+        """How long a non-streamed call waits for its answer."""
+        return self.timeout_s if self.answer_timeout_s is None else self.answer_timeout_s
 
 
 class UpstreamFailure(Exception):

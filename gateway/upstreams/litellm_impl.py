@@ -41,6 +41,7 @@ from gateway.upstreams.base import (
     UpstreamUnsupported,
     retry_after,
 )
+from gateway.upstreams.error_bodies import HTML_PREFIX_BYTES, html_note
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ QUOTED_NAME = re.compile(r"""['"`]([^'"`]+)['"`]""")
 BARE_NAME = re.compile(r"[A-Za-z_]\w*")
 LITELLM_ADVICE = re.compile(r"\s*(To drop|If you want to use these params)\b.*", re.DOTALL)
 
+HTML_IN_TEXT = re.compile(r"<(!doctype\s+html|html)\b", re.IGNORECASE)
 MAX_MESSAGE_CHARS = 500
 MAX_CHAIN = 16  # exceptions searched for the transport error under a litellm one
 
@@ -191,7 +193,7 @@ class LiteLLMClient:
         """One non-streaming chat (or embeddings) call. Raises UpstreamFailure."""
         litellm = await _litellm()
         if endpoint == "embeddings":
-            kwargs = self._call_kwargs(target, body, EMBEDDING_PARAMS)
+            kwargs = self._call_kwargs(target, body, EMBEDDING_PARAMS, target.answer_wait_s)
             embedding = await _call(target, litellm.aembedding(**kwargs))
             return UpstreamReply(body=embedding_body(embedding.model_dump()))
         _require_chat(target, endpoint)
@@ -229,7 +231,10 @@ class LiteLLMClient:
     def _chat_kwargs(
         self, target: UpstreamTarget, body: dict[str, Any], *, stream: bool = False
     ) -> dict[str, Any]:
-        kwargs = self._call_kwargs(target, body, CHAT_PARAMS)
+        # A non-streamed answer comes whole, at the end: waited for as long as the target
+        # says, not the per-read `timeout_s` a stream's events each have.
+        wait_s = target.timeout_s if stream else target.answer_wait_s
+        kwargs = self._call_kwargs(target, body, CHAT_PARAMS, wait_s)
         default_max = DEFAULT_MAX_TOKENS.get(target.provider)
         if default_max is not None and not {"max_tokens", "max_completion_tokens"} & set(kwargs):
             # Anthropic requires max_tokens; litellm would fill in the model's maximum
@@ -240,9 +245,14 @@ class LiteLLMClient:
         return kwargs
 
     def _call_kwargs(
-        self, target: UpstreamTarget, body: Mapping[str, Any], allowed: frozenset[str]
+        self,
+        target: UpstreamTarget,
+        body: Mapping[str, Any],
+        allowed: frozenset[str],
+        timeout_s: float,
     ) -> dict[str, Any]:
-        """litellm's keyword arguments: the allowed body fields plus the target's settings."""
+        """litellm's keyword arguments: the allowed body fields plus the target's settings,
+        with `timeout_s` for litellm's `timeout` (its reads', connect capped apart)."""
         dropped = sorted(set(body) - allowed - OWN_FIELDS)
         if dropped:
             log.debug("%s: fields not passed to litellm: %s", target.deployment, dropped)
@@ -251,7 +261,7 @@ class LiteLLMClient:
             model=f"{target.provider}/{target.model}",
             api_base=target.api_base,
             api_key=target.api_key,
-            timeout=target.timeout_s,
+            timeout=timeout_s,
             num_retries=0,  # the gateway's executor owns retries and fallback
             max_retries=0,
         )
@@ -407,6 +417,12 @@ def _error_body(exc: Exception) -> Any:
 
 
 def _short(text: str) -> str:
+    """`text` cut to `MAX_MESSAGE_CHARS`, an HTML page in it (a proxy's error page that
+    litellm quotes) reduced to its title."""
+    page = HTML_IN_TEXT.search(text)
+    if page is not None:
+        start = page.start()
+        text = text[:start] + html_note(text[start : start + HTML_PREFIX_BYTES].encode())
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
 
 

@@ -9,7 +9,9 @@ transport is chosen by name (`TRANSPORTS`): aiohttp's connection pool by default
 `aiohttp_transport`), or httpx's own httpcore pool.
 
 Non-streaming replies keep the upstream's raw bytes so the gateway can forward them
-unchanged. Streams are split into SSE events on bytes, without decoding lines twice.
+unchanged, and are waited for whole (`UpstreamTarget.answer_wait_s`); a stream's every
+read within the deployment's `timeout_s`. Streams are split into SSE events on bytes,
+without decoding lines twice.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gateway.upstreams.base import (
     UpstreamTimedOut,
     retry_after,
 )
+from gateway.upstreams.error_bodies import error_message
 
 TransportType = Literal["aiohttp", "httpcore"]
 Event = TypeVar("Event")  # a stream's event as its reader parses it (`parsed_sse_events`)
@@ -77,8 +80,14 @@ class OpenAICompatibleClient:
 
     async def send(self, target: UpstreamTarget, request: httpx.Request) -> UpstreamReply:
         """One non-streaming call of a request built by `post_request` (any JSON API over
-        this pool): its JSON object and raw bytes. Raises UpstreamFailure."""
-        with translate_errors(target):
+        this pool): its JSON object and raw bytes. Raises UpstreamFailure.
+
+        The answer is waited for `target.answer_wait_s`, not the per-read `timeout_s`:
+        a non-streamed upstream sends nothing until it has generated the whole answer."""
+        wait_s = target.answer_wait_s
+        if wait_s != target.timeout_s:
+            request.extensions["timeout"] = {**request.extensions["timeout"], "read": wait_s}
+        with translate_errors(target, wait_s):
             response = await self._transport.handle_async_request(request)
             self._load_report(target, response)
             try:
@@ -237,17 +246,19 @@ def json_payload(payload: bytes) -> bytes | None:
 
 
 @contextmanager
-def translate_errors(target: UpstreamTarget) -> Iterator[None]:
-    """Turn httpx's exceptions into UpstreamFailure, naming the deployment."""
+def translate_errors(target: UpstreamTarget, wait_s: float | None = None) -> Iterator[None]:
+    """Turn httpx's exceptions into UpstreamFailure, naming the deployment; `wait_s`: the
+    read timeout when it is not the deployment's `timeout_s` (a non-streamed answer)."""
     name = target.deployment
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        # No free connection in time is no connection: nothing was sent (aiohttp's pool
+        # reports that wait as a connect timeout too).
         raise UpstreamConnectFailed(f"cannot connect to deployment '{name}': {exc}") from exc
     except httpx.TimeoutException as exc:
-        raise UpstreamTimedOut(
-            f"deployment '{name}' did not answer within {target.timeout_s:g}s"
-        ) from exc
+        waited = target.timeout_s if wait_s is None else wait_s
+        raise UpstreamTimedOut(f"deployment '{name}' did not answer within {waited:g}s") from exc
     except httpx.HTTPError as exc:
         raise UpstreamConnectFailed(f"connection to deployment '{name}' failed: {exc!r}") from exc
 
@@ -258,22 +269,10 @@ def status_failure(
     if status in (401, 403):  # its message can quote (part of) the gateway's own key
         message = "the upstream rejected the gateway's credentials for this deployment"
     else:
-        message = upstream_message(content) or f"HTTP {status}"
+        message = error_message(content) or f"HTTP {status}"
     return UpstreamStatus(
         f"deployment '{target.deployment}' answered {status}: {message}",
         status=status,
         retry_after_s=retry_after(headers),
         body=content,
     )
-
-
-def upstream_message(content: bytes) -> str | None:
-    """The message inside an OpenAI-style error body, if there is one."""
-    try:
-        parsed = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content[:200].decode("utf-8", "replace") or None
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error) if error else None

@@ -86,7 +86,7 @@ async def test_team_filter_rolls_up_to_the_asked_groups() -> None:
 def test_report_row_figures() -> None:
     empty = report_row(total([]))  # no records: no reference, no percentage of nothing
     assert (empty["savings_pct"], empty["reference_coverage"]) == (None, "none")
-    assert (empty["error_rate_pct"], empty["cost_per_1k_requests_nanos"]) == (None, 0)
+    assert (empty["error_rate_pct"], empty["cost_per_1k_requests_nanos"]) == (None, None)
 
 
 @pytest.mark.parametrize("period", ["day", "month"])

@@ -121,10 +121,12 @@ async def test_a_hedge_winner_is_priced_when_cancelled_while_the_losers_close() 
 
 
 async def test_an_attempt_its_timeout_priced_is_not_priced_again_when_cancelled() -> None:
-    # a timed out (priced then) and waits to retry when the request is cancelled.
-    client = ScriptedClient({"a": fails(UpstreamTimedOut("read timeout"))})
-    priced = await cancelled_run(client, [deployment("a", retries=3, backoff_s=1.0)], calls=1)
-    assert priced == ["a"]
+    # a timed out (priced then; not retried: it had the prompt) and b is in flight when
+    # the request is cancelled.
+    client = ScriptedClient({"a": fails(UpstreamTimedOut("read timeout")), "b": hangs()})
+    candidates = [deployment("a", retries=3, backoff_s=1.0), deployment("b")]
+    priced = await cancelled_run(client, candidates, calls=2)
+    assert priced == ["a", "b"]
 
 
 async def test_a_cancelled_run_waiting_to_retry_prices_nothing() -> None:
