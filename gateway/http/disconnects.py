@@ -66,8 +66,9 @@ class _Watch:
             pass
         self.gone.set()
         # Runs only while the request's task waits, so a cancel lands in the app: the
-        # flag is cleared, with no await, as soon as the app returns.
-        if self.running and not self.started:
+        # flag is cleared, with no await, as soon as the app returns. A task already
+        # being cancelled (the shutdown grace) is not cancelled again in its cleanup.
+        if self.running and not self.started and not self._task.cancelling():
             self.cancelled = True
             self._task.cancel("the client disconnected")
 

@@ -142,15 +142,17 @@ class Cascade:
         kept: past rejected answers and past tiers that failed) and the upstream calls
         of every tier, failed ones included. `judge_last`: the last answer is verified
         too, for the record (a select route learns from it), never escalated. Every
-        answer is priced into `records` once the climb ends, however it ends: only then
-        is it known which answer the client gets (a rejected one, when its escalation
-        failed), the one judged against the route's SLA and whose tokens the request's
-        reference prices."""
+        answer is priced into `records`, in order: a rejected one as soon as the next
+        answer comes (until then, its escalation failing would make it the client's,
+        the one judged against the route's SLA), the last and the first when the climb
+        ends, however it ends. The first waits because its reference prices the tokens
+        of the answer the client gets; a worker killed mid-climb loses only it (and an
+        answer whose escalation is still running)."""
         scores: list[float] = []
         attempts = 0
         closing: asyncio.Task[None] | None = None  # the opinions' early close
-        answers: list[_Answer] = []  # every answer so far, priced when the climb ends
-        latest: _Answer | None = None  # the last of them
+        first: _Answer | None = None  # `<request id>`: priced when the climb ends
+        latest: _Answer | None = None  # the last answer, not priced yet
         delivered = False  # whether `latest` is the client's answer
         endpoint, body = call.endpoint, call.body
         ask = endpoint == "chat" and not body.get("logprobs")  # else the client's say goes
@@ -190,8 +192,14 @@ class Cascade:
                     latest.answered_at, delivered = time.perf_counter(), True
                     break
                 attempts += done.attempts
-                latest = _Answer(done, step, time.perf_counter())
-                answers.append(latest)
+                # The answer before, rejected, is not the client's now that another came:
+                # priced now (no await in between, so a cancel cannot skip it), unless it
+                # is the first.
+                if latest is not None and latest is not first:
+                    records.append(self._settle(call, latest, delivered=False))
+                n = 0 if latest is None else latest.n + 1
+                latest = _Answer(done, step, n, time.perf_counter())
+                first = first or latest
                 await count_unreported(
                     call.prompt, endpoint, body, [(done.deployment, done.reply.body)]
                 )
@@ -218,7 +226,8 @@ class Cascade:
             # Priced with their verdicts, however the climb ends: a request cancelled
             # while its answer is judged or escalated is priced all the same (and judged
             # as answered to nobody).
-            records += self._settle(call, answers, delivered)
+            if first is not None and latest is not None:
+                self._settle_ends(call, first, latest, delivered, records)
             if closing is not None:  # after the answer is priced: it is paid for
                 await _finished(closing)
         assert latest is not None  # the first group either answered or raised
@@ -293,33 +302,54 @@ class Cascade:
             log.exception("verifier failed on %s; escalating", call.request_id)
             return None
 
-    def _settle(self, call: Call, answers: list[_Answer], delivered: bool) -> list[SpendRecord]:
-        """Price each answer of a climb, in order (the first is `<request id>`, the n-th
-        after it `<request id>:<n>`), given by the `answer.step`-th tier (its
-        escalations); `delivered`: the last is the one the client gets.
+    def _settle_ends(
+        self,
+        call: Call,
+        first: _Answer,
+        last: _Answer,
+        delivered: bool,
+        records: list[SpendRecord],
+    ) -> None:
+        """Price the first and the last answer of a climb that ended (the ones between,
+        rejected, are priced already) into `records`, keeping them in order;
+        `delivered`: the last is the one the client gets.
 
         The first carries the request's reference cost, priced on the delivered answer's
         tokens: what the client got, had the reference model written it. A rejected
         answer's length is no counterfactual (a truncated ramble escalated to a one-word
         answer would read as savings). Delivered nothing (cancelled), the first is
         priced on its own tokens."""
-        usages = [self._usage(call, answer) for answer in answers]
-        reference = usages[-1] if delivered and usages else None
-        last = len(answers) - 1
-        return [
-            self._accountant.settle(
-                call,
-                answer.done.deployment,
-                usage,
-                attempt=n,
-                escalations=answer.step,
-                verifier_score=answer.judged,
-                answered_at=answer.answered_at,
-                delivered=delivered and n == last,
-                reference=reference if n == 0 else None,
-            )
-            for n, (answer, usage) in enumerate(zip(answers, usages, strict=True))
-        ]
+        usage = self._usage(call, last)
+        reference = usage if delivered else None
+        own = usage if last is first else None
+        delivered_first = delivered and last is first
+        records.insert(0, self._settle(call, first, delivered_first, own, reference))
+        if last is not first:
+            records.append(self._settle(call, last, delivered, usage))
+
+    def _settle(
+        self,
+        call: Call,
+        answer: _Answer,
+        delivered: bool,
+        usage: Usage | None = None,
+        reference: Usage | None = None,
+    ) -> SpendRecord:
+        """Price `answer` (the first is `<request id>`, the n-th after it
+        `<request id>:<n>`), given by the `answer.step`-th tier (its escalations);
+        `delivered`: it is the one the client gets; `usage`: its tokens, when already
+        read; `reference`: the tokens its reference prices, when not its own."""
+        return self._accountant.settle(
+            call,
+            answer.done.deployment,
+            usage if usage is not None else self._usage(call, answer),
+            attempt=answer.n,
+            escalations=answer.step,
+            verifier_score=answer.judged,
+            answered_at=answer.answered_at,
+            delivered=delivered,
+            reference=reference,
+        )
 
     @staticmethod
     def _usage(call: Call, answer: _Answer) -> Usage:
@@ -333,6 +363,7 @@ class _Answer:
 
     done: Completed
     step: int
+    n: int  # its place among the climb's answers: 0 is `<request id>`, n `<request id>:<n>`
     answered_at: float  # perf_counter
     judged: float | None = None  # the verifier's score; None: not judged, or it broke
 

@@ -2,8 +2,10 @@
 route's reference model. On a cascade the counterfactual is the answer the client got,
 not the first one asked for: a cheap answer rejected for its length says nothing of
 what the reference would have written. Embeddings are compared only with an embedding
-model. Over loopback HTTP against the fake upstreams, on real Redis; the cancelled
-climb in-process, on scripted upstreams."""
+model. Only the first record waits for the delivered answer: a rejected escalation is
+in the ledger while the climb goes on, so a worker killed mid-climb loses no more.
+Over loopback HTTP against the fake upstreams, on real Redis; the climbs' timing
+in-process, on scripted upstreams."""
 
 from __future__ import annotations
 
@@ -25,11 +27,11 @@ from gateway.pipeline.cascade import Cascade
 from gateway.pipeline.executor import Executor
 from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, RouteRuntime
-from gateway.upstreams.base import UpstreamReply, UpstreamTarget
+from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamTarget
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.gateway.cascade_scenario import GOOD, QUESTION, REFUSAL
 from tests.gateway.conftest import AUTH, StartGateway, wait_for_record
-from tests.gateway.scripted import Behaviour, ScriptedClient
+from tests.gateway.scripted import Behaviour, ScriptedClient, fails
 from tests.support import eventually_async
 
 FINANCE = {"authorization": "Bearer fake-finance-key"}
@@ -189,6 +191,63 @@ async def test_the_ledgers_records_reconcile_with_the_spend_report(
         assert first.reference_cost_nanos == delivered[first.request_id].cost_nanos
 
 
+# Two more rejected tiers on the cheap fake before premium, the reference.
+TALL_POLICY = POLICY.replace(
+    "  embedder:\n",
+    "  mid: {api_base: '${CHEAP_URL}', model: mid-model, tier: mid,"
+    " price: {input_per_mtok: 1, output_per_mtok: 2}}\n"
+    "  upper: {api_base: '${CHEAP_URL}', model: upper-model, tier: upper,"
+    " price: {input_per_mtok: 2, output_per_mtok: 4}}\n"
+    "  embedder:\n",
+).replace(
+    "routes:\n",
+    "routes:\n"
+    "  tall:\n"
+    "    strategy: cascade\n"
+    "    deployments: [cheap, mid, upper, premium]\n"
+    "    verify_threshold: 0.5\n"
+    "    max_escalations: 3\n"
+    "    reference_model: premium\n",
+)
+
+
+async def test_a_rejected_escalation_is_in_the_ledger_while_the_climb_goes_on(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+) -> None:
+    """cheap, mid and upper refuse; premium is slow. While it works, mid's answer
+    (`:1`, rejected now that upper's came) is already in Redis; cheap's waits for the
+    delivered answer (its record prices the reference) and upper's for premium's outcome
+    (it would be the client's, had premium failed). Then each is there once."""
+    fake_openai.reply_text, premium.reply_text, premium.delay_s = REFUSAL, GOOD, 2.0
+    env = {"CHEAP_URL": fake_openai.url, "PREMIUM_URL": premium.url}
+    base = start_gateway(TALL_POLICY, FINANCE_KEY="fake-finance-key", **env).url
+    body = {"model": "tall", "messages": [QUESTION]}
+    async with httpx.AsyncClient(timeout=30) as client:
+        url = f"{base}/v1/chat/completions"
+        asking = asyncio.create_task(client.post(url, json=body, headers=AUTH))
+        early = await eventually_async(ledger_store.events, 5, "the rejected escalation")
+        assert not asking.done() and premium.requests  # premium still at work
+        response = await asking
+    assert response.status_code == 200 and response.headers["x-cascade-escalations"] == "3"
+    request_id = response.headers["x-request-id"]
+    assert [r.record_id for r in early] == [f"{request_id}:1"]
+    assert early[0].deployment == "mid" and early[0].sla_met is None
+    ids = [request_id, *(f"{request_id}:{n}" for n in (1, 2, 3))]
+    for record_id in ids:
+        await wait_for_record(ledger_store, record_id)
+    records = await ledger_store.events()
+    assert sorted(r.record_id for r in records) == sorted(ids)  # each exactly once
+    by_id = {r.record_id: r for r in records}
+    assert [by_id[i].deployment for i in ids] == ["cheap", "mid", "upper", "premium"]
+    assert by_id[request_id].reference_cost_nanos == by_id[ids[-1]].cost_nanos
+    assert by_id[ids[1]] == early[0]  # written once, as it was first written
+    total = spend(base).json()["total"]
+    assert (total["requests"], total["calls"]) == (1, 4)
+
+
 def embed(base: str, route: str) -> httpx.Response:
     body = {"model": route, "input": "three little words"}
     response = httpx.post(f"{base}/v1/embeddings", json=body, headers=AUTH, timeout=30)
@@ -239,7 +298,9 @@ def scripted(name: str, tier: str, price: TokenPrice) -> DeploymentRuntime:
 
 CHEAP = scripted("cheap", "a", TokenPrice(1e-7, 1e-7, "policy"))
 MID = scripted("mid", "b", TokenPrice(1e-6, 2e-6, "policy"))
+UPPER = scripted("upper", "b2", TokenPrice(2e-6, 4e-6, "policy"))
 PREMIUM = scripted("premium", "c", TokenPrice(5e-6, 15e-6, "policy"))
+TALL = [CHEAP, MID, UPPER, PREMIUM]
 
 
 def says(usage: dict[str, int], after_s: float = 0.0) -> Behaviour:
@@ -250,18 +311,32 @@ def says(usage: dict[str, int], after_s: float = 0.0) -> Behaviour:
     return reply
 
 
+def held(gate: asyncio.Event, usage: dict[str, int]) -> Behaviour:
+    """Answers once `gate` is set."""
+
+    async def reply() -> UpstreamReply:
+        await gate.wait()
+        return UpstreamReply({"choices": [{"message": {"content": "x"}}], "usage": usage})
+
+    return reply
+
+
 def rejects(*args: Any) -> float:
     return 0.0
 
 
-def climb(client: ScriptedClient, ledger: Ledger) -> tuple[Cascade, Call]:
-    """A three-tier cascade whose verifier rejects every answer, and its call."""
+def climb(
+    client: ScriptedClient, ledger: Ledger, tiers: list[DeploymentRuntime] | None = None
+) -> tuple[Cascade, Call]:
+    """A cascade over `tiers` (cheap, mid, premium) whose verifier rejects every
+    answer, and its call."""
+    names = tuple(d.name for d in tiers or [CHEAP, MID, PREMIUM])
     metrics = Metrics()
     executor, accountant = Executor({"openai": client}, metrics), Accountant(ledger, metrics)
     cascade = Cascade(executor, accountant, rejects, metrics)  # type: ignore[arg-type]
     route = RouteRuntime(
-        "careful", "cascade", ("cheap", "mid", "premium"), "premium-model", PREMIUM.price,
-        max_escalations=2,
+        "careful", "cascade", names, "premium-model", PREMIUM.price,
+        max_escalations=len(names) - 1,
     )  # fmt: skip
     call = Call(
         "req_1", "team", "key", route, False, time.perf_counter(),
@@ -278,7 +353,8 @@ async def test_only_the_first_of_three_answers_carries_the_delivered_answers_ref
     result = await cascade.run(call, [CHEAP, MID, PREMIUM])
     assert result.final.deployment is PREMIUM
     by_id = {r.record_id: r for r in ledger}
-    assert [r.record_id for r in ledger] == ["req_1", "req_1:1", "req_1:2"]
+    assert [r.record_id for r in result.records] == ["req_1", "req_1:1", "req_1:2"]
+    assert sorted(r.record_id for r in ledger) == ["req_1", "req_1:1", "req_1:2"]
     assert by_id["req_1"].reference_cost_nanos == PREMIUM.price.cost_nanos(12, 2)
     assert by_id["req_1"].reference_cost_nanos == by_id["req_1:2"].cost_nanos
     assert by_id["req_1:1"].reference_cost_nanos == by_id["req_1:2"].reference_cost_nanos == 0
@@ -301,3 +377,68 @@ async def test_a_climb_cancelled_while_it_escalates_prices_its_first_answer_once
     first = by_id["req_1"]
     assert first.reference_cost_nanos == PREMIUM.price.cost_nanos(10, 400)
     assert (by_id["req_1:t1"].status, by_id["req_1:t1"].reference_cost_nanos) == ("partial", 0)
+
+
+def ids(records: list[SpendRecord] | tuple[SpendRecord, ...]) -> list[str]:
+    return sorted(r.record_id for r in records)
+
+
+async def started_tall_climb(
+    ledger: Ledger, premium: Behaviour
+) -> tuple[ScriptedClient, asyncio.Task[Any]]:
+    """A four-tier climb whose three first answers are rejected, run until premium is
+    asked; `premium` says what it does then."""
+    upper = {"prompt_tokens": 10, "completion_tokens": 50}
+    client = ScriptedClient(
+        {"cheap": says(USAGE), "mid": says(USAGE), "upper": says(upper), "premium": premium}
+    )
+    cascade, call = climb(client, ledger, TALL)
+    run = asyncio.create_task(cascade.run(call, TALL))
+    await eventually_async(lambda: "premium" in client.calls, 5, "premium to be asked")
+    return client, run
+
+
+async def test_a_rejected_escalation_is_priced_as_soon_as_the_next_answer_comes() -> None:
+    """With premium at work, mid's rejected answer is in the ledger, as it was written;
+    the first waits for the delivered answer, upper's for premium's outcome."""
+    ledger, gate = Ledger(), asyncio.Event()
+    short = {"prompt_tokens": 12, "completion_tokens": 2}
+    _, run = await started_tall_climb(ledger, held(gate, short))
+    [early] = ledger
+    assert (early.record_id, early.deployment, early.verifier_score) == ("req_1:1", "mid", 0.0)
+    assert (early.reference_cost_nanos, early.sla_met) == (0, None)
+    gate.set()
+    result = await run
+    every = ["req_1", "req_1:1", "req_1:2", "req_1:3"]
+    assert [r.record_id for r in result.records] == every  # in order, for the decisions log
+    assert ids(ledger) == every and ledger[0] is early  # each once
+    by_id = {r.record_id: r for r in ledger}
+    assert by_id["req_1"].reference_cost_nanos == by_id["req_1:3"].cost_nanos
+    assert by_id["req_1:3"].escalations == 3 and by_id["req_1:3"].verifier_score is None
+
+
+async def test_a_climb_cancelled_on_its_last_escalation_prices_each_answer_once() -> None:
+    ledger = Ledger()
+    _, run = await started_tall_climb(ledger, held(asyncio.Event(), USAGE))
+    assert ids(ledger) == ["req_1:1"]
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert ids(ledger) == ["req_1", "req_1:1", "req_1:2", "req_1:t1"]
+    by_id = {r.record_id: r for r in ledger}
+    assert by_id["req_1"].reference_cost_nanos == PREMIUM.price.cost_nanos(10, 400)  # its own
+    assert by_id["req_1:2"].completion_tokens == 50 and by_id["req_1:2"].sla_met is None
+
+
+async def test_a_failed_last_escalation_delivers_and_prices_the_answer_before_once() -> None:
+    """Premium fails: the client gets upper's rejected answer, written then (not when
+    premium was asked), and the request's reference prices its tokens."""
+    ledger = Ledger()
+    client, run = await started_tall_climb(ledger, fails(UpstreamConnectFailed("refused")))
+    result = await run
+    assert result.final.deployment is UPPER and client.calls.count("premium") == 1
+    assert [r.record_id for r in result.records] == ["req_1", "req_1:1", "req_1:2"]
+    assert ids(ledger) == ["req_1", "req_1:1", "req_1:2"]
+    by_id = {r.record_id: r for r in ledger}
+    assert by_id["req_1"].reference_cost_nanos == PREMIUM.price.cost_nanos(10, 50)
+    assert by_id["req_1:2"].latency_ms >= by_id["req_1:1"].latency_ms

@@ -15,6 +15,7 @@ litellm (~4 s to import) is loaded off the event loop on the first bridged reque
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib
 import logging
@@ -328,6 +329,8 @@ async def bridge(
     came = await arrival(request, authorization)
     runtime = came.runtime
     body = parse_object(came.raw)
+    # The raw bytes are not held through the call (up to the body limit, 20 MiB).
+    size, came = len(came.raw), dataclasses.replace(came, raw=b"")
     label_route(request, runtime, requested_model(body))
     kind.check(body)
     translation = kind(await library(), body, came.request_id)
@@ -340,7 +343,7 @@ async def bridge(
             "chat",
             chat,
             came.request_id,
-            len(came.raw),
+            size,
             came.started,
             surface=kind.wire,
             native=native,
