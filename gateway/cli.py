@@ -207,28 +207,9 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 
 
 def print_report(lines: Iterable[str]) -> int:
-    """Print a policy command's lines: 0, also when the reader has gone (`policy check
-    PATH | head -1` read what it wanted: the exit status stays the command's outcome,
-    unlike `print_lines`'); 1 when stdout cannot be written (`> /dev/full`), saying
-    why. Either way stdout then goes nowhere, so that the flush at exit cannot fail
-    again."""
-    try:
-        for line in lines:
-            print(line)
-        sys.stdout.flush()
-    except BrokenPipeError:  # quietly, as Python's docs advise (the note on SIGPIPE)
-        _silence_stdout()
-    except OSError as exc:
-        _silence_stdout()
-        print(f"error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _silence_stdout() -> None:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    """Print a policy command's lines: a reader that has gone (`policy check PATH | head
+    -1` read what it wanted) leaves the exit status the command's outcome."""
+    return print_lines(lines, reader_gone=0)
 
 
 def fresh_selector(traffic: TrafficProfiles | None = None) -> QualitySelector:

@@ -102,19 +102,20 @@ def finite(rows: Sequence[Row[Any]], scores: list[float]) -> list[float]:
     return scores
 
 
-def print_lines(lines: Iterable[str]) -> int:
-    """Print the lines to stdout: 0, or 1 when the reader has gone (`... | head -1`) or
-    stdout cannot be written (`> /dev/full`). A reader that goes ends the output quietly,
-    as Python's docs advise (the note on SIGPIPE); a failed write says why, on stderr.
-    Either way stdout is then pointed at devnull, so that the flush at exit cannot fail
-    again."""
+def print_lines(lines: Iterable[str], reader_gone: int = 1) -> int:
+    """Print the lines to stdout: 0, `reader_gone` when the reader has gone (`... | head
+    -1`: 1 where the output was the point, 0 where the status is a check's outcome), or 1
+    when stdout cannot be written (`> /dev/full`). A reader that goes ends the output
+    quietly, as Python's docs advise (the note on SIGPIPE); a failed write says why, on
+    stderr. Either way stdout is then pointed at devnull, so that the flush at exit
+    cannot fail again."""
     try:
         for line in lines:
             print(line)
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
-        return 1
+        return reader_gone
     except OSError as exc:
         _silence_stdout()
         print(f"error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
