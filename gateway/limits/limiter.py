@@ -13,7 +13,10 @@ upstream reports no usage), one script call admits it (rate limits, then budgets
 soft limit may switch the plan to the budget's downgrade tier, a hard limit refuses
 with 429), and one settles it later: `settle` only queues, a writer task sends queued
 settlements in pipelined batches. A budget's period starts from the ledger's spend in
-it (`gateway.limits.ledger_spend`), read once per worker, budget and period.
+it (`gateway.limits.ledger_spend`), read once per worker, scope and period
+(`gateway.limits.seeds`). The script call runs in a task of its own: a request
+cancelled meanwhile (its client went away) may have been admitted by Redis all the
+same, and that admission is then released as a request that ends unanswered is.
 
 Redis unreachable: the policy's `gateway.limits_when_redis_down` decides: `open`
 serves without checks (counted, logged once per outage) and still queues the
@@ -31,7 +34,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -49,7 +52,8 @@ from gateway.limits.budgets import (
     worst_case_nanos,
 )
 from gateway.limits.rate_limits import rate_limited, ratelimit_headers
-from gateway.limits.rules import BudgetRule, Calendar, Period, RuleBook, Rules
+from gateway.limits.rules import Calendar, RuleBook, Rules
+from gateway.limits.seeds import Seeds, SpendReader
 from gateway.limits.store import (
     Admitted,
     Ask,
@@ -59,7 +63,6 @@ from gateway.limits.store import (
     LimitsStoreUnavailable,
     LimitStore,
     RateRefusal,
-    Verdict,
 )
 from gateway.metrics import Metrics
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
@@ -73,8 +76,6 @@ WATCH_INTERVAL_S = 5.0  # otherwise, how often the watch task does (see `watch`)
 HOLD_GRACE_S = 600.0  # a hold outlives the request timeout by this (streams run longer)
 BATCH_MAX = 64
 MAX_PENDING = 100_000  # settlements kept while Redis is down; older ones are dropped
-# A budget's spend in its period as the ledger has it; None when it cannot be read.
-SpendReader = Callable[[BudgetRule, Period], Awaitable[int | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,14 @@ class Admission:
 UNLIMITED = Admission()
 
 
+def _release_abandoned(checking: asyncio.Future[Admission]) -> None:
+    """The admission of a request cancelled while the store checked it: released as a
+    request that ends unanswered is (its holds, its tokens), once the store answered."""
+    if checking.cancelled() or checking.exception() is not None:
+        return
+    checking.result().settle([])
+
+
 class Limiter:
     """Budgets and rate limits for the gateway, on a `LimitStore` (None: no store, as
     when REDIS_URL is unset; limits then follow the outage policy)."""
@@ -147,13 +156,7 @@ class Limiter:
         self._metrics = metrics
         self.clock = clock  # wall clock for budget periods (tests move it)
         self._calendar = Calendar()
-        # Where each budget's period starts (`gateway.limits.ledger_spend`): the ledger's
-        # figure per (scope, name, period) (-1: unreadable), read once, offered until an
-        # admission has started the period; then `_started` (both forgotten each day).
-        self._ledger_spend = ledger_spend
-        self._seeds: dict[tuple[str, str, str], int] = {}
-        self._started: set[tuple[str, str, str]] = set()
-        self._seed_day = -1
+        self._seeds = None if ledger_spend is None else Seeds(ledger_spend)
         self._runtime: Runtime | None = None
         self._book = RuleBook({}, {}, {})
         self._down = False  # admissions skip the store until the probe finds it again
@@ -197,53 +200,41 @@ class Limiter:
             return self._unchecked(
                 runtime, ask, None, Reserved(route.name, output.per_choice, None)
             )
-        ask = await self._seeded(ask)
+        if self._seeds is not None and ask.budgets:
+            seeds = await self._seeds.offer(ask.budgets, ask.periods, self.clock())
+            ask = dataclasses.replace(ask, seeds=seeds)
+        reserved = Reserved(route.name, output.per_choice, None)
+        # Shielded from the caller: once the script is sent, Redis may run it whether or
+        # not its reply is awaited, and only the task's result can release what it took.
+        checking = asyncio.ensure_future(self._checked(runtime, ask, plans, reserved))
+        try:
+            return await asyncio.shield(checking)
+        except asyncio.CancelledError:
+            checking.add_done_callback(_release_abandoned)
+            raise
+
+    async def _checked(
+        self,
+        runtime: Runtime,
+        ask: Ask,
+        plans: list[list[DeploymentRuntime]],
+        reserved: Reserved,
+    ) -> Admission:
+        """The store's verdict on `ask`, as an admission or the refusal it raises."""
+        assert self._store is not None
         try:
             verdict = await self._store.admit(ask)
         except LimitsStoreUnavailable as exc:
-            reserved = Reserved(route.name, output.per_choice, None)
             return self._unchecked(runtime, ask, exc, reserved)
         self._recovered()
-        self._note_started(ask, verdict)
+        if self._seeds is not None:
+            self._seeds.note(ask, verdict)
         if isinstance(verdict, RateRefusal):
             self._refuse_rate(ask, verdict)
         if isinstance(verdict, BudgetRefusal):
             self._refuse_budget(ask, verdict)
         held = ask.options[verdict.option] if ask.budgets else None
-        return self._admitted(ask, verdict, plans, Reserved(route.name, output.per_choice, held))
-
-    async def _seeded(self, ask: Ask) -> Ask:
-        """`ask` with the ledger's spend of each budget in its period, where no admission
-        of this worker has started the period yet (-1 elsewhere: nothing to offer)."""
-        if self._ledger_spend is None or not ask.budgets:
-            return ask
-        day = int(self.clock() // 86400)
-        if day != self._seed_day:  # the periods' ids changed, or will not be asked again
-            self._seeds.clear()
-            self._started.clear()
-            self._seed_day = day
-        seeds = []
-        for budget, period in zip(ask.budgets, ask.periods, strict=True):
-            key = (budget.scope, budget.name, period.id)
-            if key not in self._started and key not in self._seeds:
-                spent = await self._ledger_spend(budget, period)
-                # Unreadable: none offered (logged once), not read again on every request.
-                self._seeds[key] = -1 if spent is None else spent
-            seeds.append(-1 if key in self._started else self._seeds[key])
-        return dataclasses.replace(ask, seeds=tuple(seeds))
-
-    def _note_started(self, ask: Ask, verdict: Verdict) -> None:
-        """The periods this verdict started: every budget's of an admission (it holds
-        its cost there), a refused one's where its seed was offered (the script wrote
-        it before refusing)."""
-        if not ask.seeds or isinstance(verdict, RateRefusal):
-            return
-        admitted = isinstance(verdict, Admitted)
-        for budget, period, seed in zip(ask.budgets, ask.periods, ask.seeds, strict=True):
-            if admitted or seed >= 0:
-                key = (budget.scope, budget.name, period.id)
-                self._started.add(key)
-                self._seeds.pop(key, None)
+        return self._admitted(ask, verdict, plans, dataclasses.replace(reserved, nanos=held))
 
     @staticmethod
     def _plans(

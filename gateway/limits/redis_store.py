@@ -6,9 +6,11 @@ Redis, where one script may touch them all; on a Redis Cluster the rule's own
 `{limits:<scope>:<name>}`, so different teams, keys and routes spread over the masters
 (`gateway.limits.slots`)):
 
-    PT:budget:<scope>:<name>:<period>       hash  `spent`, `reserved` (nano-USD) and
-                                                         `h:<request_id>` -> its held worst
-                                                         case; <period> is YYYY-MM-DD or
+    PT:budget:<scope>:<name>:<period>       hash  `spent`, `reserved` (nano-USD),
+                                                         `seeded` once the ledger's spend
+                                                         is in, and `h:<request_id>` ->
+                                                         its held worst case;
+                                                         <period> is YYYY-MM-DD or
                                                          YYYY-MM (UTC); expires a week
                                                          after the period ends
     PT:budget:<scope>:<name>:<period>:held  zset  request ids holding a reservation,
@@ -404,7 +406,8 @@ def _verdict(reply: list[int], n_rate: int, n_budget: int) -> Verdict:
             (_limit_left(rest[2 * i]), _limit_left(rest[2 * i + 1])) for i in range(n_rate)
         )
         past_soft = tuple(bool(flag) for flag in rest[2 * n_rate : 2 * n_rate + n_budget])
-        return Admitted(option, window, remaining, past_soft)
+        unseeded = tuple(bool(flag) for flag in rest[2 * n_rate + n_budget :])
+        return Admitted(option, window, remaining, past_soft, (), unseeded if any(unseeded) else ())
     if reply[1] == 1:
         _, _, rule, kind, previous, current, elapsed = reply
         return RateRefusal(

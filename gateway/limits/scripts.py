@@ -36,7 +36,8 @@ end
 #       then the options' worst-case costs, then per rate rule rpm and tpm (0: none),
 #       then per budget: limit, soft limit (-1: none), option past soft (0: none), expire-at,
 #       seed (the ledger's spend in the period; -1: none).
-# Returns {1, option, window, (requests left, tokens left) per rule, past-soft per budget},
+# Returns {1, option, window, (requests left, tokens left) per rule, past-soft per budget,
+#          unseeded per budget (its counters hold no seed: field `seeded` unset)},
 #         {0, 1, rule, kind (1 requests, 2 tokens), previous, current, elapsed ms}, or
 #         {0, 2, budget, spent + reserved, worst case, option}.
 ADMIT_LUA = (
@@ -71,12 +72,17 @@ local budgets = {}
 local option = 1
 for b = 1, n_budget do
   local hash, held = KEYS[n_rate + 2 * b - 1], KEYS[n_rate + 2 * b]
-  -- No hash: nothing was admitted or settled here this period, so the ledger's spend
-  -- (read before this call) holds nothing charged here; the period starts from it.
+  -- The ledger's spend (read before this call) is taken once per period's counters,
+  -- as the larger of it and what they hold: counters created without a seed (none
+  -- offered, or lost and created again) hold only spend settled since, which the
+  -- ledger has too (or soon will): nothing is counted twice.
   local seed = amount(ARGV[a + 4])
-  if seed >= 0 and redis.call('EXISTS', hash) == 0 then
-    redis.call('HSET', hash, 'spent', int(seed))
+  local unseeded = redis.call('HEXISTS', hash, 'seeded') == 0
+  if seed >= 0 and unseeded then
+    local spent = tonumber(redis.call('HGET', hash, 'spent')) or 0
+    redis.call('HSET', hash, 'spent', int(math.max(spent, seed)), 'seeded', '1')
     redis.call('EXPIREAT', hash, ARGV[a + 3])
+    unseeded = false
   end
   -- Holds past their expiry belong to requests whose worker died: release them.
   local expired = redis.call('ZRANGEBYSCORE', held, '-inf', int(now), 'LIMIT', 0, 100)
@@ -93,7 +99,8 @@ for b = 1, n_budget do
   local soft, down = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local past = soft >= 0 and used >= soft
   if past and down > 0 and option == 1 then option = down + 1 end
-  budgets[b] = {hash, held, used, amount(ARGV[a]), ARGV[a + 3], past and 1 or 0}
+  budgets[b] = {hash, held, used, amount(ARGV[a]), ARGV[a + 3], past and 1 or 0,
+                unseeded and 1 or 0}
   a = a + 5
 end
 local cost = amount(ARGV[6 + option])
@@ -121,6 +128,7 @@ for b = 1, n_budget do
   redis.call('EXPIREAT', bu[2], bu[5])
   out[#out + 1] = bu[6]
 end
+for b = 1, n_budget do out[#out + 1] = budgets[b][7] end
 return out
 """
 ).replace("__WINDOW__", str(WINDOW_MS))

@@ -69,6 +69,7 @@ def merged(
     remaining: list[tuple[int | None, int | None]] = [(None, None)] * n_rate
     minutes = [-1] * n_rate
     past_soft = [False] * n_budget
+    unseeded = [False] * n_budget
     windows: list[tuple[bool, int]] = []  # (counted no rate, its minute) per admission
     for group, verdict in zip(groups, verdicts, strict=True):
         if isinstance(verdict, RateRefusal):
@@ -84,6 +85,8 @@ def merged(
                 minutes[rule] = verdict.window
             for local, rule in enumerate(group.budgets):
                 past_soft[rule] = verdict.past_soft[local]
+            for local, flag in enumerate(verdict.unseeded):
+                unseeded[group.budgets[local]] = flag
     if rates:
         return min(rates, key=lambda r: r.rule)
     if budgets:
@@ -92,4 +95,11 @@ def merged(
     # settlement corrects its tokens in, is in `windows` (two slots' scripts may run
     # either side of a turn of the minute).
     window = min(windows)[1]
-    return Admitted(forced or 0, window, tuple(remaining), tuple(past_soft), tuple(minutes))
+    return Admitted(
+        forced or 0,
+        window,
+        tuple(remaining),
+        tuple(past_soft),
+        tuple(minutes),
+        tuple(unseeded) if any(unseeded) else (),
+    )

@@ -5,7 +5,8 @@ Contract:
   counts the request in its rate windows and holds its worst-case cost on each budget,
   all atomically: concurrent admissions (any worker, any replica) see each other.
   Holds older than `hold_ms` are released by later admissions on the same budget. A
-  budget nothing was admitted to or settled on in its period yet starts from its seed.
+  budget's counters take one seed per period, as the larger of it and what they hold,
+  and an admission tells which budgets' counters have none yet (`Admitted.unseeded`).
 - `settle_many` settles each charge once (idempotent on the request id): releases the
   request's holds, adds its real cost to each budget and corrects its token count.
 - `spent` reads what each budget has settled in its period (a scrape's gauge).
@@ -47,8 +48,8 @@ class Ask:
     tokens: int  # prompt + max output tokens, counted against tokens per minute
     hold_ms: int
     # Per budget: the ledger's spend in its period so far, which the budget's counters
-    # start from if this is the first admission of their period (-1, or none given:
-    # from 0). See `gateway.limits.ledger_spend`.
+    # take if they hold no seed yet (-1, or none given: none offered). See
+    # `gateway.limits.ledger_spend`.
     seeds: tuple[int, ...] = ()
 
 
@@ -61,6 +62,9 @@ class Admitted:
     # Per rate rule, the minute its slot counted the request in (a cluster's slots may
     # straddle a turn of the minute); empty: `window` for every rule.
     windows: tuple[int, ...] = ()
+    # Per budget: its counters hold no seed (created without one: none offered, or
+    # lost and created again); empty: every budget's do.
+    unseeded: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,8 +111,9 @@ async def test_an_admission_across_slots_reserves_in_each(
 ) -> None:
     verdict = await store.admit(ask("a", 100_000, TEAM, KEY, ROUTE, rates=(KEY_RATE,), tokens=50))
     assert isinstance(verdict, Admitted) and verdict.windows == (verdict.window,)
+    unseeded = (True, True, True)  # no seed offered: each slot says so for its budget
     assert verdict == Admitted(
-        0, verdict.window, ((999, 999_950),), (False, False, False), (verdict.window,)
+        0, verdict.window, ((999, 999_950),), (False, False, False), (verdict.window,), unseeded
     )
     for rule in (TEAM, KEY, ROUTE):
         assert (await amounts(client, store, rule))["reserved"] == "100000"
