@@ -11,10 +11,12 @@ is under way wait on the same read, which their cancellation does not cancel. A
 budget's seed is offered until an admission has given it to the budget's counters
 (the script merges it into counters created without one, `ADMIT_LUA`); then -1.
 
-A read that fails offers none (-1) and is tried again `RETRY_S` after it began, while
-the budget is not seeded: a transient failure costs a few admissions' seeds, not the
-period's. An admission that reports a seeded budget's counters unseeded (lost, then
-created again from what settled since) reads the ledger again and re-offers the seed.
+A read serves for `FRESH_S` after it began; a budget not seeded yet then asks for a new
+one, so a budget added by a reload (or counters lost to Redis) is seeded from the
+ledger's spend of the last half minute, not from a read of weeks ago. A read that fails
+offers none (-1): a transient failure costs a few admissions' seeds, not the period's.
+An admission that reports a seeded budget's counters unseeded (lost, then created again
+from what settled since) reads the ledger again and re-offers the seed.
 A period's entries are forgotten when it ends (a month's at month end).
 """
 
@@ -30,7 +32,7 @@ from gateway.limits.store import Admitted, Ask, RateRefusal, Verdict
 
 log = logging.getLogger(__name__)
 
-RETRY_S = 30.0  # a failed read of the ledger is tried again this long after it began
+FRESH_S = 30.0  # a read of the ledger serves this long after it began (failed or not)
 NONE = -1  # no seed offered
 # A scope's spend in a period by budget name, as the ledger has it; None: unreadable.
 Spend = Mapping[str, int] | None
@@ -42,8 +44,8 @@ class Seeds:
 
     def __init__(self, read: SpendReader) -> None:
         self._read = read
-        self._reads: dict[tuple[str, str], asyncio.Task[Spend]] = {}  # (scope, period id)
-        self._retry_at: dict[tuple[str, str], float] = {}  # failed reads: when to read again
+        # (scope, period id) -> when the read began, and the read
+        self._reads: dict[tuple[str, str], tuple[float, asyncio.Task[Spend]]] = {}
         self._seeded: set[tuple[str, str, str]] = set()  # (scope, name, period id)
         self._ends: dict[str, float] = {}  # period id -> when it ends
         self._next_end = math.inf
@@ -71,7 +73,7 @@ class Seeds:
         if not ask.seeds or isinstance(verdict, RateRefusal):
             return
         for budget, period, seed in zip(ask.budgets, ask.periods, ask.seeds, strict=True):
-            if seed >= 0:
+            if seed >= 0 and period.id in self._ends:  # not forgotten meanwhile
                 self._seeded.add((budget.scope, budget.name, period.id))
         if not isinstance(verdict, Admitted) or not verdict.unseeded:
             return
@@ -83,37 +85,29 @@ class Seeds:
                 log.warning("%s lost its counters for %s: seeding them again", budget.label, key[2])
                 self._seeded.discard(key)
                 self._reads.pop((budget.scope, period.id), None)  # stale now
-                self._retry_at.pop((budget.scope, period.id), None)
 
     async def _spend(self, scope: str, period: Period, now: float) -> Spend:
         key = (scope, period.id)
-        if self._retry_at.get(key, math.inf) <= now:
-            del self._retry_at[key]
-            self._reads.pop(key, None)
-        task = self._reads.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._read_once(scope, period, now))
-            self._reads[key] = task
+        began, task = self._reads.get(key, (-math.inf, None))
+        if task is None or now - began >= FRESH_S:
+            task = asyncio.ensure_future(self._read_once(scope, period))
+            self._reads[key] = (now, task)
             self._ends[period.id] = period.ends_at
             self._next_end = min(self._next_end, period.ends_at)
         # Shielded: a request cancelled while it waits must not cancel the others' read.
         return await asyncio.shield(task)
 
-    async def _read_once(self, scope: str, period: Period, now: float) -> Spend:
+    async def _read_once(self, scope: str, period: Period) -> Spend:
         try:
-            spend = await self._read(scope, period)
+            return await self._read(scope, period)
         except Exception:  # a bug in the read must not fail every admission waiting on it
             log.exception("reading the ledger's %s spend for %s failed", scope, period.id)
-            spend = None
-        if spend is None and period.id in self._ends:  # not forgotten meanwhile
-            self._retry_at[(scope, period.id)] = now + RETRY_S
-        return spend
+            return None
 
     def _forget(self, now: float) -> None:
         """Drop the entries of the periods that have ended."""
         ended = {period for period, ends_at in self._ends.items() if ends_at <= now}
-        self._reads = {k: task for k, task in self._reads.items() if k[1] not in ended}
-        self._retry_at = {k: at for k, at in self._retry_at.items() if k[1] not in ended}
+        self._reads = {k: read for k, read in self._reads.items() if k[1] not in ended}
         self._seeded = {k for k in self._seeded if k[2] not in ended}
         self._ends = {period: at for period, at in self._ends.items() if period not in ended}
         self._next_end = min(self._ends.values(), default=math.inf)

@@ -23,7 +23,7 @@ from gateway.limits import Limiter
 from gateway.limits.ledger_spend import LedgerSpend
 from gateway.limits.redis_store import RedisLimitStore
 from gateway.limits.rules import BudgetRule, Period, RuleBook, periods_at
-from gateway.limits.seeds import RETRY_S
+from gateway.limits.seeds import FRESH_S
 from gateway.limits.store import Admitted, Ask, BudgetRefusal, Charge
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, build_runtime
@@ -326,11 +326,36 @@ async def test_a_month_is_read_once_across_its_days_and_again_in_the_next(
     assert counted.reads == [("key", "2031-01"), ("key", "2031-02")]
 
 
+async def test_a_budget_first_admitted_later_is_seeded_from_a_fresh_read(
+    tmp_path: Path, store: RedisLimitStore
+) -> None:
+    """A read serves the budgets of its scope for `FRESH_S` only: key j, first admitted a
+    day after key k's read, starts from what the ledger says then, not from that read."""
+    spend = {"k": 0, "j": 0}
+
+    async def ledger_now(scope: str, period: Period) -> Mapping[str, int] | None:
+        return dict(spend)
+
+    counted = CountedReads(ledger_now)
+    at = [datetime(2031, 1, 10, 12, 0, tzinfo=UTC).timestamp()]
+    limiter = Limiter(store, Metrics(), clock=fixed_clock(at), ledger_spend=counted)
+    runtime = runtime_of(tmp_path, KEY_BUDGETS)
+    await admit(limiter, runtime, "k", "r1")
+    spend["j"] = 950_000_000  # j spends while its budget's counters do not exist yet
+    at[0] += 24 * 3600
+    await admit(limiter, runtime, "j", "r2")
+    await limiter.stop()
+    assert counted.reads == [("key", "2031-01"), ("key", "2031-01")]
+    month = periods_at(at[0])["month"]
+    [rule] = RuleBook.build(runtime.policy).budgets["key", "j"]
+    assert await store.spent([(rule, month)]) == [950_000_000]
+
+
 async def test_a_failed_read_is_retried_and_its_seed_still_taken(
     tmp_path: Path, store: RedisLimitStore
 ) -> None:
     """The ledger unreadable at the period's first admission: admissions go on without
-    a seed, and one `RETRY_S` later reads it again and seeds the counters after all."""
+    a seed, and one `FRESH_S` later reads it again and seeds the counters after all."""
     answers: list[Mapping[str, int] | None] = [None, {"k": 400_000_000}]
 
     async def flaky(scope: str, period: Period) -> Mapping[str, int] | None:
@@ -343,10 +368,10 @@ async def test_a_failed_read_is_retried_and_its_seed_still_taken(
     month = periods_at(at[0])["month"]
     [rule] = RuleBook.build(runtime.policy).budgets["key", "k"]
     await admit(limiter, runtime, "k", "r1")
-    at[0] += RETRY_S / 2
+    at[0] += FRESH_S / 2
     await admit(limiter, runtime, "k", "r2")
     assert len(counted.reads) == 1
-    at[0] += RETRY_S / 2
+    at[0] += FRESH_S / 2
     await admit(limiter, runtime, "k", "r3")
     await admit(limiter, runtime, "k", "r4")
     await limiter.stop()
