@@ -96,7 +96,7 @@ async def test_a_request_cancelled_during_its_admission_releases_its_hold(
 ) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY)
-    runtime = build_runtime(load_policy(path, env={"K_SECRET": "test-secret-k"}))
+    runtime = build_runtime(load_policy(path, env={"K_SECRET": "fake-key-k"}))
     store = RedisLimitStore(slow_url, redis_prefix, socket_timeout=2.0)
     limiter = Limiter(store, Metrics())
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)

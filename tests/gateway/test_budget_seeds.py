@@ -231,7 +231,7 @@ class CountedReads:
 def runtime_of(tmp_path: Path, policy: str) -> Runtime:
     path = tmp_path / "limits-policy.yaml"
     path.write_text(policy)
-    env = {"K_SECRET": "test-secret-k", "J_SECRET": "test-secret-j"}
+    env = {"K_SECRET": "fake-key-k", "J_SECRET": "fake-key-j"}
     return build_runtime(load_policy(path, env=env))
 
 

@@ -74,8 +74,8 @@ def test_default_policy_with_keys_set() -> None:
 def test_openai_compatible_example() -> None:
     env = {
         "UPSTREAM_BASE_URL": "http://127.0.0.1:9000/v1",
-        "GATEWAY_TEST_KEY": "test-secret",
-        "GATEWAY_ADMIN_KEY": "admin-secret",
+        "GATEWAY_TEST_KEY": "fake-test-key",
+        "GATEWAY_ADMIN_KEY": "fake-admin-key",
     }
     loaded = load_policy(EXAMPLES_DIR / "openai-compatible.yaml", env=env)
     policy = loaded.policy
@@ -89,9 +89,9 @@ def test_openai_compatible_example() -> None:
     assert upstream.price is not None and upstream.price.output_per_mtok == 0.60
     assert policy.routes["auto"].deployments == ["upstream"]
     assert policy.routes["auto"].reference_model == "gpt-4o"
-    assert policy.keys["test"].secret == "test-secret"
+    assert policy.keys["test"].secret == "fake-test-key"
     assert policy.keys["test"].team == "test"
-    assert policy.admin_keys == ["admin-secret"]
+    assert policy.admin_keys == ["fake-admin-key"]
     assert loaded.unset_env == {"deployments.upstream.api_key": ["UPSTREAM_API_KEY"]}
 
 
