@@ -134,6 +134,7 @@ class RouteRuntime:
     # whether the chosen answer is verified (and escalated, as a cascade's).
     quality_target: float = 0.95
     reference_profile: str | None = None
+    reference_deployment: DeploymentRuntime | None = None  # `reference_model`, a deployment
     verify: bool = False
     explore: float = 0.0  # verified `select`: the share of requests that explore
 
@@ -241,6 +242,7 @@ def build_runtime(loaded: LoadedPolicy) -> Runtime:
             judge_timeout_s=spec.judge_timeout_ms / 1000,
             quality_target=spec.quality_target,
             reference_profile=_reference_profile(spec.reference_model, deployments),
+            reference_deployment=deployments.get(spec.reference_model or ""),
             verify=spec.verify,
             explore=spec.explore if spec.verify else 0.0,
         )

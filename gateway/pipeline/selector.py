@@ -144,16 +144,9 @@ def select_deployments(runtime: Runtime) -> list[str]:
     """The deployments whose learning `runtime`'s select routes use: their candidates
     and the deployments their targets are relative to."""
     routes = [r for r in runtime.routes.values() if r.strategy == "select"]
-    references = (reference_deployment(runtime, r) for r in routes)
+    references = (r.reference_deployment for r in routes)
     named = {d for r in routes for d in r.deployments}
     return sorted(named | {d.name for d in references if d is not None})
-
-
-def reference_deployment(runtime: Runtime, route: RouteRuntime) -> DeploymentRuntime | None:
-    """The deployment `route`'s `reference_model` names; None: it names a model, or none."""
-    spec = runtime.policy.routes.get(route.name)
-    name = None if spec is None else spec.reference_model
-    return None if name is None else runtime.deployments.get(name)
 
 
 class QualitySelector:
@@ -204,7 +197,7 @@ class QualitySelector:
         }
         # The reference moved by its learning as the candidates are (a candidate
         # reference: `choose` takes its estimate); none: the best candidate.
-        deployment = reference_deployment(runtime, route)
+        deployment = route.reference_deployment
         if reference is None:
             reference_quality = max(e.quality for e in estimates.values())
         elif deployment is not None:

@@ -41,7 +41,6 @@ from gateway.pipeline.selector import (
     Profile,
     TrafficProfiles,
     select_deployments,
-    stepped,
 )
 from gateway.redis_client import RedisClient, redis_client
 from gateway.runtime import Runtime
@@ -143,9 +142,7 @@ class SharedTrafficProfiles(TrafficProfiles):
         quality_profile: str | None = None,
     ) -> None:
         self._observed_at[deployment] = self.clock()
-        held = self._profiles.get(deployment, Profile())
-        # Until Redis answers.
-        self.adopt(deployment, stepped(held, predicted, observed, quality_profile))
+        super().observe(deployment, predicted, observed, quality_profile)  # till Redis answers
         # The seed, should Redis have lost the key: what it last showed, not this copy,
         # which counts observations in flight that may have reached it already.
         seed = self._confirmed.get(deployment, Profile())
