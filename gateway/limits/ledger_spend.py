@@ -1,14 +1,14 @@
 """Where a budget's period starts: the ledger's spend in it so far.
 
 The limits store counts a budget from the first admission of its period on. A budget
-added to the policy mid-period, or a period whose counters were lost, would otherwise
-be enforced from $0 while the budget report (`gateway.spend.budgets`, the ledger's
-whole period) shows what was really spent: a team could overspend a hard limit by what
-it spent before the budget appeared. So each worker reads the ledger's figures once per
-scope and period (`gateway.limits.seeds`) and offers them with its admissions
-(`Ask.seeds`); the admission script takes a budget's once per period's counters, as the
-larger of it and what they hold (counters created without a seed hold only spend
-settled since, which the ledger has too): nothing is counted twice.
+added to the policy mid-period, or a period whose counters were lost, would otherwise be
+enforced from $0 while the budget report (`gateway.spend.budgets`, the ledger's whole
+period) shows what was really spent: a team could overspend a hard limit by what it
+spent before the budget appeared. So each worker reads the ledger's figures per scope
+and period while a budget of it is unseeded (`gateway.limits.seeds`) and offers them
+with its admissions (`Ask.seeds`); the admission script takes a budget's once per
+period's counters, as the larger of it and what they hold (counters created without a
+seed hold only spend settled since, which the ledger has too): nothing is counted twice.
 
 What the seed misses or repeats, by design: records not in the ledger yet when it is
 read (in flight, queued, spooled) are not in it; a request admitted at the end of one

@@ -13,8 +13,8 @@ upstream reports no usage), one script call admits it (rate limits, then budgets
 soft limit may switch the plan to the budget's downgrade tier, a hard limit refuses
 with 429), and one settles it later: `settle` only queues, a writer task sends queued
 settlements in pipelined batches. A budget's period starts from the ledger's spend in
-it (`gateway.limits.ledger_spend`), read once per worker, scope and period
-(`gateway.limits.seeds`). The script call runs in a task of its own: a request
+it (`gateway.limits.ledger_spend`), read per worker, scope and period until the
+budget is seeded (`gateway.limits.seeds`). The script call runs in a task of its own: a request
 cancelled meanwhile (its client went away) may have been admitted by Redis all the
 same, and that admission is then released as a request that ends unanswered is.
 
