@@ -5,7 +5,8 @@ passes from the proxy to the cascade, the accounting and the stream it relays.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,16 @@ if TYPE_CHECKING:  # types only: the pipeline and the native room are above this
     from gateway.native import NativeCall
     from gateway.runtime import RouteRuntime
     from router.target_selection import Choice
+
+# Whether the request being served was cancelled because its client hung up before its
+# answer (`gateway.http.disconnects` sets it per request): the ledger records such a
+# request as `cancelled`, not as the gateway's `error`.
+client_left: ContextVar[Callable[[], bool]] = ContextVar("client_left", default=lambda: False)
+
+
+def client_hung_up() -> bool:
+    return client_left.get()()
+
 
 # The most output tokens one request may ask for: per choice, and over all its choices
 # (prompts x n or best_of x max tokens). Beyond any model's context, far inside int64.

@@ -9,8 +9,8 @@ body:
 
 - before the response starts, the disconnect cancels the request's task: the pipeline
   prices what it had in flight (the upstream had the prompt) and records the request
-  once, as for any cancellation (`gateway.pipeline.accounting`), and the cancellation
-  ends here;
+  once, as `cancelled` (`gateway.request.client_left` tells it from the shutdown
+  grace's cancellation, an `error`), and the cancellation ends here;
 - after it started (a relayed stream), the app's own reads of `receive` learn of it
   and end the stream, which settles as a stream cut short by its client.
 
@@ -24,6 +24,8 @@ import asyncio
 import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.request import client_left
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ async def serve_watched(app: ASGIApp, scope: Scope, receive: Receive, send: Send
         await app(scope, receive, send)
         return
     watch = _Watch(receive, send, task)
+    left = client_left.set(lambda: watch.cancelled)
     try:
         await app(scope, watch.receive, watch.send)
     except asyncio.CancelledError:
@@ -98,3 +101,4 @@ async def serve_watched(app: ASGIApp, scope: Scope, receive: Receive, send: Send
             task.uncancel()
     finally:
         watch.stop()  # no await since the app returned: the watch cancels no more
+        client_left.reset(left)

@@ -19,7 +19,10 @@ import orjson
 # Dimensions an aggregate can be grouped by (besides `day`).
 DIMENSIONS: tuple[str, ...] = ("team", "key", "route", "tier", "deployment", "model")
 DimensionType = Literal["day", "team", "key", "route", "tier", "deployment", "model"]
-StatusType = Literal["ok", "error", "partial"]
+# `error`: a request that got no answer; `cancelled`: one whose client went away before
+# its answer (not the gateway's failure: `errors` does not count it, `requests` does).
+StatusType = Literal["ok", "error", "partial", "cancelled"]
+UNANSWERED: frozenset[str] = frozenset(("error", "cancelled"))
 UsageSourceType = Literal["upstream", "counted", "none"]
 ReferenceCoverageType = Literal["full", "partial", "none"]
 # The API the client called: an endpoint of the OpenAI-compatible surface, or a bridged

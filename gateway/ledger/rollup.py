@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.ledger.record import CLASS_FIELDS, DIMENSIONS, AggregateRow, SpendRecord
+from gateway.ledger.record import (
+    CLASS_FIELDS,
+    DIMENSIONS,
+    UNANSWERED,
+    AggregateRow,
+    SpendRecord,
+)
 
 # The order of AggregateRow's counters; Redis field names use these words.
 METRICS: tuple[str, ...] = (
@@ -44,9 +50,9 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
     requests: only a request's first answer (its record id is the request id) counts
     one; its escalations, hedges and second opinions add cost, not requests. `calls`
     counts the upstream calls priced: every record but that of a request that got no
-    answer (an error record), so a deployment that only answers escalations shows how
-    often it was called. `unreferenced` counts records with no reference model (their
-    cost is left out of the savings)."""
+    answer (an `error` or `cancelled` record), so a deployment that only answers
+    escalations shows how often it was called. `unreferenced` counts records with no
+    reference model (their cost is left out of the savings)."""
     unreferenced = not rec.has_reference
     return (
         int(rec.is_request),
@@ -57,7 +63,7 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
         rec.reference_cost_nanos,
         int(rec.sla_met is True),
         int(rec.sla_met is False),
-        int(rec.status != "error"),
+        int(rec.status not in UNANSWERED),
         int(unreferenced),
         rec.cost_nanos if unreferenced else 0,
         rec.cache_read_tokens,

@@ -23,7 +23,7 @@ from gateway.billing.pricing import TokenPrice
 from gateway.billing.tokens import PromptCounts, count_text
 from gateway.billing.usage import CLASS_NAMES, NO_CLASSES, TokenClasses, token_classes, token_count
 from gateway.ledger import CostLedger, SpendRecord
-from gateway.ledger.record import StatusType, UsageSourceType, usd
+from gateway.ledger.record import UNANSWERED, StatusType, UsageSourceType, usd
 from gateway.metrics import Metrics
 from gateway.request import Call, asked_tokens, choices_of
 from gateway.runtime import DeploymentRuntime, RouteRuntime, sla_met
@@ -142,7 +142,7 @@ def _sla_verdict(
 ) -> bool | None:
     if label or not delivered:  # e.g. a hedge that lost the race: priced, not judged
         return None
-    if status == "error":  # no answer: missed if the route's fault, however fast it failed
+    if status in UNANSWERED:  # no answer: missed if the route's fault, however fast it failed
         return False if missed and route.sla is not None and route.sla.promises_time else None
     return sla_met(route, ttft_s, latency_s)
 
@@ -254,7 +254,7 @@ class Accountant:
         counted once per attempt. `reference`: the tokens it prices, when not this
         answer's own (a cascade's delivered answer). A route without a reference model
         records none, nor do embeddings against a chat model (`_reference`)."""
-        first_answer = attempt == 0 and label is None and status != "error"
+        first_answer = attempt == 0 and label is None and status not in UNANSWERED
         route = call.route
         reference_model, reference_price = _reference(route, call.endpoint)
         now = time.perf_counter()
@@ -305,14 +305,19 @@ class Accountant:
         return record
 
     def settle_failure(
-        self, call: Call, deployment: DeploymentRuntime, missed_sla: bool
+        self,
+        call: Call,
+        deployment: DeploymentRuntime,
+        missed_sla: bool,
+        status: StatusType = "error",
     ) -> SpendRecord:
         """A request that got no answer at all: one `error` record under its id, with no
         tokens, cost or reference, so that the ledger's `requests` and `errors` count it
         (`deployment`: the first the plan named; which of them failed is in the logs).
-        `missed_sla`: the route's fault (upstreams failed), not the client's."""
+        `missed_sla`: the route's fault (upstreams failed), not the client's. `status`
+        `cancelled`: its client hung up first; `requests` counts it, `errors` does not."""
         usage = Usage(0, 0, "none")
-        return self.settle(call, deployment, usage, status="error", missed_sla=missed_sla)
+        return self.settle(call, deployment, usage, status=status, missed_sla=missed_sla)
 
     def cut_off_pricer(self, call: Call) -> Callable[[DeploymentRuntime], None]:
         """What prices an attempt of `call` that was sent and then timed out: its prompt
@@ -339,5 +344,5 @@ class Accountant:
         if record.has_reference:  # else no series: a zero one would read as a 100% loss
             reference = usd(record.reference_cost_nanos)
             m.child(m.reference_cost, record.route, record.team).inc(reference)
-        if not deployment.price.priced and record.status != "error":
+        if not deployment.price.priced and record.status not in UNANSWERED:
             m.child(m.unpriced, record.deployment).inc()

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from gateway.auth import Principal
 from gateway.errors import GatewayError, PayloadTooLarge, UpstreamUnavailable
 from gateway.health.sla import SlaGuard
-from gateway.ledger.record import SurfaceType, usd
+from gateway.ledger.record import StatusType, SurfaceType, usd
 from gateway.limits import UNLIMITED, Admission, Limiter
 from gateway.metrics import Metrics
 from gateway.native import NativeCall
@@ -41,7 +41,7 @@ from gateway.pipeline.streaming import (
     loser_answer,
     loser_usage,
 )
-from gateway.request import Call, asked_tokens
+from gateway.request import Call, asked_tokens, client_hung_up
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime, climbs
 from gateway.upstreams.base import EndpointType, close_stream
 from router import SCORED_STRATEGIES
@@ -53,6 +53,7 @@ decisions = logging.getLogger(DECISIONS_LOGGER)  # one line per request when ena
 
 # 429s that mean the route's upstreams could not take the request in time.
 SLA_FAILURES = frozenset({"upstream_rate_limited", "sla_unmeetable"})
+CLIENT_CLOSED = "499"  # the status label of a request whose client hung up first
 # OpenAI's `max_tokens` for a legacy completion that sets none (chat's is the model's).
 LEGACY_COMPLETION_MAX_TOKENS = 16
 
@@ -191,9 +192,9 @@ class Proxy:
             self._fail(runtime, call, candidates, error)
             raise
         except asyncio.CancelledError:
-            # Cancelled (the server's shutdown grace ran out): the attempts in flight are
-            # priced as cut off by now; the request is recorded as ended without an
-            # answer, as a timeout is, and the cancellation goes on.
+            # Cancelled (its client hung up, or the server's shutdown grace ran out): the
+            # attempts in flight are priced as cut off by now; the request is recorded as
+            # ended without an answer, and the cancellation goes on.
             self._cut_short(runtime, call, candidates)
             raise
         finally:
@@ -246,24 +247,36 @@ class Proxy:
         self._record_unanswered(runtime, call, planned, missed)
 
     def _cut_short(self, runtime: Runtime, call: Call, planned: list[DeploymentRuntime]) -> None:
-        """A request cancelled before it answered: recorded once as an `error` (not the
-        route's fault: no SLA verdict), unless something answered it. Never raises: it
-        runs while a cancellation propagates."""
+        """A request cancelled before it answered: recorded once (not the route's fault:
+        no SLA verdict), unless something answered it, as `cancelled` when its client
+        hung up (counted under HTTP status 499, as proxies log it), else as an `error`
+        (the shutdown grace ran out). Never raises: it runs while a cancellation
+        propagates."""
         try:
-            self._record_unanswered(runtime, call, planned, missed=False)
+            if client_hung_up():
+                m = self._metrics
+                m.child(m.requests, call.route.name, "-", call.team, CLIENT_CLOSED).inc()
+                self._record_unanswered(runtime, call, planned, False, "cancelled")
+            else:
+                self._record_unanswered(runtime, call, planned, missed=False)
         except Exception:
             log.exception("recording the cancelled request %s failed", call.request_id)
 
     def _record_unanswered(
-        self, runtime: Runtime, call: Call, planned: list[DeploymentRuntime], missed: bool
+        self,
+        runtime: Runtime,
+        call: Call,
+        planned: list[DeploymentRuntime],
+        missed: bool,
+        status: StatusType = "error",
     ) -> None:
-        """Unless something answered it, record the request once as an error under the
+        """Unless something answered it, record the request once (`status`) under the
         deployment its plan named first."""
         if any(r.is_request for r in call.records):
             return
         first = planned[0] if planned else runtime.deployments.get(call.route.deployments[0])
         if first is not None:
-            self._accountant.settle_failure(call, first, missed)
+            self._accountant.settle_failure(call, first, missed, status)
 
     def _candidates(
         self,

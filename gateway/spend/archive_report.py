@@ -36,7 +36,10 @@ METRIC_SQL: dict[str, tuple[str, tuple[str, ...]]] = {
     "reference_cost_nanos": ("reference_cost_nanos", ("reference_cost_nanos",)),
     "sla_met": ("CASE WHEN sla_met IS TRUE THEN 1 ELSE 0 END", ("sla_met",)),
     "sla_missed": ("CASE WHEN sla_met IS FALSE THEN 1 ELSE 0 END", ("sla_met",)),
-    "calls": ("CASE WHEN status IS DISTINCT FROM 'error' THEN 1 ELSE 0 END", ("status",)),
+    "calls": (
+        "CASE WHEN status IN ('error', 'cancelled') THEN 0 ELSE 1 END",  # NULL: a call
+        ("status",),
+    ),
     "unreferenced": (f"CASE WHEN {_UNREFERENCED} THEN 1 ELSE 0 END", ("reference_model",)),
     "unreferenced_cost_nanos": (
         f"CASE WHEN {_UNREFERENCED} THEN cost_nanos ELSE 0 END",

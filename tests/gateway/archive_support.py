@@ -22,8 +22,11 @@ FAST = ArchiveOptions(flush_s=0.2, poll_s=0.05, lease_ttl_s=1.0, stats_s=0.0, re
 
 def varied_record(i: int, day: int = 0) -> SpendRecord:
     """`make_record`, plus what the reports treat apart: escalations (no request of
-    their own), routes without a reference model, token classes and cache savings."""
+    their own), routes without a reference model, token classes and cache savings,
+    requests their clients cancelled (neither an error nor a call)."""
     overrides: dict[str, Any] = {}
+    if i % 29 == 3:
+        overrides |= {"status": "cancelled", "prompt_tokens": 0, "completion_tokens": 0}
     if i % 5 == 1:
         overrides |= {"record_id": f"req-{i - 1}:1", "request_id": f"req-{i - 1}"}
     if i % 6 == 2:

@@ -75,7 +75,7 @@ def expected_rows(
         row[5] += rec.reference_cost_nanos
         row[6] += rec.sla_met is True
         row[7] += rec.sla_met is False
-        row[8] += rec.status != "error"  # an upstream call priced
+        row[8] += rec.status not in ("error", "cancelled")  # an upstream call priced
     return [
         AggregateRow(dict(zip(group_by, group, strict=True)), *row)
         for group, row in sorted(totals.items())

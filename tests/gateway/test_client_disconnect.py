@@ -1,7 +1,8 @@
 """A client that hangs up before its answer: the gateway stops there, rather than retry,
 fall back to other (dearer) deployments and pay for answers nobody reads. What was in
 flight is priced as cut off (the upstream had the prompt), and the request recorded
-once, as for any cancelled request (`gateway.http.disconnects`).
+once, as `cancelled`: a request, not an error of the gateway's
+(`gateway.http.disconnects`).
 
 Over real sockets: the gateway under uvicorn, a client that writes its request and
 closes the connection while the first deployment is slow and failing (a fake), and
@@ -12,8 +13,10 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -97,7 +100,8 @@ async def test_a_client_gone_during_a_slow_failing_attempt_stops_the_request(
     stream: bool,
 ) -> None:
     """Gone before the first deployment failed: the second is never asked; the attempt
-    in flight is priced once (its prompt), the request recorded once, as an error."""
+    in flight is priced once (its prompt), the request recorded once, as `cancelled`:
+    a request and a call in the spend rows, no error; status 499 in the metrics."""
     fake_openai.fail(500, times=None)
     fake_openai.delay_s = SLOW_S
     hang_up(port, fake_openai, stream=stream)
@@ -105,10 +109,15 @@ async def test_a_client_gone_during_a_slow_failing_attempt_stops_the_request(
     assert len(fake_openai.requests) == 1 and second.requests == []
     request, cut = await records_of(ledger_store, 2)
     assert cut.record_id == f"{request.request_id}:t1"
-    assert (request.status, request.cost_nanos) == ("error", 0)
+    assert (request.status, request.cost_nanos) == ("cancelled", 0)
     assert (cut.deployment, cut.status, cut.completion_tokens) == ("first", "partial", 0)
     assert cut.prompt_tokens > 0
     assert len(await ledger_store.events()) == 2
+    today = datetime.now(UTC).date()
+    (row,) = await ledger_store.aggregate(today, today, ["route"])
+    assert (row.requests, row.errors, row.calls, row.cost_nanos) == (1, 0, 1, cut.cost_nanos)
+    (line,) = _requests_lines(f"http://127.0.0.1:{port}")
+    assert 'route="auto"' in line and 'status="499"' in line and line.endswith(" 1.0")
 
 
 @pytest.mark.parametrize("port", ["2"], indirect=True)
@@ -124,6 +133,11 @@ async def test_a_client_gone_while_its_request_waits_to_retry_is_recorded_once(
     (record,) = await records_of(ledger_store, 1)
     assert (record.record_id, record.status, record.deployment) == (
         record.request_id,
-        "error",
+        "cancelled",
         "first",
     )
+
+
+def _requests_lines(base: str) -> list[str]:
+    text = httpx.get(f"{base}/metrics").text
+    return [line for line in text.splitlines() if line.startswith("cascade_requests_total")]

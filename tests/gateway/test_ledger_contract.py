@@ -129,7 +129,19 @@ async def test_errors_are_counted_as_requests_too(store: LedgerStore) -> None:
     await store.record(make_record(3, status="partial"))
     await store.record(make_record(4, status="error", prompt_tokens=0, cost_nanos=0))
     [row] = await store.aggregate(*WIDE, [])
-    assert (row.requests, row.errors) == (4, 2)
+    assert (row.requests, row.errors, row.calls) == (4, 2, 2)
+
+
+async def test_requests_their_clients_cancelled_are_neither_errors_nor_calls(
+    store: LedgerStore,
+) -> None:
+    await store.record(make_record(1, status="ok"))
+    await store.record(make_record(8, status="cancelled", prompt_tokens=0, cost_nanos=0))
+    [row] = await store.aggregate(*WIDE, [])
+    assert (row.requests, row.errors, row.calls) == (2, 0, 1)
+    assert (await store.get("req-8")) == make_record(
+        8, status="cancelled", prompt_tokens=0, cost_nanos=0
+    )
 
 
 async def test_sla_outcomes_are_counted_and_records_without_one_are_not(
