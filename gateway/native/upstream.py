@@ -24,10 +24,15 @@ from gateway.native.formats import (
     chat_view,
     native_event,
 )
-from gateway.upstreams.base import UpstreamConnectFailed, UpstreamReply, UpstreamTarget
+from gateway.upstreams.base import (
+    ANTHROPIC_API_BASE,
+    UpstreamConnectFailed,
+    UpstreamReply,
+    UpstreamTarget,
+    messages_url,
+)
 from gateway.upstreams.openai_impl import OpenAICompatibleClient, post_request
 
-ANTHROPIC_API_BASE = "https://api.anthropic.com"  # litellm's default too
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -82,12 +87,3 @@ def native_request(
         credentials = {"x-api-key": target.api_key} if target.api_key else {}
     headers.update({**passed_on, **target.headers, **credentials})
     return post_request(target, url, headers, body)
-
-
-def messages_url(api_base: str) -> str:
-    """Anthropic's Messages endpoint under `api_base`: an API root (Anthropic's SDKs and
-    litellm take `https://api.anthropic.com`), a `/v1` base, or the endpoint itself."""
-    base = api_base.rstrip("/")
-    if base.endswith("/v1/messages"):
-        return base
-    return base + ("/messages" if base.endswith("/v1") else "/v1/messages")

@@ -25,6 +25,7 @@ EndpointType = Literal["chat", "completions", "embeddings"]
 # Statuses worth another try (on this deployment after backoff, or on the next one);
 # 529 is Anthropic's "overloaded", a 503 by another name.
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+ANTHROPIC_API_BASE = "https://api.anthropic.com"  # litellm's default too
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +161,12 @@ async def close_stream(events: AsyncIterator[object]) -> None:
         await aclose()
     except Exception:  # closing a broken upstream stream: nothing left to save
         logging.getLogger(__name__).debug("closing an upstream stream failed", exc_info=True)
+
+
+def messages_url(api_base: str) -> str:
+    """Anthropic's Messages endpoint under `api_base`: an API root (Anthropic's SDKs and
+    litellm take `https://api.anthropic.com`), a `/v1` base, or the endpoint itself."""
+    base = api_base.rstrip("/")
+    if base.endswith("/v1/messages"):
+        return base
+    return base + ("/messages" if base.endswith("/v1") else "/v1/messages")

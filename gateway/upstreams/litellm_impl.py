@@ -39,6 +39,7 @@ from gateway.upstreams.base import (
     UpstreamTarget,
     UpstreamTimedOut,
     UpstreamUnsupported,
+    messages_url,
     retry_after,
 )
 from gateway.upstreams.error_bodies import HTML_PREFIX_BYTES, html_note
@@ -259,7 +260,7 @@ class LiteLLMClient:
         kwargs = {name: value for name, value in body.items() if name in allowed}
         kwargs.update(
             model=f"{target.provider}/{target.model}",
-            api_base=target.api_base,
+            api_base=_api_base(target),
             api_key=target.api_key,
             timeout=timeout_s,
             num_retries=0,  # the gateway's executor owns retries and fallback
@@ -297,6 +298,15 @@ class _ConnectTimeoutTransport(httpx.AsyncHTTPTransport):
             timeouts["connect"] = self._connect_timeout_s
         request.extensions["timeout"] = timeouts
         return await super().handle_async_request(request)
+
+
+def _api_base(target: UpstreamTarget) -> str | None:
+    """The base litellm is given. An Anthropic deployment's is its Messages endpoint,
+    which litellm takes as it is: given a `/v1` base (as the native Messages calls
+    accept) it would ask `/v1/v1/messages`."""
+    if target.provider == "anthropic" and target.api_base:
+        return messages_url(target.api_base)
+    return target.api_base
 
 
 def _require_chat(target: UpstreamTarget, endpoint: EndpointType) -> None:

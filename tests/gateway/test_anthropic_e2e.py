@@ -4,6 +4,7 @@ the tokens from litellm's price map."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -104,3 +105,37 @@ def test_fallback_from_openai_compatible_to_anthropic(
         client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}])
     assert failed.value.status_code == 503
     client.close()
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/", "/v1/messages"])
+def test_one_api_base_serves_openai_and_anthropic_clients(
+    start_gateway: StartGateway,
+    fake_openai: FakeOpenAI,
+    fake_anthropic: FakeAnthropic,
+    suffix: str,
+) -> None:
+    """An Anthropic deployment's `api_base` as an API root, a `/v1` base or the Messages
+    endpoint itself: chat through litellm and Anthropic's Messages API, passed on
+    natively, reach the same endpoint (litellm alone would ask `/v1/v1/messages`)."""
+    server = start_gateway(
+        POLICY,
+        LOCAL_URL=fake_openai.url,
+        ANTHROPIC_BASE_URL=fake_anthropic.url + suffix,
+        ANTHROPIC_API_KEY=fake_anthropic.api_key,
+    )
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=CLIENT_KEY, max_retries=0) as client:
+        reply = client.chat.completions.create(
+            model="claude-only", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert reply.choices[0].message.content
+    native = httpx.post(
+        server.url + "/v1/messages",
+        headers={"x-api-key": CLIENT_KEY, "anthropic-version": "2023-06-01"},
+        json={
+            "model": "claude-only",
+            "max_tokens": 20,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
+    assert native.status_code == 200, native.text
+    assert [r["path"] for r in fake_anthropic.requests] == ["/v1/messages", "/v1/messages"]

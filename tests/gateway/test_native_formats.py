@@ -17,12 +17,12 @@ from gateway.billing.usage import TokenClasses
 from gateway.native import NativeCall
 from gateway.native.formats import NativeEvent, NativeSurface, chat_usage, chat_view, native_event
 from gateway.native.replay import replayed_stream
-from gateway.native.upstream import NativeClient, messages_url, native_request
+from gateway.native.upstream import NativeClient, native_request
 from gateway.pipeline.accounting import reported_usage
 from gateway.pipeline.native_streams import NativeTally
 from gateway.pipeline.streaming import StreamTally
 from gateway.runtime import DeploymentRuntime
-from gateway.upstreams.base import UpstreamFailure, UpstreamTarget
+from gateway.upstreams.base import UpstreamFailure, UpstreamTarget, messages_url
 from gateway.upstreams.openai_impl import OpenAICompatibleClient
 
 
