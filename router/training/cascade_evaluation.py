@@ -40,6 +40,8 @@ from router.training.evaluation import (
     cpt,
     format_intervals,
 )
+from router.training.open_evaluation import summary
+from router.training.verifier_examples import bucket
 from router.verifier import Verifier
 
 # Which data files carry the cheap model's answers, and prices.
@@ -75,6 +77,9 @@ class CascadeReport:
     # (``verifier_train.task_verifiers``): what to expect on a task nobody labelled.
     task_unseen: Metrics | None = None
     code_run: bool = False  # the cheap answers' code run against their own examples
+    # The same cascade on each prompt fold's rows alone (the cross-fit's folds, each
+    # judged by the verifier that never saw it): the spread between folds.
+    folds: tuple[Metrics, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +221,11 @@ def _cascade_report(
     columns = [
         np.asarray(c, dtype=np.float64) for c in (scores, weak, strong, weak_cost, strong_cost)
     ]
+    buckets = np.array([bucket(answer) for answer in judged])
+    folds = tuple(
+        _cascade_metrics(cascade_curve(*(c[buckets == k] for c in columns)).curve)
+        for k in np.unique(buckets)
+    )
     cascade = cascade_curve(*columns)
     curve = cascade.curve
     task_unseen = cascade_curve(np.asarray(unseen_scores), *columns[1:]).curve
@@ -235,6 +245,7 @@ def _cascade_report(
         ),
         task_unseen=_cascade_metrics(task_unseen),
         code_run=code_run,
+        folds=folds,
     )
 
 
@@ -259,12 +270,14 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
         "+ examples run = each cheap answer's code run against the examples it claims, "
         "in the sandbox (router.sandbox), as on a route with run_code_examples; "
         "nan = the verifier's scores are (nearly) all tied, so the thresholds cannot "
-        "spread the escalation share",
+        "spread the escalation share; "
+        "folds = the same cascade on each of the 5 prompt folds' rows alone, mean ± sd",
         "",
         "| held-out dataset | rows | weak | strong | router | APGR | CPT(50%) | CPT(80%) "
         "| cost@CPT(50%) | cost@CPT(80%) | max escalation (cost) | cost basis "
-        f"| {INTERVAL_HEADERS} | APGR, task unseen | CPT(50%), task unseen |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        f"| {INTERVAL_HEADERS} | APGR, task unseen | CPT(50%), task unseen "
+        "| APGR, folds | CPT(50%), folds |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in reports:
         m = r.metrics
@@ -273,9 +286,19 @@ def format_cascade_table(reports: Sequence[CascadeReport]) -> str:
             f"| {r.name} | {r.rows} | {r.weak_quality:.3f} | {r.strong_quality:.3f} | "
             f"{_cascade_label(r)} | {m.apgr:.3f} | {m.cpt50:.1%} | {m.cpt80:.1%} | "
             f"{at50:.1%} | {at80:.1%} | {r.curve.share[-1]:.1%} ({r.cost[-1]:.1%}) | "
-            f"{r.cost_source} | {format_intervals(r.intervals)} | {_task_unseen_cells(r)} |"
+            f"{r.cost_source} | {format_intervals(r.intervals)} | {_task_unseen_cells(r)} | "
+            f"{_fold_cells(r.folds)} |"
         )
     return "\n".join(lines)
+
+
+def _fold_cells(folds: Sequence[Metrics]) -> str:
+    """APGR and CPT(50%) over the folds, mean ± sd (a fold whose scores all tie left out)."""
+    if not folds:
+        return " | "
+    apgr_mean, apgr_sd = summary([m.apgr for m in folds])
+    cpt_mean, cpt_sd = summary([m.cpt50 for m in folds])
+    return f"{apgr_mean:.3f} ± {apgr_sd:.3f} | {cpt_mean:.1%} ± {cpt_sd:.1%}"
 
 
 def _task_unseen_cells(report: CascadeReport) -> str:

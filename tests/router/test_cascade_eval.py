@@ -79,14 +79,17 @@ def test_cascade_table_reports_cost_at_cpt_and_ties() -> None:
         "| tiny | 4 | 0.500 | 0.750 | cascade (verifier) | 1.333 | 12.5% | 20.0% | 22.5% |" in table
     )
     assert "75.0% (85.0%)" in table
-    assert table.endswith("| test |  |  |  |  |")  # built without intervals: empty cells
+    assert table.endswith("| test |  |  |  |  |  |  |")  # built without intervals: empty cells
+    nan = float("nan")
     with_intervals = replace(
         report,
         intervals=Intervals((0.9, 1.4), (0.1, 0.25)),
         task_unseen=Metrics(0.612, 0.333, 0.9),
+        # Folds' mean ± sd; a fold whose scores all tie (nan) is left out.
+        folds=(Metrics(0.6, 0.2, 0.5), Metrics(0.8, 0.4, 0.7), Metrics(nan, nan, nan)),
     )
     assert format_cascade_table([with_intervals]).endswith(
-        "| test | 0.900-1.400 | 10.0%-25.0% | 0.612 | 33.3% |"
+        "| test | 0.900-1.400 | 10.0%-25.0% | 0.612 | 33.3% | 0.700 ± 0.100 | 30.0% ± 10.0% |"
     )
 
     tied = cascade_curve([0.5] * 4, WEAK, STRONG, WEAK_COST, STRONG_COST)
@@ -142,9 +145,11 @@ def test_cascade_evaluation_scores_every_row_out_of_fold(tmp_path: Path) -> None
         assert report.cost[0] > plain[report.name].cost[0]
     # Each cascade's bootstrap interval holds its figure (where the figure is defined),
     # and each is judged a second time by a verifier that never saw the task.
+    # And each is judged fold by fold: one figure per prompt fold of the cross-fit.
     for report in reports:
         assert report.task_unseen is not None
         assert report.intervals is not None
+        assert len(report.folds) == verifier_train.TEST_FRACTION_BUCKETS
         low, high = report.intervals.apgr
         assert np.isnan(report.metrics.apgr) or low <= report.metrics.apgr <= high
 
