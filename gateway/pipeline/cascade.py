@@ -55,6 +55,11 @@ if TYPE_CHECKING:
     from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
+
+# At or below this score the verifier's caps call an answer broken, not doubtful (an
+# empty answer 0.01, requested JSON that does not parse 0.05 or break its schema 0.1):
+# when its escalation fails the client gets the escalation's error, not this answer.
+UNUSABLE_SCORE = 0.1
 decisions = logging.getLogger("gateway.decisions")  # the proxy's decisions log
 
 
@@ -70,6 +75,9 @@ class CascadeResult:
     judge_scores: tuple[float | None, ...] = ()
     # Upstream calls of every tier (the header's count), not only the last one's.
     attempts: int = 0
+    # What the verifier made of the answer delivered (`x-cascade-verdict`): `accepted`,
+    # `rejected` (its escalation failed) or `unjudged` (the last tier's).
+    verdict: str = "unjudged"
 
     @property
     def cost_nanos(self) -> int:
@@ -113,7 +121,7 @@ class Cascade:
         records: list[SpendRecord] = []
         graded = _Graded()
         try:
-            final, scores, escalations, attempts = await self._climb(
+            final, scores, escalations, attempts, verdict = await self._climb(
                 call, groups, ends_at, opinions, records, graded, judge_last=one_step_each
             )
         finally:
@@ -125,7 +133,9 @@ class Cascade:
             tally = (opinions.agreeing, opinions.answered)
         records += graded.records
         judged = tuple(graded.scores)
-        return CascadeResult(final, tuple(records), escalations, scores, tally, judged, attempts)
+        return CascadeResult(
+            final, tuple(records), escalations, scores, tally, judged, attempts, verdict
+        )
 
     async def _climb(
         self,
@@ -136,7 +146,7 @@ class Cascade:
         records: list[SpendRecord],
         graded: _Graded,
         judge_last: bool = False,
-    ) -> tuple[Completed, tuple[float, ...], int, int]:
+    ) -> tuple[Completed, tuple[float, ...], int, int, str]:
         """Ask tier after tier while the verifier rejects the answer; the answer kept,
         the verifier's scores, the escalations (the tiers climbed to the answer
         kept: past rejected answers and past tiers that failed) and the upstream calls
@@ -182,6 +192,15 @@ class Cascade:
                         )
                         continue
                     if latest is None:
+                        raise
+                    if latest.judged is not None and latest.judged <= UNUSABLE_SCORE:
+                        # Broken, not doubtful (empty, or JSON that breaks the format asked
+                        # for): the escalation's error serves the client better.
+                        log.warning(
+                            "escalation %d of %s failed; its last answer is unusable",
+                            step,
+                            call.request_id,
+                        )
                         raise
                     log.warning(
                         "escalation %d of %s failed; answering with the last answer",
@@ -232,7 +251,8 @@ class Cascade:
                 await _finished(closing)
         assert latest is not None  # the first group either answered or raised
         final = without_logprobs(latest.done) if ask else latest.done
-        return final, tuple(scores), latest.step, attempts
+        verdict = "unjudged" if len(scores) <= latest.n else _verdict(scores[latest.n], call)
+        return final, tuple(scores), latest.step, attempts, verdict
 
     async def _evidence(
         self,
@@ -406,3 +426,9 @@ def without_logprobs(done: Completed) -> Completed:
 
 def _rounded(score: float | None) -> str:
     return "none" if score is None else f"{score:.3f}"
+
+
+def _verdict(score: float, call: Call) -> str:
+    """A judged answer's verdict: one delivered below the route's threshold was rejected
+    (its escalation failed, or a select's last step: nowhere left to climb)."""
+    return "accepted" if score >= call.route.verify_threshold else "rejected"

@@ -362,6 +362,7 @@ class Proxy:
         self._observe(call, final.deployment, "200")
         headers = cascade_headers(call, final.deployment, result.attempts)
         headers["x-cascade-escalations"] = str(result.escalations)
+        headers["x-cascade-verdict"] = result.verdict
         if result.judge_scores:  # the judge's grade of each checked answer
             headers["x-cascade-judge"] = ",".join(
                 "fallback" if s is None else f"{s:.3f}" for s in result.judge_scores

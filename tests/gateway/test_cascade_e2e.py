@@ -51,6 +51,7 @@ async def test_a_good_cheap_answer_is_kept(
     assert response.headers["x-cascade-deployment"] == "cheap"
     assert response.headers["x-cascade-escalations"] == "0"
     assert response.headers["x-cascade-attempts"] == "1"
+    assert response.headers["x-cascade-verdict"] == "accepted"
     assert premium.requests == []
     record = await wait_for_record(ledger_store, response.headers["x-request-id"])
     assert record.tier == "local-small"
@@ -68,6 +69,7 @@ async def test_a_rejected_answer_escalates_and_both_are_priced(
     assert response.headers["x-cascade-tier"] == "premium"
     assert response.headers["x-cascade-escalations"] == "1"
     assert response.headers["x-cascade-attempts"] == "2"  # both tiers' calls
+    assert response.headers["x-cascade-verdict"] == "unjudged"  # the last tier's
     assert len(fake_openai.requests) == len(premium.requests) == 1
     request_id = response.headers["x-request-id"]
     cheap = await wait_for_record(ledger_store, request_id)
@@ -138,9 +140,32 @@ def test_escalation_failure_answers_with_the_cheap_answer(
     response = ask(base)
     assert response.status_code == 200
     assert response.headers["x-cascade-deployment"] == "cheap"
+    assert response.headers["x-cascade-verdict"] == "rejected"  # and the client is told
     calls = len(fake_openai.requests) + len(premium.requests)
     assert int(response.headers["x-cascade-attempts"]) == calls >= 2
     assert response.json()["choices"][0]["message"]["content"] == REFUSAL
+
+
+@pytest.mark.parametrize("text", ["", "Sure! The name is Bob."], ids=["empty", "not-json"])
+async def test_an_unusable_answer_is_not_delivered_when_its_escalation_fails(
+    base: str,
+    fake_openai: FakeOpenAI,
+    premium: FakeOpenAI,
+    ledger_store: RedisStore,
+    text: str,
+) -> None:
+    """Broken, not doubtful (empty; JSON mode answered in prose): the client gets the
+    escalation's error, which its SDK can retry, rather than an answer that breaks its
+    parser; the broken answer is priced all the same, as the request's record."""
+    fake_openai.reply_text = text
+    premium.fail(503, times=None)
+    response = ask(base, response_format={"type": "json_object"})
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["type"]
+    request_id = response.headers["x-request-id"]
+    record = await wait_for_record(ledger_store, request_id)
+    assert (record.deployment, record.status) == ("cheap", "ok")
+    assert record.verifier_score is not None and record.verifier_score <= 0.1
 
 
 async def test_a_cheap_tier_that_fails_escalates_to_the_next(

@@ -321,8 +321,11 @@ def held(gate: asyncio.Event, usage: dict[str, int]) -> Behaviour:
     return reply
 
 
+DOUBTFUL = 0.3  # below any threshold, above what the verifier calls broken (0.1)
+
+
 def rejects(*args: Any) -> float:
-    return 0.0
+    return DOUBTFUL
 
 
 def climb(
@@ -405,7 +408,11 @@ async def test_a_rejected_escalation_is_priced_as_soon_as_the_next_answer_comes(
     short = {"prompt_tokens": 12, "completion_tokens": 2}
     _, run = await started_tall_climb(ledger, held(gate, short))
     [early] = ledger
-    assert (early.record_id, early.deployment, early.verifier_score) == ("req_1:1", "mid", 0.0)
+    assert (early.record_id, early.deployment, early.verifier_score) == (
+        "req_1:1",
+        "mid",
+        DOUBTFUL,
+    )
     assert (early.reference_cost_nanos, early.sla_met) == (0, None)
     gate.set()
     result = await run

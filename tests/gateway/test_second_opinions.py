@@ -325,10 +325,12 @@ def fails(after_s: float = 0.0) -> Behaviour:
 
 
 USAGE = {"prompt_tokens": 10, "completion_tokens": 1}
+DOUBTFUL = 0.3  # below the threshold, above what the cascade calls broken (0.1)
 
 
 class Verifier:
-    """Accepts an answer only when every sample agrees with its text; records samples."""
+    """Accepts an answer only when every sample agrees with its text (else doubts it:
+    rejected, not broken); records samples."""
 
     def __init__(self) -> None:
         self.samples: list[tuple[str, ...]] = []
@@ -343,7 +345,7 @@ class Verifier:
     ) -> float:
         self.samples.append(tuple(samples))
         text = reply["choices"][0]["message"]["content"]
-        return 1.0 if samples and all(s == text for s in samples) else 0.0
+        return 1.0 if samples and all(s == text for s in samples) else DOUBTFUL
 
 
 class Ledger(list[SpendRecord]):
@@ -636,7 +638,7 @@ async def test_an_answer_kept_after_a_failed_escalation_is_judged_when_delivered
     by_id = {r.record_id: r for r in ledger}
     assert sorted(by_id) == ["req_1", "req_1:o1"]
     assert by_id["req_1"].sla_met is False and by_id["req_1"].latency_ms >= 300
-    assert by_id["req_1"].verifier_score == 0.0  # rejected, and still the answer given
+    assert by_id["req_1"].verifier_score == DOUBTFUL  # rejected, and still the answer given
 
 
 async def test_an_opinion_that_answered_before_every_tier_failed_is_priced() -> None:
