@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, AnyStr, Literal, Protocol
 
 EndpointType = Literal["chat", "completions", "embeddings"]
 
@@ -26,6 +26,8 @@ EndpointType = Literal["chat", "completions", "embeddings"]
 # 529 is Anthropic's "overloaded", a 503 by another name.
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 ANTHROPIC_API_BASE = "https://api.anthropic.com"  # litellm's default too
+REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,24 @@ class UpstreamTarget:
     def answer_wait_s(self) -> float:
         """How long a non-streamed call waits for its answer."""
         return self.timeout_s if self.answer_timeout_s is None else self.answer_timeout_s
+
+    def redact(self, text: str) -> str:
+        """`text` without this deployment's secrets (its key, its headers' values), whole
+        or their first `MIN_SECRET_CHARS` and more: an upstream's error may quote what it
+        was sent, and errors reach clients and logs."""
+        for secret in self._secrets():
+            text = _without(text, secret, REDACTED)
+        return text
+
+    def redact_bytes(self, content: bytes) -> bytes:
+        for secret in self._secrets():
+            content = _without(content, secret.encode(), REDACTED.encode())
+        return content
+
+    def _secrets(self) -> list[str]:
+        values = [self.api_key, *self.headers.values()]
+        # Short values (a version header's "2023-06-01") are no secrets, and would mangle text.
+        return [v for v in values if v and len(v) >= MIN_SECRET_CHARS]
 
 
 class UpstreamFailure(Exception):
@@ -170,3 +190,18 @@ def messages_url(api_base: str) -> str:
     if base.endswith("/v1/messages"):
         return base
     return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
+
+
+def _without(text: AnyStr, secret: AnyStr, mark: AnyStr) -> AnyStr:
+    """`text` with each run of `secret`'s leading characters, at least
+    `MIN_SECRET_CHARS` of them, replaced by `mark`."""
+    head = secret[:MIN_SECRET_CHARS]
+    parts, start = [], 0
+    while (found := text.find(head, start)) >= 0:
+        end = found + len(head)
+        while end - found < len(secret) and end < len(text) and text[end] == secret[end - found]:
+            end += 1
+        parts += [text[start:found], mark]
+        start = end
+    parts.append(text[start:])
+    return mark[:0].join(parts)

@@ -336,7 +336,8 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
     exception's chain is searched for the transport error first; the HTTP status
     decides only when the upstream really answered. A parameter the provider does not
     support is refused by litellm before any call: `UpstreamUnsupported`."""
-    message = f"deployment '{target.deployment}': {type(exc).__name__}: {_short(str(exc))}"
+    text = target.redact(str(exc))  # a provider's error may quote the key it was sent
+    message = f"deployment '{target.deployment}': {type(exc).__name__}: {_short(text)}"
     chain = _chain(exc)
     refusal = next((c for c in chain if type(c).__name__ == "UnsupportedParamsError"), None)
     if refusal is not None:
@@ -355,7 +356,7 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
     if isinstance(status, int) and 400 <= status <= 599:
         headers = answered.response.headers if answered else _headers(exc)
         return UpstreamStatus(
-            message, status=status, retry_after_s=retry_after(headers), body=_error_body(exc)
+            message, status=status, retry_after_s=retry_after(headers), body=_error_body(text)
         )
     log.warning("%s: unexpected litellm failure", target.deployment, exc_info=exc)
     return UpstreamFailure(message)
@@ -414,9 +415,8 @@ def _headers(exc: Exception) -> Mapping[str, str] | None:
     return response_headers or getattr(exc, "litellm_response_headers", None)
 
 
-def _error_body(exc: Exception) -> Any:
+def _error_body(text: str) -> Any:
     """The upstream's error JSON, which litellm keeps only inside its message."""
-    text = str(getattr(exc, "message", "") or exc)
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:
         return None

@@ -266,6 +266,7 @@ def translate_errors(target: UpstreamTarget, wait_s: float | None = None) -> Ite
 def status_failure(
     target: UpstreamTarget, status: int, headers: httpx.Headers, content: bytes
 ) -> UpstreamStatus:
+    content = target.redact_bytes(content)  # any status's message may quote the key
     if status in (401, 403):  # its message can quote (part of) the gateway's own key
         message = "the upstream rejected the gateway's credentials for this deployment"
     else:

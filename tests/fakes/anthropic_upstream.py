@@ -75,7 +75,9 @@ class FakeAnthropic(FakeServer):
         if "anthropic-version" not in headers:
             return anthropic_error(400, "anthropic-version: header is required")
         if behaviour.fail_status is not None:
-            return anthropic_error(behaviour.fail_status, retry_after=behaviour.retry_after)
+            return anthropic_error(
+                behaviour.fail_status, behaviour.fail_message, retry_after=behaviour.retry_after
+            )
         problem = invalid_field(body)
         if problem is not None:
             return anthropic_error(400, problem)

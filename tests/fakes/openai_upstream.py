@@ -71,6 +71,7 @@ class Behaviour:
     tokens: int | None = None  # completion tokens: reply is this many words when set
     reply_text: str = DEFAULT_REPLY
     fail_status: int | None = None  # answer with this error status instead
+    fail_message: str | None = None  # that error's message (else the API's usual one)
     retry_after: str | None = None  # Retry-After header on failures
     omit_usage: bool = False  # no `usage` in the body, no usage chunk in the stream
     stall_after_chunks: int | None = None  # stream: hang after this many content chunks
@@ -408,7 +409,9 @@ class FakeOpenAI(FakeServer):
         ):
             return openai_error(401)
         if behaviour.fail_status is not None:
-            return openai_error(behaviour.fail_status, retry_after=behaviour.retry_after)
+            return openai_error(
+                behaviour.fail_status, behaviour.fail_message, retry_after=behaviour.retry_after
+            )
         if not isinstance(body, dict) or required not in body:
             return openai_error(400, f"'{required}' is a required property", param=required)
         headers = self._load_report(entry["headers"])

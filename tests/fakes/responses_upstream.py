@@ -68,7 +68,9 @@ class FakeResponses(FakeServer):
         ):
             return openai_error(401)
         if behaviour.fail_status is not None:
-            return openai_error(behaviour.fail_status, retry_after=behaviour.retry_after)
+            return openai_error(
+                behaviour.fail_status, behaviour.fail_message, retry_after=behaviour.retry_after
+            )
         if not isinstance(body, dict) or "model" not in body:
             return openai_error(400, "Missing required parameter: 'model'.", param="model")
         previous = body.get("previous_response_id")
