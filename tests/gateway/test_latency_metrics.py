@@ -80,3 +80,40 @@ def test_the_guard_times_a_non_streamed_success_and_leaves_a_stream_to_its_end()
     assert sample("cascade_upstream_duration_seconds_count", labels) == 2
     assert sample("cascade_upstream_duration_seconds_sum", labels) == 2.5
     assert sample("cascade_upstream_ttft_seconds_count", labels) == 2
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus's `histogram_quantile` over (upper bound, cumulative count) pairs:
+    the bucket holding the rank, interpolated linearly inside it."""
+    total = buckets[-1][1]
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower
+
+
+@pytest.mark.parametrize(("seconds", "target"), [(1.1, 2.0), (1.6, 2.0), (2.6, 3.0), (4.2, 5.0)])
+def test_a_p99_under_an_sla_target_reads_under_it(seconds: float, target: float) -> None:
+    """Answers all taking `seconds`, under a p99 target of `target` (the shipped SLA
+    examples' kind of figure): the p99 Prometheus computes from the buckets stays under
+    it, so the p99 alert does not fire on a route that meets its target."""
+    metrics = Metrics()
+    for _ in range(20):
+        metrics.child(metrics.latency, "chat", "a").observe(seconds)
+    lines = metrics.render().decode().splitlines()
+    prefix = 'cascade_request_duration_seconds_bucket{deployment="a",le="'
+    buckets = [
+        (float(line[len(prefix) :].split('"')[0]), float(line.split()[-1]))
+        for line in lines
+        if line.startswith(prefix) and "+Inf" not in line
+    ]
+    assert buckets[-1][0] >= 300.0  # the default request_timeout_s: nothing beyond it
+    assert histogram_quantile(0.99, buckets) <= target
+
+
+def test_the_process_metrics_are_exported() -> None:
+    """Memory, CPU and open files, for the alerts an SRE sets on any service."""
+    names = {line.split("{")[0].split()[0] for line in Metrics().render().decode().splitlines()}
+    assert {"process_resident_memory_bytes", "process_open_fds", "python_info"} <= names
