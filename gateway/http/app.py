@@ -340,8 +340,8 @@ async def stop_services(services: Services) -> None:
 def error_response(request: Request, error: GatewayError) -> Response:
     request_id = getattr(request.state, "request_id", None) or new_request_id()
     services: Services | None = getattr(request.state, "services", None)
+    route = str(getattr(request.state, "route", "-"))  # only names the policy has
     if services is not None:
-        route = str(getattr(request.state, "route", "-"))
         team = str(getattr(request.state, "team", "-"))
         m = services.metrics
         m.child(m.errors, route, error.type).inc()
@@ -351,9 +351,25 @@ def error_response(request: Request, error: GatewayError) -> Response:
             # What its client waited for nothing (a timeout, every upstream down): the
             # latency panels and p99 alerts must see it, under no deployment.
             m.child(m.latency, route, "-").observe(time.perf_counter() - started)
-    headers = {"x-request-id": request_id, **error.headers}
+    if error.status >= 500:  # the gateway's or the upstreams' fault: an operator's to see
+        log.warning("%s answered %d %s: %s", request_id, error.status, error.code, error.message)
+    headers = {"x-request-id": request_id, **error.headers, **_error_headers(route, error)}
     body = bridges.error_body(request.url.path, error)  # each API in its own shape
     return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def _error_headers(route: str, error: GatewayError) -> dict[str, str]:
+    """What an error reply says of the route and the upstream calls behind it. After
+    the gateway's own retries and fallbacks (more than one call) an upstream failure
+    (502, 504, every deployment rate limiting) tells the SDKs not to retry: theirs
+    would repeat every one of the gateway's calls (3 SDK tries x 3 calls each)."""
+    headers = {"x-cascade-route": route} if route != "-" else {}
+    if error.attempts:
+        headers["x-cascade-attempts"] = str(error.attempts)
+    upstream_failed = error.status in (502, 504) or error.code == "upstream_rate_limited"
+    if error.attempts > 1 and upstream_failed:
+        headers["x-should-retry"] = "false"
+    return headers
 
 
 async def gateway_error_handler(request: Request, exc: GatewayError) -> Response:
