@@ -189,6 +189,12 @@ class Metrics:
         self.ledger_degraded = Gauge(
             "cascade_ledger_degraded", "1 while the ledger store is unreachable", registry=r
         )
+        self.ledger_lost = Gauge(
+            "cascade_ledger_lost_records",
+            "Spend records lost since start: the ledger store was down and the spool "
+            "could not be written",
+            registry=r,
+        )
         self.policy_reloads = Counter(
             "cascade_policy_reloads", "Policy reload attempts by result", ["result"], registry=r
         )

@@ -251,7 +251,16 @@ async def start_services(settings: Settings) -> Services:
     )
     if limit_store is not None:
         await check_limits_layout(limit_store, loaded.policy, store)
-    ledger = CostLedger(store, Spool(settings.spool_path, settings.ledger_dedupe_window_s))
+    spool = Spool(settings.spool_path, settings.ledger_dedupe_window_s)
+    if redis_url and (problem := spool.unwritable()):
+        # Said now, not at the first Redis outage, when spend would start to be lost.
+        log.error(
+            "the ledger's spool %s cannot be written (%s): spend recorded while Redis is "
+            "away will be lost; set CASCADE_SPOOL_PATH to a writable file",
+            settings.spool_path,
+            problem,
+        )
+    ledger = CostLedger(store, spool)
     ledger.start()
     # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
     engines_dir = settings.spool_path.parent / "engines"

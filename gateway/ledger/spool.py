@@ -61,6 +61,17 @@ class Spool:
         """Records spooled and not yet replayed (counted by this process)."""
         return self._pending
 
+    def unwritable(self) -> str | None:
+        """Why the spool cannot be written (None: it can), found by opening it and its
+        lock file for appending, as the first append would."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            for path in (self._lock_path, self.path):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
+
     def append(self, rec: SpendRecord) -> None:
         """Write `rec` durably; raises OSError if the disk refuses it."""
         self.append_many([rec])

@@ -60,7 +60,9 @@ def start_gateway(
     """start_gateway(policy_yaml, **env) -> a running GatewayServer on real Redis."""
     servers: list[GatewayServer] = []
 
-    def start(policy: str | Path, *, redis: str | None = redis_url, **env: str) -> GatewayServer:
+    def start(
+        policy: str | Path, *, redis: str | None = redis_url, spool: Path | None = None, **env: str
+    ) -> GatewayServer:
         monkeypatch.setenv("GATEWAY_TEST_KEY", CLIENT_KEY)
         monkeypatch.setenv("GATEWAY_ADMIN_KEY", ADMIN_KEY)
         for name, value in env.items():
@@ -73,7 +75,7 @@ def start_gateway(
             policy=policy,
             redis_url=redis,
             redis_prefix=redis_prefix,
-            spool_path=tmp_path / "ledger.spool",
+            spool_path=spool or tmp_path / "ledger.spool",
             max_retry_wait_s=1.0,
         )
         server = GatewayServer(settings).start()
