@@ -7,8 +7,11 @@
 
 Each poll reads the files and compares their digest with the last one tried, so an
 unchanged file costs a few small reads, and a broken file is reported once per edit,
-not once per poll. Reading and parsing run in worker threads, never on the event loop,
-and one check or reload runs at a time.
+not once per poll. A poll applies a change only once a second read, a settle time later,
+finds the same bytes: a file rewritten in place can be read half-written, and a half
+that happens to be a valid policy (all before `teams:`) would drop what follows it.
+Reading and parsing run in worker threads, never on the event loop, and one check or
+reload runs at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from policies.loader import (
 
 log = logging.getLogger(__name__)
 
+# A tool writes a policy file in milliseconds, so a pause in a rewrite is short; half a
+# second outlasts a slow one's and adds a quarter to the default 2 s poll. It is capped
+# at the interval so that a fast poll (0.1 s) stays fast.
+SETTLE_S = 0.5
+
 
 class PolicyReloader:
     """Polls a policy path and calls `on_reload` with each new valid policy.
@@ -48,6 +56,7 @@ class PolicyReloader:
         initial: LoadedPolicy | None = None,
         on_reject: Callable[[PolicyError], None] | None = None,
         install_check: InstallCheck | None = None,
+        settle_s: float | None = None,
     ) -> None:
         self.path = path
         self.on_reload = on_reload
@@ -55,6 +64,7 @@ class PolicyReloader:
         self.interval_s = interval_s
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.install_check = install_check  # as `load_policy` takes it
+        self.settle_s = settle_s  # None: min(SETTLE_S, interval_s), following the interval
         self.current = initial
         self.last_error: PolicyError | None = None
         self._tried_digest = initial.digest if initial is not None else None
@@ -79,19 +89,26 @@ class PolicyReloader:
                 await task
 
     async def check_now(self) -> bool:
-        """Load the policy if its files changed; True when a new policy was applied."""
+        """Load the policy if its files changed and then stayed the same for the settle
+        time; True when a new policy was applied."""
+        async with self._lock:
+            first = await self._read_new()
+        if first is None:
+            return False
+        # Unlocked meanwhile: an operator's reload need not wait behind a poll's settle.
+        await asyncio.sleep(self._settle_s())
         async with self._lock:
             try:
-                sources = await self._read()
-                digest = sources_digest(sources)
-                if digest == self._tried_digest:
-                    return False
-                self._tried_digest = digest
-                if self.current is not None and digest == self.current.digest:
-                    if self.last_error is not None:  # a bad edit was undone
-                        self.last_error = None
-                        log.warning("policy %s is the serving policy again; edit undone", self.path)
-                    return False
+                sources = await asyncio.to_thread(read_sources, self.path)
+            except PolicyError:
+                return False  # gone while settling: the next poll's read reports it
+            # Changed again: still being written; the next poll looks again, nothing is
+            # tried or reported yet. Not new: an operator's reload took it meanwhile.
+            digest = sources_digest(sources)
+            if digest != sources_digest(first) or not self._is_new(digest):
+                return False
+            self._tried_digest = digest
+            try:
                 loaded = await asyncio.to_thread(self._load, sources)
             except PolicyError as exc:
                 self._reject(exc)
@@ -100,7 +117,11 @@ class PolicyReloader:
             return True
 
     async def reload_now(self) -> LoadedPolicy:
-        """Load and apply the policy now, changed or not; raise PolicyError if it is bad."""
+        """Load and apply the policy now, changed or not; raise PolicyError if it is bad.
+
+        No settle: the operator asking has just saved the file and expects it now, and
+        hears of a bad (even half-written) file in the answer, not from an alert later.
+        """
         async with self._lock:
             try:
                 sources = await self._read()
@@ -111,6 +132,29 @@ class PolicyReloader:
                 raise
             self._apply(loaded)
             return loaded
+
+    async def _read_new(self) -> list[tuple[Path, bytes]] | None:
+        """The files if a poll has not tried them yet, else None (a read error rejected)."""
+        try:
+            sources = await self._read()
+        except PolicyError as exc:
+            self._reject(exc)
+            return None
+        return sources if self._is_new(sources_digest(sources)) else None
+
+    def _is_new(self, digest: str) -> bool:
+        if digest == self._tried_digest:
+            return False
+        if self.current is not None and digest == self.current.digest:
+            self._tried_digest = digest
+            if self.last_error is not None:  # a bad edit was undone
+                self.last_error = None
+                log.warning("policy %s is the serving policy again; edit undone", self.path)
+            return False
+        return True
+
+    def _settle_s(self) -> float:
+        return min(SETTLE_S, self.interval_s) if self.settle_s is None else self.settle_s
 
     async def _read(self) -> list[tuple[Path, bytes]]:
         try:
