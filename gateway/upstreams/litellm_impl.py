@@ -463,8 +463,15 @@ def _choices_body(
         for index, choice in enumerate(raw.get("choices") or [])
     ]
     if raw.get("usage"):
-        body["usage"] = _without_none(raw["usage"])
+        body["usage"] = _usage(raw["usage"])
     return body
+
+
+def _usage(raw: dict[str, Any]) -> dict[str, Any]:
+    """The usage as the upstream counted it, less litellm's `cost`: its list price, not
+    what the gateway charges (`x-cascade-cost-usd`, the ledger), so a client reading it
+    would be misled."""
+    return {k: v for k, v in _without_none(raw).items() if k != "cost"}
 
 
 def embedding_body(raw: dict[str, Any]) -> dict[str, Any]:
@@ -475,7 +482,7 @@ def embedding_body(raw: dict[str, Any]) -> dict[str, Any]:
         "model": raw.get("model"),
     }
     if raw.get("usage"):
-        body["usage"] = _without_none(raw["usage"])
+        body["usage"] = _usage(raw["usage"])
     return body
 
 

@@ -139,3 +139,20 @@ def test_one_api_base_serves_openai_and_anthropic_clients(
     )
     assert native.status_code == 200, native.text
     assert [r["path"] for r in fake_anthropic.requests] == ["/v1/messages", "/v1/messages"]
+
+
+def test_a_streams_usage_through_litellm_carries_no_list_price(
+    client: openai.OpenAI, fake_anthropic: FakeAnthropic
+) -> None:
+    """litellm adds its own `usage.cost` (its list price) to the last chunk: not what
+    the gateway charges, so not the client's to read."""
+    stream = client.chat.completions.create(
+        model="claude-only",
+        messages=[{"role": "user", "content": "tell me something"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usages = [c.usage for c in stream if c.usage is not None]
+    assert len(usages) == 1 and usages[0].completion_tokens > 0
+    assert "cost" not in usages[0].model_dump()
+    client.close()
