@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from gateway.auth import ANONYMOUS_KEY_ID, KeyTable, Principal
@@ -156,6 +156,10 @@ def sla_met(route: RouteRuntime, ttft_s: float | None, total_s: float) -> bool |
     return route.sla.met(total_s if ttft_s is None else ttft_s, total_s)
 
 
+def _every(route: str) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Runtime:
     policy: Policy
@@ -170,8 +174,10 @@ class Runtime:
     # (logging level, message): the caller logs those the serving runtime did not have.
     warnings: tuple[tuple[int, str], ...] = ()
 
-    def resolve(self, model: str) -> RouteRuntime:
-        """The route for a request's `model`: a route name or a deployment name."""
+    def resolve(self, model: str, can_use: Callable[[str], bool] = _every) -> RouteRuntime:
+        """The route for a request's `model`: a route name or a deployment name. An
+        unknown one is a 404 listing the routes `can_use` lets the caller see (a key's
+        own: the others' names are not its business)."""
         route = self.routes.get(model)
         if route is not None:
             return route
@@ -185,7 +191,7 @@ class Runtime:
                 reference_price=None,
                 direct=True,
             )
-        known = ", ".join(sorted(self.routes))
+        known = ", ".join(sorted(name for name in self.routes if can_use(name))) or "none"
         raise NotFound(
             f"model '{model}' is neither a route nor a deployment; routes: {known}",
             param="model",

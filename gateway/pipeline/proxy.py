@@ -115,7 +115,7 @@ class Proxy:
         latency, SLA verdict and deadline count from. `surface`: the API the client
         called (default: `endpoint`); `native`: a bridged API's request as the client
         sent it, for the deployments that serve its wire format (`gateway.native`)."""
-        route = runtime.resolve(body["model"])
+        route = runtime.resolve(body["model"], principal.can_use)
         principal.check_route(route.name)
         if route.max_body_bytes is not None and body_size > route.max_body_bytes:
             raise PayloadTooLarge(
