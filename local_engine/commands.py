@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -92,7 +93,11 @@ def _add_command(
 ) -> argparse.ArgumentParser:
     parser = commands.add_parser(name, help=help)
     parser.add_argument(
-        "--policy", type=Path, default=DEFAULT_POLICY_PATH, help="policy file or directory"
+        "--policy",
+        type=Path,
+        default=_serving_policy(),
+        help="policy file or directory (default: $CASCADE_POLICY, as `serve` reads it, "
+        "else the shipped policy)",
     )
     parser.add_argument(
         "--engine",
@@ -104,10 +109,23 @@ def _add_command(
     parser.add_argument(
         "--run-dir",
         type=Path,
-        default=DEFAULT_RUN_DIR,
-        help=f"state and logs (default {DEFAULT_RUN_DIR})",
+        default=_serving_run_dir(),
+        help=f"state and logs (default: where `serve` keeps its engines', `engines/` beside "
+        f"$CASCADE_SPOOL_PATH, else {DEFAULT_RUN_DIR})",
     )
     return parser
+
+
+# `serve` reads these settings from the environment; the engine commands default to the
+# same, so that they find the engines a `serve` started (read here as plain variables:
+# this package does not import the gateway's settings).
+def _serving_policy() -> Path:
+    return Path(os.environ.get("CASCADE_POLICY") or DEFAULT_POLICY_PATH)
+
+
+def _serving_run_dir() -> Path:
+    spool = os.environ.get("CASCADE_SPOOL_PATH")
+    return Path(spool).parent / "engines" if spool else DEFAULT_RUN_DIR
 
 
 def run_up(args: argparse.Namespace) -> int:

@@ -368,3 +368,27 @@ def test_serve_cpu_refuses_a_port_it_cannot_bind_as_given(
         main(["serve-cpu", "--port", port])
     assert exited.value.code == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_the_commands_default_to_the_policy_and_engines_serve_uses(
+    policy: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`serve` reads CASCADE_POLICY and keeps its engines under `engines/` beside
+    CASCADE_SPOOL_PATH: with those set, `engine up|status|down` need no flags to find
+    the same engines (without them, a serve-started engine read as "not started")."""
+    monkeypatch.setenv("CASCADE_POLICY", str(policy))
+    monkeypatch.setenv("CASCADE_SPOOL_PATH", str(tmp_path / "state" / "ledger.spool"))
+    run_dir = tmp_path / "state" / "engines"
+    try:
+        assert cli("up", "--detach") == 0
+        ready = record(run_dir, "ready")
+        capsys.readouterr()
+        assert cli("status", "--json") == 0
+        status = json.loads(capsys.readouterr().out)
+        assert (status["name"], status["state"]) == ("small", "ready")
+    finally:
+        assert cli("down") == 0
+    assert not pid_alive(ready.pid)
