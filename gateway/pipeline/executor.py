@@ -404,7 +404,7 @@ class Executor:
                             guard.failed(deployment.name, failure)
                         wait = self._next_wait(deployment, failure, retry, last)
                         self._count(deployment, "retry" if wait is not None else "fallback")
-                        log.info("attempt %d failed: %s", run.attempts, failure.message)
+                        log.info("attempt %d failed: %s", run.attempts, failure.logged)
                         if wait is None:
                             break
                         await asyncio.sleep(wait)

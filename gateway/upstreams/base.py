@@ -72,6 +72,9 @@ class UpstreamTarget:
 
 
 class UpstreamFailure(Exception):
+    """`message` may reach clients; `detail`, the transport's own words (hosts, ports,
+    resolver errors: the operator's business, not a tenant's), only the logs."""
+
     retryable: bool = True
 
     def __init__(
@@ -81,12 +84,18 @@ class UpstreamFailure(Exception):
         status: int | None = None,
         retry_after_s: float | None = None,
         body: Any = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.retry_after_s = retry_after_s
         self.body = body
+        self.detail = detail
+
+    @property
+    def logged(self) -> str:
+        return self.message if self.detail is None else f"{self.message} ({self.detail})"
 
 
 class UpstreamStatus(UpstreamFailure):

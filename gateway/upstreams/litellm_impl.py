@@ -342,13 +342,14 @@ def translate_error(target: UpstreamTarget, exc: Exception) -> UpstreamFailure:
     refusal = next((c for c in chain if type(c).__name__ == "UnsupportedParamsError"), None)
     if refusal is not None:
         return unsupported(target, refusal)
+    unreachable = f"cannot connect to deployment '{target.deployment}'"
     for cause in chain:
         if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
-            return UpstreamConnectFailed(message)
+            return UpstreamConnectFailed(unreachable, detail=message)
         if isinstance(cause, httpx.TimeoutException) or type(cause).__name__ == "Timeout":
             return UpstreamTimedOut(message)
         if isinstance(cause, httpx.TransportError) or type(cause).__name__ == "APIConnectionError":
-            return UpstreamConnectFailed(message)
+            return UpstreamConnectFailed(unreachable, detail=message)
     # The upstream's own response, when litellm kept it, has the true status (529 stays
     # 529 rather than litellm's 500) and the Retry-After header.
     answered = next((c for c in chain if isinstance(c, httpx.HTTPStatusError)), None)

@@ -255,12 +255,16 @@ def translate_errors(target: UpstreamTarget, wait_s: float | None = None) -> Ite
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # No free connection in time is no connection: nothing was sent (aiohttp's pool
         # reports that wait as a connect timeout too).
-        raise UpstreamConnectFailed(f"cannot connect to deployment '{name}': {exc}") from exc
+        raise UpstreamConnectFailed(
+            f"cannot connect to deployment '{name}'", detail=str(exc)
+        ) from exc
     except httpx.TimeoutException as exc:
         waited = target.timeout_s if wait_s is None else wait_s
         raise UpstreamTimedOut(f"deployment '{name}' did not answer within {waited:g}s") from exc
     except httpx.HTTPError as exc:
-        raise UpstreamConnectFailed(f"connection to deployment '{name}' failed: {exc!r}") from exc
+        raise UpstreamConnectFailed(
+            f"connection to deployment '{name}' failed", detail=repr(exc)
+        ) from exc
 
 
 def status_failure(

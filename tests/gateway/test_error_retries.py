@@ -8,6 +8,7 @@ retries, and a fake upstream that keeps failing."""
 from __future__ import annotations
 
 import logging
+import socket
 
 import httpx
 import openai
@@ -90,3 +91,21 @@ def test_errors_before_any_route_name_none(
     assert (
         "x-cascade-route" not in response.headers and "x-cascade-attempts" not in response.headers
     )
+
+
+def test_an_unreachable_upstreams_address_is_logged_not_told(
+    start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where a deployment lives (host, port, the resolver's words) is the operator's
+    business: in the logs, not in a tenant's error."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    base = start_gateway(POLICY, UPSTREAM_URL=f"http://{address}/v1", RETRIES="0").url
+    body = {"model": "chat", "messages": HI}
+    with caplog.at_level(logging.INFO):
+        response = httpx.post(f"{base}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 503
+    assert "cannot connect to deployment 'a'" in response.json()["error"]["message"]
+    assert address not in response.text
+    assert any(address in r.getMessage() for r in caplog.records)
