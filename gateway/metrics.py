@@ -309,6 +309,13 @@ class Metrics:
             budget,
             registry=r,
         )
+        self.budget_soft_remaining = Gauge(
+            "cascade_budget_soft_limit_remaining_usd",
+            "What is left before a budget's soft limit in the current period (negative: past "
+            "it), read with cascade_budget_remaining_usd; budgets with a soft limit only",
+            budget,
+            registry=r,
+        )
         self.budget_soft_crossings = Counter(
             "cascade_budget_soft_limit_crossings",
             "Settlements that took a budget's spend past its soft limit",

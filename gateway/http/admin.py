@@ -68,9 +68,13 @@ def _policy_gauges(services: Services) -> None:
         if target is not None
     }
     budgets = {(b.scope, b.name, b.period) for b in runtime.policy.budgets}
+    soft = {
+        (b.scope, b.name, b.period) for b in runtime.policy.budgets if b.soft_limit_usd is not None
+    }
     m.prune(m.deployment_available, available.__contains__)
     m.prune(m.sla_target, targets.__contains__)
     m.prune(m.budget_remaining, budgets.__contains__)
+    m.prune(m.budget_soft_remaining, soft.__contains__)
     for gauge in (m.breaker_state, m.predicted_ttft, m.engine_requests, m.engine_kv_cache):
         m.prune(gauge, lambda labels: labels[0] in deployments)
     for labels, value in available.items():

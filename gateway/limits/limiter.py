@@ -357,7 +357,8 @@ class Limiter:
         )
 
     async def show_budgets(self, runtime: Runtime) -> None:
-        """Set `cascade_budget_remaining_usd` of every budget of the policy from the
+        """Set `cascade_budget_remaining_usd` (and `..._soft_limit_remaining_usd`) of every
+        budget of the policy from the
         store, for a scrape: every worker and replica reads the same counters, and a
         budget reads its full limit from startup and from the first second of a new
         period, before any request settles there. While the store is down the gauges
@@ -376,8 +377,10 @@ class Limiter:
             return
         m = self._metrics
         for rule, nanos in zip(budgets, spent, strict=True):
-            left = usd(rule.limit_nanos - nanos)
-            m.child(m.budget_remaining, rule.scope, rule.name, rule.period).set(left)
+            labels = (rule.scope, rule.name, rule.period)
+            m.child(m.budget_remaining, *labels).set(usd(rule.limit_nanos - nanos))
+            if rule.soft_nanos is not None:  # a state, for an alert that holds while past it
+                m.child(m.budget_soft_remaining, *labels).set(usd(rule.soft_nanos - nanos))
 
     def _enter_outage(self, exc: LimitsStoreUnavailable | None) -> None:
         if not self._down:

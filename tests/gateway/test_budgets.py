@@ -263,6 +263,9 @@ def test_past_the_soft_limit_requests_go_to_the_downgrade_tier(
     assert len(cheap.requests) == 2
     assert metric(base, "cascade_budget_soft_limit_crossings_total") == 1
     assert metric(base, "cascade_budget_downgrades_total") == 2
+    # The state the soft-limit alert reads: past it by what was spent beyond it.
+    soft_left = metric(base, "cascade_budget_soft_limit_remaining_usd")
+    assert soft_left == pytest.approx((1.5 * ACTUAL - spent) / 1e9) and soft_left < 0
 
 
 def test_a_downgrade_skips_deployments_that_cannot_serve_the_request(
