@@ -44,6 +44,7 @@ class GatewayError(Exception):
         self.code = code or self.default_code
         self.headers = headers or {}
         self.attempts = 0  # upstream calls made before it, where the executor raised it
+        self.hedges = 0  # of which hedges (counted as fired though none won)
 
     def body(self) -> dict[str, Any]:
         return {

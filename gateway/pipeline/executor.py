@@ -266,7 +266,7 @@ class Executor:
         try:
             return await self._run_within(candidates, call, deadline_s, hedge, run)
         except GatewayError as error:  # what it cost: a cascade counts its tiers' calls
-            error.attempts = run.attempts
+            error.attempts, error.hedges = run.attempts, run.hedges
             raise
 
     async def _run_within(

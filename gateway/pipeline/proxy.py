@@ -244,6 +244,8 @@ class Proxy:
         missed = missed_sla(error)
         if self._guard is not None and missed:
             self._guard.count_missed(call.route)
+        if error.hedges:  # fired, though no answer won: `fired` counts every hedge sent
+            self._metrics.child(self._metrics.hedges, call.route.name, "fired").inc(error.hedges)
         self._record_unanswered(runtime, call, planned, missed)
 
     def _cut_short(self, runtime: Runtime, call: Call, planned: list[DeploymentRuntime]) -> None:

@@ -328,6 +328,19 @@ def test_timeout_ms_bounds_the_request(
     assert metric(base, 'cascade_request_duration_seconds_sum{deployment="-",route="chat"}') >= 0.3
 
 
+def test_a_hedge_sent_for_a_request_that_failed_counts_as_fired(
+    start: Any, engine_a: FakeOpenAI, engine_b: FakeOpenAI
+) -> None:
+    """Both attempts too slow for timeout_ms: the hedge was sent (b got it) and the
+    request ended in 504; `fired` counts every hedge sent, not only those of answers."""
+    base = start(TIMEOUT_MS="600", HEDGE_MS="150", LOAD_AWARE="false", TTFT_MS="500")
+    engine_a.delay_s = engine_b.delay_s = 2.0
+    assert chat(base).status_code == 504
+    assert len(chat_requests(engine_b)) == 1
+    assert metric(base, 'cascade_hedges_total{outcome="fired",route="chat"}') == 1
+    assert metric(base, 'cascade_hedges_total{outcome="won",route="chat"}') == 0
+
+
 MEASURED = """
 deployments:
   gpu:
