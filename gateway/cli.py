@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     # Workers are separate processes that build their own Settings from the environment.
     os.environ["CASCADE_POLICY"] = str(settings.policy)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     engines = start_engines(settings.policy, policy.engines, settings.spool_path.parent / "engines")
     # uvicorn re-raises the SIGTERM it caught once it has shut down: make that an exit
     # that runs `finally` (Ctrl-C's KeyboardInterrupt already does), so engines stop too.
@@ -103,6 +103,7 @@ def _run_uvicorn(settings: Settings) -> None:
         port=settings.port,
         workers=settings.workers,
         log_level=settings.log_level,
+        log_config=None,  # its loggers' lines go through the root's handler, in our format
         access_log=False,  # per-request logging costs more than the proxying itself
         loop="uvloop",
         http="httptools",

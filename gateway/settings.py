@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Literal, TextIO
 
+import orjson
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -41,6 +42,9 @@ class Settings(BaseSettings):
     # Python's level names, any case (uvicorn takes the lower-case form; "warn" is
     # logging's alias of "warning").
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # `json`: one JSON object a line (time, level, logger, request id, message, and a
+    # traceback as one field), for log shippers; `text`: one line a record, but tracebacks.
+    log_format: Literal["text", "json"] = "text"
     # One INFO line per request on the `gateway.decisions` logger: the route, its plan
     # and why (the score, tiers, skipped deployments), and a cascade's verdicts. Off by
     # default: per-request logging costs more than the proxying itself.
@@ -104,20 +108,20 @@ class Settings(BaseSettings):
         return CLUSTER_LEDGER_SHARDS if self.redis_cluster else 1
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, log_format: str = "text") -> None:
     """Root logging at `level`, once per process (a no-op where it is set up already):
     the CLI's, and each uvicorn worker's, which starts unconfigured. httpx's INFO line
     per request stays off: per-request logging costs more than the proxying."""
-    logging.basicConfig(level=level.upper(), handlers=[log_handler()])
+    logging.basicConfig(level=level.upper(), handlers=[log_handler(log_format=log_format)])
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def log_handler(stream: TextIO | None = None) -> logging.Handler:
+def log_handler(stream: TextIO | None = None, log_format: str = "text") -> logging.Handler:
     """The handler of the gateway's log lines (to stderr by default): UTC time, level,
     logger and the id of the request being served (`x-request-id`; "-" outside one).
     The id is added by the handler's filter, so every logger's records have it."""
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(LogFormatter(LOG_FORMAT))
+    handler.setFormatter(JsonLogFormatter() if log_format == "json" else LogFormatter(LOG_FORMAT))
     handler.addFilter(RequestIdFilter())
     return handler
 
@@ -128,3 +132,22 @@ class LogFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         utc = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         return f"{utc}.{int(record.msecs):03d}Z"
+
+
+class JsonLogFormatter(LogFormatter):
+    """One JSON object a line: `ts`, `level`, `logger`, `request_id`, `message`, and
+    `exception` (the traceback, one string) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "request_id": getattr(record, "request_id", "-"),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        return orjson.dumps(line).decode()

@@ -98,7 +98,7 @@ async def openapi_json(request: Request) -> Response:
 def create_app(settings: Settings | None = None) -> GatewayApp:
     settings = settings or Settings()
     # Set here, in every worker process (uvicorn's workers do not inherit the CLI's setup).
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     decisions_level = logging.INFO if settings.log_decisions else logging.WARNING
     logging.getLogger(DECISIONS_LOGGER).setLevel(decisions_level)
 

@@ -395,7 +395,7 @@ def cmd_spend_export(args: argparse.Namespace) -> int:
     except ArchiveDependencyMissing as exc:
         print(f"spend export: {exc}", file=sys.stderr)
         return 1
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return asyncio.run(_export(args, settings))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import io
+import json
 import logging
 import re
 import subprocess
@@ -128,29 +129,55 @@ async def test_a_writer_started_by_one_request_logs_others_records_without_its_i
 
 
 CONFIGURED = """
-import logging, uvicorn
+import logging, sys, uvicorn
 from gateway.http.request_ids import bind_request_id
 from gateway.settings import configure_logging
-configure_logging("info")
-uvicorn.Config("gateway.http.app:create_app", factory=True, log_level="info")  # its dictConfig
+configure_logging("info", sys.argv[1])
+uvicorn.Config("gateway.http.app:create_app", factory=True, log_level="info", log_config=None)
 logging.getLogger("uvicorn.error").info("uvicorn's own")
 logging.getLogger("gateway.x").info("outside")
 bind_request_id("req_1")
 logging.getLogger("redis").warning("a library's")
+try:
+    1 / 0
+except ZeroDivisionError:
+    logging.getLogger("gateway.y").exception("it broke")
 """
 
 
-def test_configure_logging_formats_every_logger_and_leaves_uvicorn_its_own() -> None:
+def configured(log_format: str) -> list[str]:
+    """The lines a process set up as `serve` sets it up (uvicorn given no log config of
+    its own, as `serve` runs it) writes."""
     done = subprocess.run(
-        [sys.executable, "-c", CONFIGURED],
+        [sys.executable, "-c", CONFIGURED, log_format],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    lines = done.stderr.splitlines()
-    assert len(lines) == 3, done.stderr
-    assert re.fullmatch(r"INFO: +uvicorn's own", lines[0])
+    return done.stderr.splitlines()
+
+
+def test_configure_logging_formats_every_logger_uvicorns_too() -> None:
+    lines = configured("text")
+    assert re.fullmatch(rf"{TIME} INFO uvicorn\.error \[-\]: uvicorn's own", lines[0])
     assert re.fullmatch(rf"{TIME} INFO gateway\.x \[-\]: outside", lines[1])
     assert re.fullmatch(rf"{TIME} WARNING redis \[req_1\]: a library's", lines[2])
+    assert re.fullmatch(rf"{TIME} ERROR gateway\.y \[req_1\]: it broke", lines[3])
+    assert lines[4] == "Traceback (most recent call last):"  # text: the traceback follows
+
+
+def test_json_logs_are_one_object_a_line_tracebacks_included() -> None:
+    """CASCADE_LOG_FORMAT=json: every record, uvicorn's and a traceback's included, is
+    one JSON object on one line, with the request id as a field."""
+    records = [json.loads(line) for line in configured("json")]
+    assert [(r["level"], r["logger"], r["request_id"], r["message"]) for r in records] == [
+        ("INFO", "uvicorn.error", "-", "uvicorn's own"),
+        ("INFO", "gateway.x", "-", "outside"),
+        ("WARNING", "redis", "req_1", "a library's"),
+        ("ERROR", "gateway.y", "req_1", "it broke"),
+    ]
+    assert all(re.fullmatch(TIME, r["ts"]) for r in records)
+    assert "ZeroDivisionError" in records[3]["exception"]
+    assert all("exception" not in r for r in records[:3])
