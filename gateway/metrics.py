@@ -165,7 +165,8 @@ class Metrics:
         )
         self.upstream_attempts = Counter(
             "cascade_upstream_attempts",
-            "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge)",
+            "Upstream calls by deployment and outcome (ok, retry, fallback, cancelled hedge; "
+            "stream_error: a stream counted ok when it opened that its upstream broke later)",
             ["deployment", "outcome"],
             registry=r,
         )

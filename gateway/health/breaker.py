@@ -15,7 +15,10 @@ and every worker polls those keys, so one worker's evidence ejects the deploymen
 everywhere. A closed breaker deletes the key. Without Redis the breakers are local. On a
 Redis Cluster the `{breaker}` tag keeps every key in one slot, so the poll stays one MGET.
 
-What counts as a failure: refused or reset connections, timeouts, 5xx other than 503.
+What counts as a failure: refused or reset connections, timeouts, 5xx other than 503,
+before a stream's first events or after them. A stream is judged at its end: its first
+events are no success (it may stall or break after them), and one its client left is
+no verdict.
 A 429 or a 503 says "busy", not "broken": the latency model marks the deployment busy
 instead, so the next request goes elsewhere without ejecting it for a cooldown. Nor is
 a deployment whose engine is still loading judged: its refused connections are the

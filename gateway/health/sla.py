@@ -7,6 +7,8 @@ model, engine load, circuit breakers) and what the request path asks of it.
     guard.succeeded(deployment, ttft_s, streamed=...)  # per attempt, from the executor
     guard.failed(deployment, failure)      # not counted while its engine is loading
     guard.release(admission)               # done with the deployment: its probe slot back
+    guard.stream_ended(deployment, ...)    # a relayed stream's end: its attempt's verdict
+    guard.stream_failed(deployment, failure)  # ... or the upstream broke it after it began
     guard.count_outcome(route, ttft_s, total_s)
 
 Selection itself is the router's pure rule (`router.selection.select`); this module
@@ -157,8 +159,10 @@ class SlaGuard:
     def succeeded(self, deployment: str, ttft_s: float, *, streamed: bool = True) -> None:
         """An attempt answered after `ttft_s`: its first events (a stream, whose end
         `stream_ended` reports) or, not `streamed`, its whole answer, which is then its
-        end-to-end time too."""
-        self.breakers.record_success(deployment)
+        end-to-end time too. Only a whole answer is a success for the breaker: a stream
+        may stall or break after its first events (`stream_failed`)."""
+        if not streamed:
+            self.breakers.record_success(deployment)
         self.latency.observe(deployment, ok=True, ttft_s=ttft_s)
         self._metrics.child(self._metrics.upstream_ttft, deployment).observe(ttft_s)
         if not streamed:
@@ -184,12 +188,26 @@ class SlaGuard:
         deployment whose slow answers are always hedged away would look fast forever."""
         self.latency.observe(deployment, ok=True, ttft_s=math.inf)
 
-    def stream_ended(self, deployment: str, itl_s: float | None, duration_s: float) -> None:
-        """A stream relayed to its end, `duration_s` after its first events."""
+    def stream_ended(
+        self, deployment: str, itl_s: float | None, duration_s: float, *, finished: bool = True
+    ) -> None:
+        """A stream relayed to its end, `duration_s` after its first events; `finished`:
+        the upstream ended it (its attempt's success), else its client left first (no
+        verdict on the deployment)."""
+        if finished:
+            self.breakers.record_success(deployment)
         if itl_s is not None:
             self.latency.observe(deployment, ok=True, itl_s=itl_s)
             self._metrics.child(self._metrics.upstream_itl, deployment).observe(itl_s)
         self._metrics.child(self._metrics.upstream_duration, deployment).observe(duration_s)
+
+    def stream_failed(self, deployment: str, failure: UpstreamFailure) -> None:
+        """A stream the upstream broke after its first events (silent past `timeout_s`,
+        its connection cut, its own failure event): the attempt failed, as one that
+        failed before answering does, though the executor counted it `ok` when it
+        opened (the metric's `stream_error` says which of those broke)."""
+        self.failed(deployment, failure)
+        self._metrics.child(self._metrics.upstream_attempts, deployment, "stream_error").inc()
 
     # SLA attainment.
 

@@ -5,6 +5,11 @@ drops the usage-only event again when the client did not ask for it. A stream cu
 short (client gone, upstream reset) is priced from the events seen so far, counted
 with the tokenizer (a prompt it reported early stands). Also: a buffered reply as SSE,
 and what a losing hedge consumed.
+
+A stream's first events are no verdict on its deployment: it may stall or break after
+them. Its end is: finished, a success; broken by the upstream (silent past `timeout_s`,
+its connection cut, its own failure event), a failure, as a non-streamed attempt's
+timeout is; cut short by its client, none.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from gateway.pipeline.accounting import (
     reported_usage,
 )
 from gateway.pipeline.executor import Loser, Opened, StreamEvents
+from gateway.pipeline.native_streams import NativeTally
 from gateway.request import Call
 from gateway.runtime import DeploymentRuntime
 from gateway.upstreams.base import EndpointType, UpstreamFailure, UpstreamReply, close_stream
@@ -68,15 +74,19 @@ class StreamSettlement:
         self.guard: SlaGuard | None = None
         self.admission = UNLIMITED
         self.frames = 0
+        self.failure: UpstreamFailure | None = None  # the upstream broke the stream
 
     async def relay(self) -> AsyncIterator[bytes]:
         try:
             events: StreamEvents | None = self.opened.first
+            last: StreamEvents = []
             while events is not None:
                 self.frames += len(events)
                 if frame := self.tally.frame(events):
                     yield frame
-                events = await anext(self.opened.rest, None)
+                last, events = events, await anext(self.opened.rest, None)
+            if self.tally.failed:
+                self.failure = in_band_failure(self.opened.deployment.name, last)
             self.status = "partial" if self.tally.failed else "ok"
             await self.count_prompt()
             if self.tally.end:
@@ -84,6 +94,7 @@ class StreamSettlement:
         except UpstreamFailure as failure:
             # Bytes already reached the client: no silent retry, tell it in-band.
             log.warning("stream %s broke after it started: %s", self.call.request_id, failure)
+            self.failure = failure
             await self.count_prompt()
             yield self.tally.error(failure)
         finally:
@@ -110,12 +121,20 @@ class StreamSettlement:
         # Settled before any await: a cancelled task may not get past the next one.
         self.accountant.settle(self.call, deployment, usage, status=self.status, ttft_s=self.ttft)
         self.admission.settle(self.call.records)
-        self.observe(self.call, deployment, "200", self.ttft)
+        self.observe(self.call, deployment, "200", self.ttft)  # the status the client got
         if self.guard is not None:
-            streamed = time.perf_counter() - self.opened.opened_at
-            itl = streamed / (self.frames - 1) if self.frames > 1 and self.status == "ok" else None
-            self.guard.stream_ended(deployment.name, itl, streamed)
+            self.judge(self.guard, deployment.name)
         await close_stream(self.opened.rest)
+
+    def judge(self, guard: SlaGuard, deployment: str) -> None:
+        """Tell the guard how the attempt ended (see the module's docstring)."""
+        if self.failure is not None:
+            guard.stream_failed(deployment, self.failure)
+            return
+        streamed = time.perf_counter() - self.opened.opened_at
+        finished = self.status == "ok"
+        itl = streamed / (self.frames - 1) if self.frames > 1 and finished else None
+        guard.stream_ended(deployment, itl, streamed, finished=finished)
 
     def counted(self, deployment: DeploymentRuntime) -> Usage:
         """A stream without final usage: its text counted. A prompt it reported early
@@ -281,6 +300,38 @@ def _delta(choice: Mapping[str, Any]) -> dict[str, Any]:
 def _reports_usage(payload: bytes) -> bool:
     # Upstreams asked for usage put `"usage": null` in every chunk: parse only real ones.
     return b'"usage":{' in payload or b'"usage": {' in payload
+
+
+# A native stream's failure event (the Messages API's `error.type`, the Responses API's
+# `code`) as the HTTP status its API answers that error with, for the breaker to judge:
+# broken, busy, or (not listed: no status) the request's own fault.
+IN_BAND_STATUSES = {
+    "api_error": 500,
+    "overloaded_error": 529,
+    "rate_limit_error": 429,
+    "server_error": 500,
+    "rate_limit_exceeded": 429,
+}
+
+
+def in_band_failure(deployment: str, last: StreamEvents) -> UpstreamFailure:
+    """The failure a native stream's upstream ended it with: its failure event ends the
+    stream, so it is among the last events read."""
+    failures = NativeTally.FAILURES
+    data: Mapping[str, Any] = next(
+        (e.data for e in reversed(last) if isinstance(e, NativeEvent) and e.kind in failures),
+        {},
+    )
+    # Named in `response.error.code` (the Responses API's `response.failed`), `code` (its
+    # `error` event) or `error.type` (the Messages API's `error` event).
+    response = data.get("response")
+    error = response.get("error") if isinstance(response, Mapping) else data.get("error")
+    if not isinstance(error, Mapping):
+        error = data
+    name = error.get("code") or error.get("type")
+    status = IN_BAND_STATUSES.get(name) if isinstance(name, str) else None
+    message = f"deployment '{deployment}' failed its stream in-band ({name or 'unnamed'})"
+    return UpstreamFailure(message, status=status)
 
 
 def sse_error(failure: UpstreamFailure) -> bytes:
