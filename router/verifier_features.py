@@ -264,6 +264,15 @@ def _json_features(
     }
 
 
+def breaks_format(answer: str, response_format: Mapping[str, Any] | None) -> bool:
+    """Does the answer break the JSON a strict `response_format` asks for (does not
+    parse, or does not fit its schema)? No reading of its content can redeem that."""
+    if (response_format or {}).get("type") not in ("json_object", "json_schema"):
+        return False
+    found = _json_features("", answer, response_format, None)
+    return bool(found["json_invalid"] or found["json_schema_mismatch"])
+
+
 def _parse_json(answer: str, *, lenient: bool) -> tuple[Any, bool]:
     """Parse the answer; ``lenient`` also accepts JSON inside a code fence."""
     candidates = [answer]

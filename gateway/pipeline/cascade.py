@@ -46,7 +46,7 @@ from gateway.pipeline.code_runs import run_code
 from gateway.pipeline.executor import Completed, Executor
 from gateway.pipeline.judge import RUBRIC_VERSION, Judge
 from gateway.pipeline.opinions import SecondOpinions, worth_asking
-from gateway.pipeline.scoring import AnswerVerifier
+from gateway.pipeline.scoring import AnswerVerifier, unusable_answer
 from gateway.request import Call
 from gateway.runtime import DeploymentRuntime, tier_groups
 from gateway.upstreams.base import UpstreamReply
@@ -56,10 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# At or below this score the verifier's caps call an answer broken, not doubtful (an
-# empty answer 0.01, requested JSON that does not parse 0.05 or break its schema 0.1):
-# when its escalation fails the client gets the escalation's error, not this answer.
-UNUSABLE_SCORE = 0.1
 decisions = logging.getLogger("gateway.decisions")  # the proxy's decisions log
 
 
@@ -160,6 +156,8 @@ class Cascade:
         answer whose escalation is still running)."""
         scores: list[float] = []
         attempts = 0
+        verdict = "unjudged"  # of the answer delivered (`x-cascade-verdict`)
+        refused = False  # the latest answer is unusable and its escalation failed
         closing: asyncio.Task[None] | None = None  # the opinions' early close
         first: _Answer | None = None  # `<request id>`: priced when the climb ends
         latest: _Answer | None = None  # the last answer, not priced yet
@@ -185,30 +183,16 @@ class Cascade:
                     )
                 except GatewayError as error:
                     attempts += error.attempts
-                    if latest is None and verified and _upstream_failed(error):
-                        # A tier that cannot answer counts as rejected: the next one is up.
-                        log.warning(
-                            "tier %d of %s failed (%s); escalating", step, call.request_id, error
-                        )
+                    error.attempts = attempts  # every tier's calls, for its headers
+                    after = _after_failure(call, step, error, latest, verified, body)
+                    if after == "escalate":
                         continue
-                    if latest is None:
+                    refused = after == "refuse"
+                    if after != "deliver" or latest is None:
                         raise
-                    if latest.judged is not None and latest.judged <= UNUSABLE_SCORE:
-                        # Broken, not doubtful (empty, or JSON that breaks the format asked
-                        # for): the escalation's error serves the client better.
-                        log.warning(
-                            "escalation %d of %s failed; its last answer is unusable",
-                            step,
-                            call.request_id,
-                        )
-                        raise
-                    log.warning(
-                        "escalation %d of %s failed; answering with the last answer",
-                        step,
-                        call.request_id,
-                    )
                     # The client gets it now, after the failed escalation: so its latency.
                     latest.answered_at, delivered = time.perf_counter(), True
+                    verdict = "rejected"
                     break
                 attempts += done.attempts
                 # The answer before, rejected, is not the client's now that another came:
@@ -228,6 +212,8 @@ class Cascade:
                         # what learning lowers a candidate predicted best by: judged by the
                         # verifier alone (no judge call), delivered whatever it says.
                         latest.judged = self._verify(call, done.reply.body, (), None)
+                        if latest.judged is not None:
+                            verdict = _verdict(latest.judged, call)
                     delivered = True
                     break
                 reply = done.reply.body
@@ -239,19 +225,18 @@ class Cascade:
                 scores.append(score)
                 self._metrics.child(self._metrics.verifier_score, call.route.name).observe(score)
                 if score >= call.route.verify_threshold:
-                    delivered = True
+                    delivered, verdict = True, "accepted"
                     break
         finally:
             # Priced with their verdicts, however the climb ends: a request cancelled
             # while its answer is judged or escalated is priced all the same (and judged
             # as answered to nobody).
             if first is not None and latest is not None:
-                self._settle_ends(call, first, latest, delivered, records)
+                self._settle_ends(call, first, latest, delivered, records, refused)
             if closing is not None:  # after the answer is priced: it is paid for
                 await _finished(closing)
         assert latest is not None  # the first group either answered or raised
         final = without_logprobs(latest.done) if ask else latest.done
-        verdict = "unjudged" if len(scores) <= latest.n else _verdict(scores[latest.n], call)
         return final, tuple(scores), latest.step, attempts, verdict
 
     async def _evidence(
@@ -329,6 +314,7 @@ class Cascade:
         last: _Answer,
         delivered: bool,
         records: list[SpendRecord],
+        refused: bool = False,
     ) -> None:
         """Price the first and the last answer of a climb that ended (the ones between,
         rejected, are priced already) into `records`, keeping them in order;
@@ -338,7 +324,13 @@ class Cascade:
         tokens: what the client got, had the reference model written it. A rejected
         answer's length is no counterfactual (a truncated ramble escalated to a one-word
         answer would read as savings). Delivered nothing (cancelled), the first is
-        priced on its own tokens."""
+        priced on its own tokens. `refused`: the client got an error instead of `last`
+        (unusable): no answer is the request's (`<request id>:r<n>`), so the request is
+        recorded as the error it got, with no reference."""
+        if refused:
+            for answer in (first,) if last is first else (first, last):
+                records.append(self._settle(call, answer, False, label=f"r{answer.n}"))
+            return
         usage = self._usage(call, last)
         reference = usage if delivered else None
         own = usage if last is first else None
@@ -354,11 +346,13 @@ class Cascade:
         delivered: bool,
         usage: Usage | None = None,
         reference: Usage | None = None,
+        label: str | None = None,
     ) -> SpendRecord:
         """Price `answer` (the first is `<request id>`, the n-th after it
-        `<request id>:<n>`), given by the `answer.step`-th tier (its escalations);
-        `delivered`: it is the one the client gets; `usage`: its tokens, when already
-        read; `reference`: the tokens its reference prices, when not its own."""
+        `<request id>:<n>`, or `<request id>:<label>`), given by the `answer.step`-th
+        tier (its escalations); `delivered`: it is the one the client gets; `usage`: its
+        tokens, when already read; `reference`: the tokens its reference prices, when
+        not its own."""
         return self._accountant.settle(
             call,
             answer.done.deployment,
@@ -369,6 +363,7 @@ class Cascade:
             answered_at=answer.answered_at,
             delivered=delivered,
             reference=reference,
+            label=label,
         )
 
     @staticmethod
@@ -429,6 +424,32 @@ def _rounded(score: float | None) -> str:
 
 
 def _verdict(score: float, call: Call) -> str:
-    """A judged answer's verdict: one delivered below the route's threshold was rejected
-    (its escalation failed, or a select's last step: nowhere left to climb)."""
+    """A judged answer's verdict against the route's threshold (a select's last step:
+    judged, and delivered whatever it says, as there is nowhere left to climb)."""
     return "accepted" if score >= call.route.verify_threshold else "rejected"
+
+
+def _after_failure(
+    call: Call,
+    step: int,
+    error: GatewayError,
+    latest: _Answer | None,
+    verified: bool,
+    body: Mapping[str, Any],
+) -> str:
+    """What a tier's failure means for the climb: `escalate` (a tier that cannot answer
+    counts as rejected: the next one is up), `raise` (no answer to fall back on),
+    `refuse` (the last answer is unusable: broken, not doubtful, so the client gets the
+    error) or `deliver` (the last answer, rejected, beats none)."""
+    if latest is None and verified and _upstream_failed(error):
+        log.warning("tier %d of %s failed (%s); escalating", step, call.request_id, error)
+        return "escalate"
+    if latest is None:
+        return "raise"
+    if unusable_answer(body, latest.done.reply.body):
+        log.warning(
+            "escalation %d of %s failed; its last answer is unusable", step, call.request_id
+        )
+        return "refuse"
+    log.warning("escalation %d of %s failed; answering with the last answer", step, call.request_id)
+    return "deliver"

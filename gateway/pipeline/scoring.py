@@ -26,6 +26,7 @@ from policies.sections import Sections
 from router import SCORED_STRATEGIES, conversation
 from router.errors import RoutingError
 from router.installed import minilm_classifier_missing
+from router.verifier_features import breaks_format
 
 if TYPE_CHECKING:
     from router.classifier import Classifier, RequestClassifier
@@ -184,6 +185,21 @@ def answer_parts(reply: Mapping[str, Any]) -> tuple[str, list[float] | None, str
             float(t["logprob"]) for t in content if isinstance(t, Mapping) and "logprob" in t
         ]
     return text, logprobs, choice.get("finish_reason")
+
+
+def unusable_answer(body: Mapping[str, Any], reply: Mapping[str, Any]) -> bool:
+    """Broken, not doubtful: no text and no tool call, or JSON that breaks the strict
+    `response_format` the request set. A client is better served by an error (which
+    its SDK retries) than by such an answer."""
+    choices = reply.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], Mapping) else {}
+    message = choice.get("message")
+    if isinstance(message, Mapping) and message.get("tool_calls"):
+        return False
+    text, _, _ = answer_parts(reply)
+    response_format = body.get("response_format")
+    strict = response_format if isinstance(response_format, Mapping) else None
+    return not text.strip() or breaks_format(text, strict)
 
 
 def reached_request_limit(

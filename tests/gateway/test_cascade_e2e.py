@@ -156,16 +156,34 @@ async def test_an_unusable_answer_is_not_delivered_when_its_escalation_fails(
 ) -> None:
     """Broken, not doubtful (empty; JSON mode answered in prose): the client gets the
     escalation's error, which its SDK can retry, rather than an answer that breaks its
-    parser; the broken answer is priced all the same, as the request's record."""
+    parser. The request is recorded as the error it got; the broken answer is priced
+    all the same, apart (`:r0`), with no reference to count as savings."""
     fake_openai.reply_text = text
     premium.fail(503, times=None)
     response = ask(base, response_format={"type": "json_object"})
     assert response.status_code == 503, response.text
     assert response.json()["error"]["type"]
+    calls = len(fake_openai.requests) + len(premium.requests)
+    assert response.headers["x-cascade-attempts"] == str(calls)  # both tiers' calls
     request_id = response.headers["x-request-id"]
-    record = await wait_for_record(ledger_store, request_id)
-    assert (record.deployment, record.status) == ("cheap", "ok")
-    assert record.verifier_score is not None and record.verifier_score <= 0.1
+    request = await wait_for_record(ledger_store, request_id)
+    assert (request.status, request.cost_nanos, request.reference_cost_nanos) == ("error", 0, 0)
+    broken = await wait_for_record(ledger_store, f"{request_id}:r0")
+    assert (broken.deployment, broken.status, broken.reference_cost_nanos) == ("cheap", "ok", 0)
+    assert broken.cost_nanos > 0 and broken.verifier_score is not None
+
+
+def test_a_refusal_kept_after_a_failed_escalation_is_delivered_whatever_its_score(
+    base: str, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """Doubtful, however low the verifier scores it (a refusal, under 0.1 without
+    logprobs): a text the client can read beats an error."""
+    fake_openai.reply_text = REFUSAL
+    premium.fail(503, times=None)
+    response = ask(base, logprobs=False)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == REFUSAL
+    assert response.headers["x-cascade-verdict"] == "rejected"
 
 
 async def test_a_cheap_tier_that_fails_escalates_to_the_next(
@@ -189,6 +207,23 @@ async def test_a_cheap_tier_that_fails_escalates_to_the_next(
     assert answer.reference_cost_nanos == answer.cost_nanos  # premium is the reference
     assert await ledger_store.get(f"{request_id}:1") is None
     assert float(response.headers["x-cascade-cost-usd"]) == pytest.approx(answer.cost_nanos / 1e9)
+
+
+def test_an_error_after_every_tier_failed_counts_every_tiers_calls(
+    start_gateway: StartGateway, fake_openai: FakeOpenAI, premium: FakeOpenAI
+) -> None:
+    """Both tiers fail: the error names every call made (not the last tier's alone), so
+    the SDKs are told not to retry a climb that already asked both tiers."""
+    policy = POLICY.replace("tier: local-small", "tier: local-small\n    max_retries: 0")
+    policy = policy.replace("tier: premium", "tier: premium\n    max_retries: 0")
+    base = start_gateway(policy, CHEAP_URL=fake_openai.url, PREMIUM_URL=premium.url).url
+    fake_openai.fail(500, times=None)
+    premium.fail(500, times=None)
+    response = ask(base)
+    assert response.status_code == 502
+    assert response.headers["x-cascade-attempts"] == "2"
+    assert len(fake_openai.requests) == len(premium.requests) == 1
+    assert response.headers["x-should-retry"] == "false"
 
 
 def test_a_request_the_cheap_tier_rejects_is_not_escalated(

@@ -213,6 +213,20 @@ async def test_a_poor_answer_graded_low_by_text_escalates_and_each_call_is_price
     assert judged(base, "ok") == 1
 
 
+def test_an_answer_the_judge_grades_wrong_is_still_delivered_when_escalating_fails(
+    start: Callable[..., str], grader: GradingOpenAI, premium: FakeOpenAI
+) -> None:
+    """Graded 1 ("wrong"): doubtful, not broken (it has text, and no format it
+    breaks), so when the premium tier fails the client reads it, marked rejected."""
+    grader.reply_text = "1"
+    premium.fail(500, times=None)
+    response = ask(start(verifier_keeps=True, logprobs=False))
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == ANSWER
+    assert response.headers["x-cascade-judge"] == f"{0:.3f}"
+    assert response.headers["x-cascade-verdict"] == "rejected"
+
+
 async def test_a_judge_timing_out_falls_back_to_the_verifier_within_the_deadline(
     start: Callable[..., str],
     grader: GradingOpenAI,

@@ -189,6 +189,7 @@ async def test_the_candidate_predicted_best_is_judged_and_learned_down_when_it_f
     response = ask(server.url, "careful", "hi")
     assert response.headers["x-cascade-deployment"] == "gpt4"
     assert response.headers["x-cascade-escalations"] == "0"  # delivered: nowhere to go
+    assert response.headers["x-cascade-verdict"] == "rejected"  # and the client is told
     record = await wait_for_record(ledger_store, response.headers["x-request-id"])
     assert record.verifier_score == pytest.approx(poor, abs=1e-4)
     assert traffic.offset("gpt4") < 0 and traffic.observations("gpt4") == 1
