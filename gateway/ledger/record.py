@@ -240,8 +240,9 @@ class AggregateRow:
     def coverage(self) -> ReferenceCoverageType:
         """How much of the row has a reference to be compared with: "none" when no
         record of it had one, which a row with no records at all has neither. Every
-        record is either an error or a call, so `calls + errors` counts the row's
-        records."""
+        record is an error or a call, so `calls + errors` counts the row's records, but
+        a request its client cancelled, which is neither and compares nothing (it is
+        not counted in `unreferenced` either)."""
         if not self.has_records:
             return "none"
         if not self.unreferenced:

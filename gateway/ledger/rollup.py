@@ -53,7 +53,8 @@ def metrics_of(rec: SpendRecord) -> tuple[int, ...]:
     answer (an `error` or `cancelled` record), so a deployment that only answers
     escalations shows how often it was called. `unreferenced` counts records with no
     reference model (their cost is left out of the savings)."""
-    unreferenced = not rec.has_reference
+    # A request its client cancelled is neither a call nor an error: not one to compare.
+    unreferenced = not rec.has_reference and rec.status != "cancelled"
     return (
         int(rec.is_request),
         int(rec.status == "error"),

@@ -25,7 +25,9 @@ from gateway.ledger.archive.layout import files_between
 from gateway.ledger.record import DIMENSIONS, AggregateRow
 from gateway.ledger.rollup import METRICS, Rollup, check_group_by
 
-_UNREFERENCED = "(reference_model IS NULL OR reference_model = '')"
+_UNREFERENCED = (  # as `rollup.metrics_of`: a cancelled request is not one to compare
+    "((reference_model IS NULL OR reference_model = '') AND status IS DISTINCT FROM 'cancelled')"
+)
 # metric -> (SQL summed per row, the columns it reads)
 METRIC_SQL: dict[str, tuple[str, tuple[str, ...]]] = {
     "requests": ("CASE WHEN record_id = request_id THEN 1 ELSE 0 END", ("record_id",)),
@@ -40,10 +42,13 @@ METRIC_SQL: dict[str, tuple[str, tuple[str, ...]]] = {
         "CASE WHEN status IN ('error', 'cancelled') THEN 0 ELSE 1 END",  # NULL: a call
         ("status",),
     ),
-    "unreferenced": (f"CASE WHEN {_UNREFERENCED} THEN 1 ELSE 0 END", ("reference_model",)),
+    "unreferenced": (
+        f"CASE WHEN {_UNREFERENCED} THEN 1 ELSE 0 END",
+        ("reference_model", "status"),
+    ),
     "unreferenced_cost_nanos": (
         f"CASE WHEN {_UNREFERENCED} THEN cost_nanos ELSE 0 END",
-        ("reference_model", "cost_nanos"),
+        ("reference_model", "cost_nanos", "status"),
     ),
 }
 for _name in METRICS:  # the token classes and cache savings: plain sums of their fields

@@ -144,6 +144,26 @@ async def test_requests_their_clients_cancelled_are_neither_errors_nor_calls(
     )
 
 
+async def test_a_cancelled_request_leaves_a_rows_savings_as_they_were(
+    store: LedgerStore,
+) -> None:
+    """A row of a compared call, an uncompared one (no reference model) and a request
+    its client cancelled on a route without a reference: partly covered, as without
+    the cancelled one, and its savings are those of the compared call."""
+    await store.record(make_record(1, team="t"))
+    await store.record(make_record(2, team="t", reference_model=None, reference_cost_nanos=0))
+    [before] = await store.aggregate(*WIDE, ["team"])
+    cancelled = {"status": "cancelled", "prompt_tokens": 0, "completion_tokens": 0}
+    await store.record(
+        make_record(
+            3, team="t", reference_model=None, reference_cost_nanos=0, cost_nanos=0, **cancelled
+        )
+    )
+    [after] = await store.aggregate(*WIDE, ["team"])
+    assert (after.requests, before.coverage, after.coverage) == (3, "partial", "partial")
+    assert after.savings_nanos == before.savings_nanos is not None
+
+
 async def test_sla_outcomes_are_counted_and_records_without_one_are_not(
     store: LedgerStore,
 ) -> None:
