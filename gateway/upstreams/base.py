@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ EndpointType = Literal["chat", "completions", "embeddings"]
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 ANTHROPIC_API_BASE = "https://api.anthropic.com"  # litellm's default too
 REDACTED = "[redacted]"
-MIN_SECRET_CHARS = 12
+MIN_SECRET_CHARS = 12  # shorter runs are no key's, and matching them would mangle text
+CREDENTIAL_HEADER = re.compile(r"auth|key|token|secret|signature|cookie", re.IGNORECASE)
+AUTH_SCHEME = re.compile(r"^\s*(bearer|basic|token)\s+", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,13 @@ class UpstreamTarget:
         return content
 
     def _secrets(self) -> list[str]:
-        values = [self.api_key, *self.headers.values()]
-        # Short values (a version header's "2023-06-01") are no secrets, and would mangle text.
+        """The key, and the values of headers that carry credentials (by their names:
+        `anthropic-beta: prompt-caching-2024-07-31` is no secret, and redacting it would
+        mangle errors), a scheme such as `Bearer ` left out: errors quote the token."""
+        values = [self.api_key]
+        for name, value in self.headers.items():
+            if CREDENTIAL_HEADER.search(name):
+                values.append(AUTH_SCHEME.sub("", value))
         return [v for v in values if v and len(v) >= MIN_SECRET_CHARS]
 
 

@@ -116,3 +116,21 @@ def test_redaction_leaves_no_run_of_a_secret_long_enough_to_matter(
     assert target.redact_bytes(text.encode()) == redacted.encode()
     if key[:MIN_SECRET_CHARS] not in before + after:
         assert target.redact(before + after) == before + after
+
+
+def test_a_credential_headers_token_is_redacted_and_other_headers_are_not() -> None:
+    """`Authorization: Bearer <token>` (a proxy's credential): the token an error
+    quotes, without its scheme, is a secret; a beta flag's long value is not."""
+    target = UpstreamTarget(
+        "d",
+        "openai",
+        "m",
+        None,
+        None,
+        headers={
+            "Authorization": "Bearer fake-proxy-token-0123456789",
+            "anthropic-beta": "prompt-caching-2024-07-31",
+        },
+    )
+    text = "token fake-proxy-token-0123456789 refused; beta prompt-caching-2024-07-31 on"
+    assert target.redact(text) == "token [redacted] refused; beta prompt-caching-2024-07-31 on"
