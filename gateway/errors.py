@@ -45,6 +45,7 @@ class GatewayError(Exception):
         self.headers = headers or {}
         self.attempts = 0  # upstream calls made before it, where the executor raised it
         self.hedges = 0  # of which hedges (counted as fired though none won)
+        self.detail: str | None = None  # for the log only (upstreams' hosts, say)
 
     def body(self) -> dict[str, Any]:
         return {

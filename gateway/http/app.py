@@ -361,7 +361,8 @@ def error_response(request: Request, error: GatewayError) -> Response:
             # latency panels and p99 alerts must see it, under no deployment.
             m.child(m.latency, route, "-").observe(time.perf_counter() - started)
     if error.status >= 500:  # the gateway's or the upstreams' fault: an operator's to see
-        log.warning("%s answered %d %s: %s", request_id, error.status, error.code, error.message)
+        told = error.message if error.detail is None else f"{error.message} ({error.detail})"
+        log.warning("%s answered %d %s: %s", request_id, error.status, error.code, told)
     headers = {"x-request-id": request_id, **error.headers, **_error_headers(route, error)}
     body = bridges.error_body(request.url.path, error)  # each API in its own shape
     return JSONResponse(body, status_code=error.status, headers=headers)

@@ -93,7 +93,9 @@ class StreamSettlement:
                 yield self.tally.end
         except UpstreamFailure as failure:
             # Bytes already reached the client: no silent retry, tell it in-band.
-            log.warning("stream %s broke after it started: %s", self.call.request_id, failure)
+            log.warning(
+                "stream %s broke after it started: %s", self.call.request_id, failure.logged
+            )
             self.failure = failure
             await self.count_prompt()
             yield self.tally.error(failure)

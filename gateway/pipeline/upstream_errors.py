@@ -68,6 +68,17 @@ def upstream_error_fields(body: Any) -> dict[str, str]:
 def final_error(
     candidates: list[DeploymentRuntime], failures: list[UpstreamFailure]
 ) -> GatewayError:
+    """The error for a run whose every attempt failed; what the transports said besides
+    (`UpstreamFailure.detail`: hosts, resolver errors) is kept for the log line only."""
+    error = _final_error(candidates, failures)
+    if any(f.detail for f in failures):
+        error.detail = "; ".join(dict.fromkeys(f.logged for f in failures[-3:]))
+    return error
+
+
+def _final_error(
+    candidates: list[DeploymentRuntime], failures: list[UpstreamFailure]
+) -> GatewayError:
     if not candidates:
         return UpstreamUnavailable("no deployment is available for this route")
     summary = "; ".join(dict.fromkeys(f.message for f in failures[-3:]))  # no repeats
