@@ -105,7 +105,10 @@ class PolicyReloader:
             # Changed again: still being written; the next poll looks again, nothing is
             # tried or reported yet. Not new: an operator's reload took it meanwhile.
             digest = sources_digest(sources)
-            if digest != sources_digest(first) or not self._is_new(digest):
+            if digest != sources_digest(first):
+                log.debug("policy %s changed while settling; the next poll looks again", self.path)
+                return False
+            if not self._is_new(digest):
                 return False
             self._tried_digest = digest
             try:

@@ -78,7 +78,8 @@ class CascadeReport:
     task_unseen: Metrics | None = None
     code_run: bool = False  # the cheap answers' code run against their own examples
     # The same cascade on each prompt fold's rows alone (the cross-fit's folds, each
-    # judged by the verifier that never saw it): the spread between folds.
+    # judged by a verifier that never saw them; Winogrande's all by one that never saw
+    # the task): the spread between folds.
     folds: tuple[Metrics, ...] = ()
 
 
