@@ -168,6 +168,9 @@ def test_a_route_the_key_may_not_use_is_a_403(base: str) -> None:
     fenced = {"x-api-key": FENCED_KEY}
     assert count(base, {"messages": HELLO}, fenced).status_code == 403
     assert count(base, {"model": "elsewhere", "messages": HELLO}, fenced).status_code == 200
+    # An unknown model's 404 names this key's routes only, as /v1/messages does.
+    unknown = count(base, {"model": "nope", "messages": HELLO}, fenced).json()["error"]
+    assert unknown["message"].endswith("routes: elsewhere")
 
 
 def test_a_wrong_method_is_a_405_in_anthropic_shape(base: str) -> None:

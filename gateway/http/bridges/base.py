@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.billing.tokens import count_prompt_off_loop
 from gateway.errors import CapabilityUnavailable, InvalidRequest, UpstreamError
-from gateway.http.endpoints import arrival, label_route
+from gateway.http.endpoints import arrival, checked, client_gone, label_route
 from gateway.http.validation import parse_body, parse_object
 from gateway.native import NativeCall, NativeSurface
 from gateway.runtime import Runtime
@@ -326,15 +326,17 @@ async def bridge(
     request: Request, kind: type[Translation], authorization: str | None = None
 ) -> Response:
     """Serve one request of a bridged API through the chat pipeline."""
-    came = await arrival(request, authorization)
+    try:
+        came = await arrival(request, authorization)
+    except ClientDisconnect:
+        return client_gone(request)
     runtime = came.runtime
-    body = parse_object(came.raw)
+    size = len(came.raw)  # a big body is parsed, checked and translated off the loop
+    body = await checked(size, _checked_body, request, runtime, came.raw, kind)
     # The raw bytes are not held through the call (up to the body limit, 20 MiB).
-    size, came = len(came.raw), dataclasses.replace(came, raw=b"")
-    label_route(request, runtime, requested_model(body))
-    kind.check(body)
+    came = dataclasses.replace(came, raw=b"")
     translation = kind(await library(), body, came.request_id)
-    chat = translated_request(translation)
+    chat = await checked(size, translated_request, translation)
     native = translation.native_call(request.headers)
     try:
         response = await came.services.proxy.handle(
@@ -364,6 +366,16 @@ async def bridge(
         runtime, response.headers.get("x-cascade-deployment", translation.model)
     )
     return translated_response(response, translation)
+
+
+def _checked_body(
+    request: Request, runtime: Runtime, raw: bytes, kind: type[Translation]
+) -> dict[str, Any]:
+    """The body of a bridged request, parsed and checked (in a worker for a big one)."""
+    body = parse_object(raw)
+    label_route(request, runtime, requested_model(body))
+    kind.check(body)
+    return body
 
 
 def requested_model(body: Mapping[str, Any]) -> str:

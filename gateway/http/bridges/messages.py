@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import GatewayError, InvalidRequest
@@ -62,7 +62,7 @@ from gateway.http.bridges.checks import (
     refuse,
     unbridged_top_field,
 )
-from gateway.http.endpoints import arrival
+from gateway.http.endpoints import arrival, checked, client_gone
 from gateway.http.validation import parse_object, show
 from gateway.native import NativeCall
 from gateway.native.formats import messages_error_event
@@ -374,17 +374,28 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's tokens as the gateway counts them for budgets, for the model the
     route would first use; checked as `/v1/messages` checks a request (but for
     `max_tokens`), with its errors, in the same order."""
-    came = await arrival(request, _authorization(request))
-    body = parse_object(came.raw)
+    try:
+        came = await arrival(request, _authorization(request))
+    except ClientDisconnect:
+        return client_gone(request)
+    size = len(came.raw)  # a big body is parsed, checked and translated off the loop
+    body = await checked(size, _checked_prompt, came.raw)
     model = requested_model(body)
-    check_prompt(body)
     translation = MessagesTranslation(await library(), body, came.request_id)
-    translated_request(translation)  # its chat form, which is counted
-    route = came.runtime.resolve(model)
+    await checked(size, translated_request, translation)  # its chat form, which is counted
+    route = came.runtime.resolve(model, came.principal.can_use)
     came.principal.check_route(route.name)
     translation.counted_as = prompt_model(came.runtime, route.name)
     tokens = await translation.prompt_tokens()
     return JSONResponse({"input_tokens": tokens}, headers={"x-request-id": came.request_id})
+
+
+def _checked_prompt(raw: bytes) -> dict[str, Any]:
+    """The body of a count, parsed and checked (in a worker for a big one)."""
+    body = parse_object(raw)
+    requested_model(body)
+    check_prompt(body)
+    return body
 
 
 def _authorization(request: Request) -> str | None:
