@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gateway.errors import BudgetExceeded
+from gateway.errors import BudgetExceeded, RateLimited
 from gateway.limits.rules import BudgetRule, Period, Rules
+from gateway.limits.store import BudgetRefusal
 from gateway.request import asked_tokens, choices_of, output_cap
 from gateway.runtime import (
     JUDGE_OVERHEAD_TOKENS,
@@ -35,6 +36,8 @@ from gateway.runtime import (
 from gateway.upstreams.base import EndpointType
 
 SIGNIFICANT_DIGITS = 6  # in dollar amounts of messages
+# A busy budget's Retry-After: requests in flight release their holds as they end.
+BUSY_RETRY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +137,23 @@ def dollars(nanos: int) -> str:
 
 
 def budget_exceeded(
-    budget: BudgetRule, period: Period, used: int, cost: int, now: float
-) -> BudgetExceeded:
+    budget: BudgetRule, period: Period, refusal: BudgetRefusal, now: float
+) -> RateLimited:
+    """The refusal's error. A budget whose settled spend leaves room for the request,
+    full only of what requests in flight hold (their worst cases, released as they
+    end: a burst, or a Redis Cluster's slots each holding for a request another
+    refused), is busy, not spent: a 429 to retry in a few seconds, not one that tells
+    the SDKs to wait until the period ends."""
+    used, cost = refusal.used_nanos, refusal.cost_nanos
+    spent = refusal.spent_nanos
+    if spent is not None and spent + cost <= budget.limit_nanos:
+        return RateLimited(
+            f"{budget.label} is held by requests in flight: {dollars(used)} of "
+            f"{dollars(budget.limit_nanos)} is spent or reserved ({dollars(spent)} spent) "
+            f"and this request may cost up to {dollars(cost)}; retry once they end",
+            retry_after_s=BUSY_RETRY_S,
+            code="budget_busy",
+        )
     left = max(0, budget.limit_nanos - used)
     limit = dollars(budget.limit_nanos)
     if cost > budget.limit_nanos:

@@ -313,7 +313,7 @@ class Limiter:
         budget, period = ask.budgets[refusal.rule], ask.periods[refusal.rule]
         m = self._metrics
         m.child(m.budget_rejections, budget.scope, budget.name, budget.period).inc()
-        raise budget_exceeded(budget, period, refusal.used_nanos, refusal.cost_nanos, self.clock())
+        raise budget_exceeded(budget, period, refusal, self.clock())
 
     def _unchecked(
         self,

@@ -100,14 +100,14 @@ for b = 1, n_budget do
   local past = soft >= 0 and used >= soft
   if past and down > 0 and option == 1 then option = down + 1 end
   budgets[b] = {hash, held, used, amount(ARGV[a]), ARGV[a + 3], past and 1 or 0,
-                unseeded and 1 or 0}
+                unseeded and 1 or 0, tonumber(s[1]) or 0}
   a = a + 5
 end
 local cost = amount(ARGV[6 + option])
 local cost_arg = int(cost)
 for b = 1, n_budget do
   if budgets[b][3] + cost > budgets[b][4] then
-    return {0, 2, b, budgets[b][3], cost, option - 1}
+    return {0, 2, b, budgets[b][3], cost, option - 1, budgets[b][8]}
   end
 end
 local out = {1, option - 1, window}

@@ -82,6 +82,7 @@ class BudgetRefusal:
     used_nanos: int  # spent + reserved before this request
     cost_nanos: int  # this request's worst case
     option: int
+    spent_nanos: int | None = None  # of `used_nanos`, what was settled (None: not told)
 
 
 Verdict = Admitted | RateRefusal | BudgetRefusal

@@ -144,7 +144,9 @@ async def test_no_request_shape_overspends_a_shared_budget(
         results = await asyncio.gather(*(send(client, i) for i in range(REQUESTS)))
     accepted = [rid for status, _, rid in results if status == 200]
     refusals = Counter((status, code) for status, code, _ in results if status != 200)
-    assert accepted and set(refusals) == {(429, "budget_exceeded")}, refusals
+    # Spent (no room left) or busy (room, held by requests in flight): 429s either way.
+    assert accepted and refusals, refusals
+    assert set(refusals) <= {(429, "budget_exceeded"), (429, "budget_busy")}, refusals
 
     spent = await asyncio.to_thread(wait_until_settled, redis_url, redis_prefix)
     log.info(

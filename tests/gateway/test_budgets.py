@@ -167,6 +167,34 @@ async def test_a_hard_limit_refuses_once_the_worst_case_no_longer_fits(
     assert metric(base, "cascade_budget_rejections_total") == 1
 
 
+async def test_a_budget_full_only_of_holds_in_flight_is_busy_not_spent(
+    start: Any, premium: FakeOpenAI, counters: Counters
+) -> None:
+    """Room for one worst case: while a slow request holds it, a second is refused,
+    but the budget is busy, not spent (what is settled leaves room for it): a 429 to
+    retry in seconds, without the `x-should-retry: false` that would keep the SDKs
+    away until midnight. Once the first settles, the second's retry goes through."""
+    limit = (WORST + ACTUAL) / 1e9  # one worst case fits; two do not
+    base = start(policy(f"{{scope: team, name: research, period: day, limit_usd: {limit}}}")).url
+    premium.delay_s = 1.0
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"model": "auto", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+        slow = asyncio.create_task(
+            client.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+        )
+        await asyncio.to_thread(eventually, lambda: premium.requests, 5, "the slow call")
+        busy = await client.post(f"{base}/v1/chat/completions", json=body, headers=AUTH)
+        assert (await slow).status_code == 200
+    assert busy.status_code == 429
+    error = busy.json()["error"]
+    assert (error["code"], error["type"]) == ("budget_busy", "rate_limit_error")
+    assert "in flight" in error["message"]
+    assert busy.headers["retry-after"] == "2" and "x-should-retry" not in busy.headers
+    counters.settled("team", "research", ACTUAL)
+    premium.delay_s = 0.0
+    assert ask(base).status_code == 200
+
+
 def test_every_budget_of_a_request_is_charged_in_one_settlement(
     start: Any, counters: Counters
 ) -> None:

@@ -76,7 +76,8 @@ async def test_holds_of_dead_workers_expire(store: RedisLimitStore, client: aior
     assert await client.hget(key, "reserved") == "600000"
     assert await client.zrange(key + ":held", 0, -1) == ["alive"]
     refused = await store.admit(ask("third", 600_000))
-    assert refused == BudgetRefusal(0, 600_000, 600_000, 0)
+    # Held by `alive` in flight, not spent: what the refusal says, for its retry.
+    assert refused == BudgetRefusal(0, 600_000, 600_000, 0, spent_nanos=0)
 
 
 async def test_a_settlement_counts_once(store: RedisLimitStore, client: aioredis.Redis) -> None:
@@ -166,7 +167,7 @@ def test_dollar_amounts_keep_small_ones_readable(nanos: int, text: str) -> None:
 
 def test_a_small_budget_is_not_rounded_to_cents() -> None:
     tiny = BudgetRule("key", "k", "day", 300_000, None, None)  # $0.0003
-    error = budget_exceeded(tiny, PERIOD, 250_000, 70_000, time.time())
+    error = budget_exceeded(tiny, PERIOD, BudgetRefusal(0, 250_000, 70_000, 0), time.time())
     assert "$0.00025 of $0.0003 is spent or reserved" in error.message
     assert "may cost up to $0.00007 ($0.00005 left)" in error.message
 
