@@ -135,14 +135,15 @@ class LogFormatter(logging.Formatter):
 
 
 class JsonLogFormatter(LogFormatter):
-    """One JSON object a line: `ts`, `level`, `logger`, `request_id`, `message`, and
-    `exception` (the traceback, one string) when there is one."""
+    """One JSON object a line: `ts`, `level`, `logger`, `pid`, `request_id`, `message`,
+    and `exception` (the traceback, one string) when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = {
             "ts": self.formatTime(record),
             "level": record.levelname,
             "logger": record.name,
+            "pid": record.process,  # which worker, with --workers N
             "request_id": getattr(record, "request_id", "-"),
             "message": record.getMessage(),
         }

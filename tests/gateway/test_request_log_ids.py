@@ -179,5 +179,6 @@ def test_json_logs_are_one_object_a_line_tracebacks_included() -> None:
         ("ERROR", "gateway.y", "req_1", "it broke"),
     ]
     assert all(re.fullmatch(TIME, r["ts"]) for r in records)
+    assert len({r["pid"] for r in records}) == 1 and isinstance(records[0]["pid"], int)
     assert "ZeroDivisionError" in records[3]["exception"]
     assert all("exception" not in r for r in records[:3])
