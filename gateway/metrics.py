@@ -190,10 +190,10 @@ class Metrics:
         self.ledger_degraded = Gauge(
             "cascade_ledger_degraded", "1 while the ledger store is unreachable", registry=r
         )
-        self.ledger_lost = Gauge(
+        self.ledger_lost = Counter(
             "cascade_ledger_lost_records",
-            "Spend records lost since start: the ledger store was down and the spool "
-            "could not be written",
+            "Spend records lost: the ledger store was down and the spool could not be "
+            "written (every worker's, summed)",
             registry=r,
         )
         self.policy_reloads = Counter(

@@ -42,7 +42,6 @@ async def metrics(request: Request) -> Response:
     m.ledger_degraded.set(1 if services.ledger.degraded else 0)
     m.ledger_spooled.set(services.ledger.spooled_count)
     m.ledger_expired.set(services.ledger.expired_count)
-    m.ledger_lost.set(services.ledger.dropped_count)
     m.policy_edit_rejected.set(1 if services.last_reload_error() else 0)
     # Budgets first: a reload during their read must not bring a dropped one back.
     await services.limits.show_budgets(services.runtime)

@@ -260,7 +260,7 @@ async def start_services(settings: Settings) -> Services:
             settings.spool_path,
             problem,
         )
-    ledger = CostLedger(store, spool)
+    ledger = CostLedger(store, spool, on_lost=metrics.ledger_lost.inc)
     ledger.start()
     # Where `serve` runs its autostart engines (gateway.cli); `engine up`'s default too.
     engines_dir = settings.spool_path.parent / "engines"

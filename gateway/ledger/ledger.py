@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 
 from gateway.ledger.record import AggregateRow, SpendRecord
@@ -48,8 +48,15 @@ class CostLedger:
     `LedgerUnavailable` while it is down (records still in the spool are not counted).
     """
 
-    def __init__(self, store: LedgerStore, spool: Spool, replay_interval_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        store: LedgerStore,
+        spool: Spool,
+        replay_interval_s: float = 2.0,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> None:
         self._store = store
+        self._on_lost = on_lost  # told of each loss as it happens (a metrics counter)
         self._spool = spool
         self._interval = replay_interval_s
         self._store_down = False  # the store failed and has not answered a ping since
@@ -90,7 +97,7 @@ class CostLedger:
             try:
                 self._spool.append(rec)
             except OSError:
-                self._dropped += 1
+                self._lost(1)
                 log.exception("cannot spool spend to %s after shutdown", self._spool.path)
             return
         self._queue.append(rec)
@@ -141,12 +148,17 @@ class CostLedger:
         try:
             await asyncio.to_thread(self._spool.append_many, batch)
         except OSError:
-            self._dropped += len(batch)
+            self._lost(len(batch))
             log.exception(
                 "cannot spool spend to %s; %d record(s) lost so far",
                 self._spool.path,
                 self._dropped,
             )
+
+    def _lost(self, count: int) -> None:
+        self._dropped += count
+        if self._on_lost is not None:
+            self._on_lost(count)
 
     async def aggregate(
         self, day_from: date, day_to: date, group_by: Sequence[str]

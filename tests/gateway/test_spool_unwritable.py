@@ -1,6 +1,6 @@
 """A spool that cannot be written: said at start (not first at the Redis outage, when
 spend would start to be lost), and each record lost while Redis is away is counted in
-`cascade_ledger_lost_records`, which an alert watches.
+`cascade_ledger_lost_records_total`, which an alert watches.
 
 Over real sockets: the gateway under uvicorn with its Redis unreachable (a port nothing
 listens on) and its spool under /proc, where no directory can be made, and a fake
@@ -46,7 +46,7 @@ def test_an_unwritable_spool_is_named_at_start_and_its_losses_counted(
         reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=AUTH)
         assert reply.status_code == 200  # served all the same
     eventually(
-        lambda: metric(server.url, "cascade_ledger_lost_records") == 2,
+        lambda: metric(server.url, "cascade_ledger_lost_records_total") == 2,
         what="two records counted as lost",
     )
 
@@ -61,5 +61,5 @@ def test_a_writable_spool_says_nothing_and_loses_nothing(
     eventually(
         lambda: metric(server.url, "cascade_ledger_spooled_records") == 1, what="one spooled"
     )
-    assert metric(server.url, "cascade_ledger_lost_records") == 0
+    assert metric(server.url, "cascade_ledger_lost_records_total") == 0
     assert not any("CASCADE_SPOOL_PATH" in r.getMessage() for r in caplog.records)
