@@ -15,6 +15,9 @@ of its kind applies (the first row that matches):
 
     default_capabilities(deployment.provider, engine, embeddings_installed=True)
 
+`remote_mcp` lets requests that name remote MCP servers (`mcp_servers`, a Responses
+`mcp` tool) reach a native deployment: only the policy grants it.
+
 `responses` and `messages` say a deployment serves that API's wire format natively
 (OpenAI's Responses API at `{api_base}/responses`, Anthropic's Messages API): requests
 to /v1/responses or /v1/messages reach it untranslated, the others get them bridged to
@@ -30,14 +33,26 @@ from typing import Literal, get_args
 from policies.engines import EngineSpec
 
 CapabilityType = Literal[
-    "chat", "completions", "embeddings", "tools", "vision", "json_schema", "responses", "messages"
+    "chat",
+    "completions",
+    "embeddings",
+    "tools",
+    "vision",
+    "json_schema",
+    "responses",
+    "messages",
+    "remote_mcp",
 ]
 CAPABILITIES: tuple[CapabilityType, ...] = get_args(CapabilityType)
 # Wire formats a deployment may serve natively (the gateway's bridges serve them too).
 NATIVE_FORMATS = frozenset({"responses", "messages"})
+# Granted by the policy only, never by default: remote MCP servers a client names (the
+# Messages API's `mcp_servers`, a Responses `mcp` tool), which the provider connects to
+# on the company's key: what a client could reach that way is the ops team's call.
+GRANTED_ONLY = frozenset({"remote_mcp"})
 # What an OpenAI-compatible server is taken to serve: every endpoint and feature, no
 # other API's wire format.
-OPENAI_SERVES = frozenset(CAPABILITIES) - NATIVE_FORMATS
+OPENAI_SERVES = frozenset(CAPABILITIES) - NATIVE_FORMATS - GRANTED_ONLY
 # Features of a chat request: a deployment serving them must serve chat.
 CHAT_FEATURES = frozenset({"tools", "vision", "json_schema"})
 

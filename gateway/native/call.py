@@ -35,10 +35,25 @@ class NativeCall:
 
     def needs(self, chat_needs: dict[str, str]) -> dict[str, str]:
         """What the request needs of a deployment (capability -> the field asking for
-        it): its chat form's needs, unless only a native deployment can serve it."""
+        it): its chat form's needs, unless only a native deployment can serve it; and
+        `remote_mcp` when it names remote MCP servers (the policy must grant that)."""
         if self.required_by is None:
             return chat_needs
-        return {self.surface: self.required_by}
+        needs: dict[str, str] = {self.surface: self.required_by}
+        if mcp := self._remote_mcp():
+            needs["remote_mcp"] = mcp
+        return needs
+
+    def _remote_mcp(self) -> str | None:
+        """The field naming remote MCP servers, if the request names any."""
+        if self.body.get("mcp_servers"):
+            return "mcp_servers"
+        tools = self.body.get("tools")
+        if isinstance(tools, list):
+            for i, tool in enumerate(tools):
+                if isinstance(tool, Mapping) and tool.get("type") == "mcp":
+                    return f"tools[{i}]"
+        return None
 
     def body_for(self, deployment: DeploymentRuntime, sent: Mapping[str, Any]) -> dict[str, Any]:
         """The client's body for `deployment`: its model, streamed as `sent` (the chat

@@ -53,6 +53,12 @@ deployments:
     api_base: ${{ANTHROPIC_BASE_URL}}
     api_key: ${{ANTHROPIC_API_KEY}}
     model: claude-sonnet-4-5
+  claude-mcp:
+    provider: anthropic
+    api_base: ${{ANTHROPIC_BASE_URL}}
+    api_key: ${{ANTHROPIC_API_KEY}}
+    model: claude-sonnet-4-5
+    capabilities: [chat, tools, vision, json_schema, messages, remote_mcp]
   claude-bridged:
     provider: anthropic
     api_base: ${{ANTHROPIC_BASE_URL}}
@@ -64,6 +70,7 @@ routes:
   bridged: {{deployments: [chat]}}
   mixed: {{strategy: fallback, deployments: [chat, native]}}
   claude: {{deployments: [claude]}}
+  claude-mcp: {{deployments: [claude-mcp]}}
   claude-bridged: {{deployments: [claude-bridged]}}
   careful:
     strategy: cascade

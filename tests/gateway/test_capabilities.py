@@ -109,10 +109,12 @@ def test_defaults_per_provider_and_engine_kind() -> None:
         "json_schema",
     }
     assert "tools" in default_capabilities("openai", tools_vllm, embeddings_installed=False)
-    # Every endpoint and feature, no other API's wire format (those the policy grants).
+    # Every endpoint and feature, no other API's wire format, nor remote MCP servers
+    # (those the policy grants).
     assert default_capabilities("openai", None, embeddings_installed=False) == set(CAPABILITIES) - {
         "responses",
         "messages",
+        "remote_mcp",
     }
     assert default_capabilities("anthropic", None, embeddings_installed=False) == {
         "chat",

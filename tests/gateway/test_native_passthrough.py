@@ -178,3 +178,28 @@ def test_hosted_tools_and_items_go_to_native_deployments_only(
     assert refused.value.param == "tools[0].type"
     message = refused.value.message
     assert "only function tools are bridged to chat" in message and "'responses'" in message
+
+
+def test_remote_mcp_servers_reach_only_deployments_the_policy_lets(
+    base: str, fake_anthropic: FakeAnthropic, fake_responses: FakeResponses
+) -> None:
+    """A client naming remote MCP servers has the provider connect to them on the
+    company's key: only a deployment granted `remote_mcp` takes such a request; the
+    others' routes answer 400 naming the field, and no upstream is asked."""
+    servers = [{"type": "url", "url": "https://mcp.example/sse", "name": "x"}]
+    body = {"max_tokens": 20, "messages": HELLO, "mcp_servers": servers}
+    headers = {**AUTH, "anthropic-version": "2023-06-01"}
+    refused = httpx.post(f"{base}/v1/messages", json={**body, "model": "claude"}, headers=headers)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert "remote_mcp" in error["message"] and "mcp_servers" in error["message"]
+    assert fake_anthropic.requests == []
+    served = httpx.post(
+        f"{base}/v1/messages", json={**body, "model": "claude-mcp"}, headers=headers
+    )
+    assert served.status_code == 200, served.text
+    assert fake_anthropic.requests[-1]["body"]["mcp_servers"] == servers
+    mcp_tool = {"type": "mcp", "server_label": "x", "server_url": "https://mcp.example/sse"}
+    with openai_sdk(base) as client, pytest.raises(openai.BadRequestError) as hosted:
+        client.responses.create(model="auto", input="hi", tools=[mcp_tool])  # type: ignore[list-item]
+    assert hosted.value.param == "tools[0]" and fake_responses.requests == []
