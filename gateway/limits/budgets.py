@@ -144,9 +144,8 @@ def budget_exceeded(
     end: a burst, or a Redis Cluster's slots each holding for a request another
     refused), is busy, not spent: a 429 to retry in a few seconds, not one that tells
     the SDKs to wait until the period ends."""
-    used, cost = refusal.used_nanos, refusal.cost_nanos
-    spent = refusal.spent_nanos
-    if spent is not None and spent + cost <= budget.limit_nanos:
+    used, cost, spent = refusal.used_nanos, refusal.cost_nanos, refusal.spent_nanos
+    if refusal.busy and spent is not None:
         return RateLimited(
             f"{budget.label} is held by requests in flight: {dollars(used)} of "
             f"{dollars(budget.limit_nanos)} is spent or reserved ({dollars(spent)} spent) "

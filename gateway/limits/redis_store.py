@@ -413,8 +413,8 @@ def _verdict(reply: list[int], n_rate: int, n_budget: int) -> Verdict:
         return RateRefusal(
             rule - 1, "requests" if kind == 1 else "tokens", previous, current, elapsed
         )
-    _, _, rule, used, cost, option, spent = reply
-    return BudgetRefusal(rule - 1, used, cost, option, spent)
+    _, _, rule, used, cost, option, spent, limit = reply
+    return BudgetRefusal(rule - 1, used, cost, option, spent, limit)
 
 
 def _limit_left(value: int) -> int | None:

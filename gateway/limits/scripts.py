@@ -39,7 +39,9 @@ end
 # Returns {1, option, window, (requests left, tokens left) per rule, past-soft per budget,
 #          unseeded per budget (its counters hold no seed: field `seeded` unset)},
 #         {0, 1, rule, kind (1 requests, 2 tokens), previous, current, elapsed ms}, or
-#         {0, 2, budget, spent + reserved, worst case, option}.
+#         {0, 2, budget, spent + reserved, worst case, option, spent, limit}: the first
+#         budget the request cannot fit even once the holds of requests in flight are
+#         released (spent), else the first it does not fit now (busy).
 ADMIT_LUA = (
     _PRELUDE
     + """
@@ -105,10 +107,17 @@ for b = 1, n_budget do
 end
 local cost = amount(ARGV[6 + option])
 local cost_arg = int(cost)
+local busy = nil
 for b = 1, n_budget do
-  if budgets[b][3] + cost > budgets[b][4] then
-    return {0, 2, b, budgets[b][3], cost, option - 1, budgets[b][8]}
+  local bb = budgets[b]
+  if bb[3] + cost > bb[4] then
+    if bb[8] + cost > bb[4] then return {0, 2, b, bb[3], cost, option - 1, bb[8], bb[4]} end
+    busy = busy or b
   end
+end
+if busy then
+  local bb = budgets[busy]
+  return {0, 2, busy, bb[3], cost, option - 1, bb[8], bb[4]}
 end
 local out = {1, option - 1, window}
 for i = 1, n_rate do

@@ -89,8 +89,8 @@ def merged(
                 unseeded[group.budgets[local]] = flag
     if rates:
         return min(rates, key=lambda r: r.rule)
-    if budgets:
-        return min(budgets, key=lambda r: r.rule)
+    if budgets:  # a spent budget before a busy one: only a spent one says "until it resets"
+        return min(budgets, key=lambda r: (r.busy, r.rule))
     # The first minute a rate rule counted the request in; each rule's own, which a
     # settlement corrects its tokens in, is in `windows` (two slots' scripts may run
     # either side of a turn of the minute).

@@ -83,6 +83,14 @@ class BudgetRefusal:
     cost_nanos: int  # this request's worst case
     option: int
     spent_nanos: int | None = None  # of `used_nanos`, what was settled (None: not told)
+    limit_nanos: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Full only of what requests in flight hold: what is settled leaves room."""
+        if self.spent_nanos is None or self.limit_nanos is None:
+            return False
+        return self.spent_nanos + self.cost_nanos <= self.limit_nanos
 
 
 Verdict = Admitted | RateRefusal | BudgetRefusal

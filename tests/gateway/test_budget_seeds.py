@@ -60,7 +60,7 @@ async def test_a_periods_first_admission_starts_from_its_seed(
 ) -> None:
     key = store.budget_key("team", "research", PERIOD.id)
     assert await store.admit(ask("a", 400_000, seed=700_000)) == BudgetRefusal(
-        0, 700_000, 400_000, 0, spent_nanos=700_000
+        0, 700_000, 400_000, 0, spent_nanos=700_000, limit_nanos=1_000_000
     )
     assert await client.hget(key, "spent") == "700000" and await client.ttl(key) > 0
     # Started: a later seed (a worker that read the ledger later) is not taken again.

@@ -68,6 +68,19 @@ def charge(request_id: str, cost: int, budget: BudgetRule = BUDGET, **kw: Any) -
     return Charge(request_id, budgets=(budget,), periods=(PERIOD,), cost_nanos=cost, **fields)
 
 
+async def test_a_spent_budget_is_named_before_a_busy_one(store: RedisLimitStore) -> None:
+    """The team's budget is full of a request in flight (busy), the key's is spent: the
+    refusal names the key's, whose clients must wait for its period's end, not retry."""
+    key = BudgetRule("key", "k1", "day", 500_000, None, None)
+    await store.settle_many([Charge("old", (), (key,), (PERIOD,), -1, 0, 500_000)])
+    assert isinstance(await store.admit(ask("inflight", 900_000)), Admitted)
+    both = Ask("new", (), (BUDGET, key), (PERIOD, PERIOD), (200_000,), (0, 0), 0, 60_000)
+    refused = await store.admit(both)
+    assert isinstance(refused, BudgetRefusal) and refused.rule == 1 and not refused.busy
+    error = budget_exceeded(key, PERIOD, refused, time.time())
+    assert error.code == "budget_exceeded" and error.headers["x-should-retry"] == "false"
+
+
 async def test_holds_of_dead_workers_expire(store: RedisLimitStore, client: aioredis.Redis) -> None:
     key = store.budget_key("team", "research", PERIOD.id)
     assert isinstance(await store.admit(ask("dead", 600_000, hold_ms=1)), Admitted)
@@ -77,7 +90,8 @@ async def test_holds_of_dead_workers_expire(store: RedisLimitStore, client: aior
     assert await client.zrange(key + ":held", 0, -1) == ["alive"]
     refused = await store.admit(ask("third", 600_000))
     # Held by `alive` in flight, not spent: what the refusal says, for its retry.
-    assert refused == BudgetRefusal(0, 600_000, 600_000, 0, spent_nanos=0)
+    assert refused == BudgetRefusal(0, 600_000, 600_000, 0, 0, 1_000_000)
+    assert refused.busy
 
 
 async def test_a_settlement_counts_once(store: RedisLimitStore, client: aioredis.Redis) -> None:

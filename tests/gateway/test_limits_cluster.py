@@ -129,7 +129,7 @@ async def test_a_refusal_in_one_slot_releases_the_others(
 ) -> None:
     await store.settle_many([charge("before", 250_000, KEY)])  # the key's budget is nearly out
     refused = await store.admit(ask("b", 100_000, TEAM, KEY, ROUTE, rates=(KEY_RATE,), tokens=500))
-    assert refused == BudgetRefusal(1, 250_000, 100_000, 0, 250_000)  # the key's, by its index
+    assert refused == BudgetRefusal(1, 250_000, 100_000, 0, 250_000, 300_000)  # the key's
     for rule in (TEAM, ROUTE):  # admitted in their slots, then released
         stored = await amounts(client, store, rule)
         assert stored.get("reserved", "0") == "0" and "h:b" not in stored

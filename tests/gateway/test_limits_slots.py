@@ -48,6 +48,18 @@ def test_the_first_refusal_is_the_one_a_single_script_gives() -> None:
     assert merged(groups, verdicts, 2, 3, 1) == BudgetRefusal(0, 90, 20, 1)
 
 
+def test_a_spent_budget_is_named_before_a_busy_one_whatever_its_slot() -> None:
+    """One slot refuses a budget only in-flight holds fill (busy), another a budget that
+    is spent: the spent one is the answer, or its clients would retry every 2 s a
+    budget that cannot let them through before it resets."""
+    groups = slot_groups([], [KEY, TEAM])
+    busy = BudgetRefusal(0, 90, 20, 0, spent_nanos=10, limit_nanos=100)
+    spent = BudgetRefusal(0, 95, 20, 0, spent_nanos=95, limit_nanos=100)
+    assert busy.busy and not spent.busy and len(groups) == 2  # the key's slot, the team's
+    chosen = merged(groups, [busy, spent], 0, 2, None)
+    assert isinstance(chosen, BudgetRefusal) and not chosen.busy and chosen.rule == 1
+
+
 def test_the_plan_is_the_first_soft_limit_passed_that_has_a_downgrade() -> None:
     budgets = [KEY, TEAM, ROUTE]
     assert first_downgrade(budgets, [0, 1, 0], [None, 40, None]) == 0  # under its soft 50
