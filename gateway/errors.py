@@ -76,9 +76,14 @@ class PayloadTooLarge(InvalidRequest):
 
 class CapabilityUnavailable(InvalidRequest):
     """The request needs a capability (tools, vision, embeddings, ...) that no deployment
-    of its route that may be called serves: the gateway answers it, not an upstream."""
+    of its route that may be called serves: the gateway answers it, not an upstream.
+    `lacking`: the capabilities the route's deployments lack."""
 
     default_code = "capability_unavailable"
+
+    def __init__(self, message: str, *, param: str | None, lacking: tuple[str, ...] = ()) -> None:
+        super().__init__(message, param=param)
+        self.lacking = lacking
 
 
 class UpstreamRejected(InvalidRequest):

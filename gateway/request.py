@@ -30,6 +30,24 @@ def client_hung_up() -> bool:
     return client_left.get()()
 
 
+# Tool types that name a remote MCP server: the Responses API's `mcp`, and what litellm
+# turns into Anthropic's `mcp_servers` from a chat request (`mcp`, `url`).
+REMOTE_MCP_TOOLS = frozenset({"mcp", "url"})
+
+
+def remote_mcp_field(body: Mapping[str, Any]) -> str | None:
+    """The field of a request body that names remote MCP servers (which the provider
+    would connect to on the deployment's key), if any: `mcp_servers`, or `tools[i]`."""
+    if body.get("mcp_servers"):
+        return "mcp_servers"
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            if isinstance(tool, Mapping) and tool.get("type") in REMOTE_MCP_TOOLS:
+                return f"tools[{i}]"
+    return None
+
+
 # The most output tokens one request may ask for: per choice, and over all its choices
 # (prompts x n or best_of x max tokens). Beyond any model's context, far inside int64.
 MAX_OUTPUT_TOKENS = 10_000_000

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.native.formats import OUTPUT_LIMIT_FIELD, NativeSurface
-from gateway.request import MAX_TOKEN_FIELDS
+from gateway.request import MAX_TOKEN_FIELDS, remote_mcp_field
 
 if TYPE_CHECKING:
     from gateway.runtime import DeploymentRuntime
@@ -40,20 +40,9 @@ class NativeCall:
         if self.required_by is None:
             return chat_needs
         needs: dict[str, str] = {self.surface: self.required_by}
-        if mcp := self._remote_mcp():
+        if mcp := remote_mcp_field(self.body):
             needs["remote_mcp"] = mcp
         return needs
-
-    def _remote_mcp(self) -> str | None:
-        """The field naming remote MCP servers, if the request names any."""
-        if self.body.get("mcp_servers"):
-            return "mcp_servers"
-        tools = self.body.get("tools")
-        if isinstance(tools, list):
-            for i, tool in enumerate(tools):
-                if isinstance(tool, Mapping) and tool.get("type") == "mcp":
-                    return f"tools[{i}]"
-        return None
 
     def body_for(self, deployment: DeploymentRuntime, sent: Mapping[str, Any]) -> dict[str, Any]:
         """The client's body for `deployment`: its model, streamed as `sent` (the chat

@@ -4,6 +4,7 @@
     tools, functions, tool_choice, function_call  tools
     an image part in a message                    vision
     response_format json_schema or json_object    json_schema
+    mcp_servers, a tool of type mcp or url        remote_mcp (granted by the policy only)
 
     needs = required(endpoint, body)   # {"chat": "model", "tools": "tools"}
 
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.errors import CapabilityUnavailable
+from gateway.request import remote_mcp_field
 from gateway.runtime import DeploymentRuntime, RouteRuntime, Runtime
 from gateway.upstreams.base import EndpointType
 from local_engine.sentence_model import missing as embeddings_missing
@@ -43,6 +45,8 @@ def required(endpoint: EndpointType, body: Mapping[str, Any]) -> dict[str, str]:
     response_format = body.get("response_format")
     if isinstance(response_format, Mapping) and _kind(response_format) in JSON_FORMATS:
         needs["json_schema"] = "response_format"
+    if mcp := remote_mcp_field(body):  # litellm makes Anthropic's `mcp_servers` of these
+        needs["remote_mcp"] = mcp
     return needs
 
 
@@ -67,7 +71,7 @@ def unserved(
         )
     if "embeddings" in lacking and (why := embeddings_missing()) is not None:
         message += f"; the embedded CPU engine would serve embeddings, but {why}"
-    return CapabilityUnavailable(message, param=needs[lacking[0]])
+    return CapabilityUnavailable(message, param=needs[lacking[0]], lacking=tuple(lacking))
 
 
 def _configured_by(deployments: Sequence[DeploymentRuntime]) -> str:

@@ -192,7 +192,8 @@ def test_remote_mcp_servers_reach_only_deployments_the_policy_lets(
     refused = httpx.post(f"{base}/v1/messages", json={**body, "model": "claude"}, headers=headers)
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
-    assert "remote_mcp" in error["message"] and "mcp_servers" in error["message"]
+    assert "remote_mcp" in error["message"] and error.get("param", "mcp_servers") == "mcp_servers"
+    assert "natively" not in error["message"]  # `claude` serves Messages natively
     assert fake_anthropic.requests == []
     served = httpx.post(
         f"{base}/v1/messages", json={**body, "model": "claude-mcp"}, headers=headers
@@ -203,3 +204,24 @@ def test_remote_mcp_servers_reach_only_deployments_the_policy_lets(
     with openai_sdk(base) as client, pytest.raises(openai.BadRequestError) as hosted:
         client.responses.create(model="auto", input="hi", tools=[mcp_tool])  # type: ignore[list-item]
     assert hosted.value.param == "tools[0]" and fake_responses.requests == []
+
+
+def test_a_chat_request_cannot_reach_remote_mcp_servers_either(
+    base: str, fake_anthropic: FakeAnthropic
+) -> None:
+    """litellm turns a chat tool of type `mcp` (or `url`) into Anthropic's `mcp_servers`:
+    on /v1/chat/completions too it needs a deployment granted `remote_mcp`."""
+    tool = {"type": "mcp", "server_url": "https://mcp.example/sse", "server_label": "x"}
+    body = {"messages": HELLO, "tools": [tool]}
+    refused = httpx.post(
+        f"{base}/v1/chat/completions", json={**body, "model": "claude"}, headers=AUTH
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "tools[0]" and "remote_mcp" in error["message"]
+    assert fake_anthropic.requests == []
+    served = httpx.post(
+        f"{base}/v1/chat/completions", json={**body, "model": "claude-mcp"}, headers=AUTH
+    )
+    assert served.status_code == 200, served.text
+    assert fake_anthropic.requests[-1]["body"]["mcp_servers"][0]["url"] == tool["server_url"]

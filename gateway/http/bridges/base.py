@@ -352,7 +352,8 @@ async def bridge(
         )
     except CapabilityUnavailable as error:
         field = native.required_by
-        if field is None or error.param != field:
+        # Only a lacking native format is the bridge's to explain (not `remote_mcp`).
+        if field is None or error.param != field or kind.wire not in error.lacking:
             raise
         why = f"; {translation.why_native}" if translation.why_native else ""
         raise CapabilityUnavailable(
