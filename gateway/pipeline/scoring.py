@@ -187,19 +187,34 @@ def answer_parts(reply: Mapping[str, Any]) -> tuple[str, list[float] | None, str
     return text, logprobs, choice.get("finish_reason")
 
 
+# What an answer may hold besides text: a tool call (or a legacy function call), a
+# structured output's refusal, audio.
+ANSWER_PARTS = ("tool_calls", "function_call", "refusal", "audio")
+
+
 def unusable_answer(body: Mapping[str, Any], reply: Mapping[str, Any]) -> bool:
-    """Broken, not doubtful: no text and no tool call, or JSON that breaks the strict
-    `response_format` the request set. A client is better served by an error (which
-    its SDK retries) than by such an answer."""
+    """Broken, not doubtful: nothing at all (no text, tool call, refusal or audio), or
+    JSON that breaks a format the API would have guaranteed (`json_object`, or a
+    `json_schema` with `strict: true`). A client is better served by an error (which its
+    SDK retries) than by such an answer."""
     choices = reply.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], Mapping) else {}
     message = choice.get("message")
-    if isinstance(message, Mapping) and message.get("tool_calls"):
+    if isinstance(message, Mapping) and any(message.get(part) for part in ANSWER_PARTS):
         return False
     text, _, _ = answer_parts(reply)
-    response_format = body.get("response_format")
-    strict = response_format if isinstance(response_format, Mapping) else None
-    return not text.strip() or breaks_format(text, strict)
+    return not text.strip() or breaks_format(text, _guaranteed(body.get("response_format")))
+
+
+def _guaranteed(response_format: Any) -> Mapping[str, Any] | None:
+    """The `response_format` whose JSON the API guarantees, if the request set one."""
+    if not isinstance(response_format, Mapping):
+        return None
+    if response_format.get("type") == "json_object":
+        return response_format
+    schema = response_format.get("json_schema")
+    strict = isinstance(schema, Mapping) and schema.get("strict") is True
+    return response_format if response_format.get("type") == "json_schema" and strict else None
 
 
 def reached_request_limit(
