@@ -34,12 +34,12 @@ _SAMPLE_OF: dict[str, tuple[str, str]] = {
 async def recent_scores(
     store: LedgerStore, route: str, last: int, field: ScoreField = "score"
 ) -> list[float]:
-    """`field` of `route`'s requests' first records among the ledger's latest `last`
+    """`field` of `route`'s requests' first answers among the ledger's latest `last`
     records (all routes), oldest first; records without it are left out."""
     found = []
     for record in await store.events(last):
         value = getattr(record, field)
-        if record.route == route and record.is_request and value is not None:
+        if record.route == route and record.is_first_answer and value is not None:
             found.append(float(value))
     return found
 

@@ -117,6 +117,12 @@ class SpendRecord:
         return self.record_id == self.request_id
 
     @property
+    def is_first_answer(self) -> bool:
+        """The request's first answer: its own record, or one a cascade refused to
+        deliver as broken (`<request id>:r0`, the request's record being its error)."""
+        return self.record_id == self.request_id or self.record_id == f"{self.request_id}:r0"
+
+    @property
     def has_reference(self) -> bool:
         return bool(self.reference_model)
 
@@ -243,7 +249,7 @@ class AggregateRow:
         record is an error or a call, so `calls + errors` counts the row's records, but
         a request its client cancelled, which is neither and compares nothing (it is
         not counted in `unreferenced` either)."""
-        if not self.has_records:
+        if not self.has_records or not self.calls + self.errors:  # cancelled ones only
             return "none"
         if not self.unreferenced:
             return "full"

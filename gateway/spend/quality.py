@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.ledger import SpendRecord
+from gateway.ledger.record import UNANSWERED
 from gateway.pipeline.shared_profiles import profile_key
 from gateway.spend.report import csv_text
 
@@ -70,6 +71,8 @@ def tally(records: Iterable[SpendRecord], route: str, threshold: float) -> list[
     found: dict[str, DeploymentQuality] = {}
     for record in records:
         if record.route != route or record.predicted_quality is None:
+            continue
+        if record.status in UNANSWERED:  # a request's error record: no answer to count
             continue
         entry = found.setdefault(record.deployment, DeploymentQuality(record.deployment))
         entry.answers += 1

@@ -162,6 +162,10 @@ async def test_a_cancelled_request_leaves_a_rows_savings_as_they_were(
     [after] = await store.aggregate(*WIDE, ["team"])
     assert (after.requests, before.coverage, after.coverage) == (3, "partial", "partial")
     assert after.savings_nanos == before.savings_nanos is not None
+    # A row of that cancelled request alone compares nothing: no coverage, no savings.
+    by_key = {row.group["key"]: row for row in await store.aggregate(*WIDE, ["key"])}
+    alone = by_key["key-3"]
+    assert (alone.requests, alone.coverage, alone.savings_nanos) == (1, "none", None)
 
 
 async def test_sla_outcomes_are_counted_and_records_without_one_are_not(

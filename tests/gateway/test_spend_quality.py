@@ -24,7 +24,9 @@ from tests.gateway.ledger_fixtures import delete_prefix, make_record
 
 # cheap: 4 answers predicted 0.6, 3 verified, 1 accepted at 0.5; dear: 2, all accepted.
 RECORDS = [
-    make_record(0, route="pick", deployment="cheap", predicted_quality=0.6, verifier_score=0.2),
+    make_record(
+        0, route="pick", deployment="cheap", predicted_quality=0.6, verifier_score=0.2, status="ok"
+    ),
     make_record(1, route="pick", deployment="cheap", predicted_quality=0.6, verifier_score=0.7),
     make_record(2, route="pick", deployment="cheap", predicted_quality=0.6, verifier_score=0.4),
     make_record(3, route="pick", deployment="cheap", predicted_quality=0.6),  # not verified
@@ -32,6 +34,8 @@ RECORDS = [
     make_record(5, route="pick", deployment="dear", predicted_quality=0.9, verifier_score=0.95),
     make_record(6, route="other", deployment="cheap", predicted_quality=0.1),  # another route
     make_record(7, route="pick", deployment="cheap"),  # not a select choice's record
+    # A request that got no answer (its error record carries the choice): no answer.
+    make_record(8, route="pick", deployment="cheap", predicted_quality=0.6, status="error"),
 ]
 POLICY = """deployments:
   cheap:

@@ -93,10 +93,15 @@ async def test_one_score_per_request_of_that_route(ledger_store: RedisStore) -> 
         make_record(5, route="careful", verifier_score=0.3),
         make_record(5, route="careful", verifier_score=0.8, record_id="req-5:1"),
         make_record(6, route="careful", verifier_score=0.9),
+        # A broken first answer the cascade refused (its request's record is the error
+        # the client got): still a first answer, or the sample would leave them all out.
+        make_record(7, route="careful", verifier_score=0.05, record_id="req-7:r0"),
+        make_record(7, route="careful", verifier_score=None, status="error"),
     ]
     for record in verdicts:
         await ledger_store.record(record)
-    assert await recent_scores(ledger_store, "careful", 100, "verifier_score") == [0.3, 0.9]
+    scores = await recent_scores(ledger_store, "careful", 100, "verifier_score")
+    assert scores == [0.3, 0.9, 0.05]
 
 
 @pytest.mark.parametrize(
