@@ -264,7 +264,10 @@ def _collector_paused(check: Callable[P, T], *args: P.args, **kwargs: P.kwargs) 
         raise
     finally:
         if _collector_was_enabled and gc.get_count()[0] > COLLECT_AFTER_OBJECTS:
-            gc.collect()
+            # The young generations only: a full pass over a big heap would hold the
+            # interpreter's lock as long as the stall this pause avoids; the old one is
+            # collected on the collector's own schedule once it runs again.
+            gc.collect(1)
         with _pause_lock:
             _pauses -= 1
             if _pauses == 0 and _collector_was_enabled:
