@@ -249,7 +249,10 @@ class AggregateRow:
         record is an error or a call, so `calls + errors` counts the row's records, but
         a request its client cancelled, which is neither and compares nothing (it is
         not counted in `unreferenced` either)."""
-        if not self.has_records or not self.calls + self.errors:  # cancelled ones only
+        # Cancelled requests alone (no call, no error, nothing priced); rows written
+        # before `calls` was counted have calls 0, but cost, and compare as they did.
+        priced = self.calls + self.errors or self.cost_nanos or self.reference_cost_nanos
+        if not self.has_records or not priced:
             return "none"
         if not self.unreferenced:
             return "full"
