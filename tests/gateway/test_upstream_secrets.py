@@ -38,8 +38,8 @@ routes:
 keys:
   k: {secret: "${GATEWAY_TEST_KEY}"}
 """
-OPENAI_KEY = "fake-openai-upstream-key-0123456789"
-ANTHROPIC_KEY = "fake-anthropic-upstream-key-0123456789"
+OPENAI_KEY = "fake-key-of-the-openai-fake"
+ANTHROPIC_KEY = "fake-key-of-the-claude-fake"
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_an_upstream_error_quoting_its_key_is_relayed_without_it(
     fake, key = (
         (fake_openai, OPENAI_KEY) if surface == "openai" else (fake_anthropic, ANTHROPIC_KEY)
     )
-    fake.fail_message = f"Incorrect API key provided: {key}. You passed {key[:20]}..."
+    fake.fail_message = f"Incorrect API key provided: {key}. You passed {key[:14]}..."
     fake.fail(status, times=None)
     with caplog.at_level(logging.DEBUG):
         if surface == "native":
@@ -128,9 +128,9 @@ def test_a_credential_headers_token_is_redacted_and_other_headers_are_not() -> N
         None,
         None,
         headers={
-            "Authorization": "Bearer fake-proxy-token-0123456789",
+            "Authorization": "Bearer fake-proxy-token-of-a-test",
             "anthropic-beta": "prompt-caching-2024-07-31",
         },
     )
-    text = "token fake-proxy-token-0123456789 refused; beta prompt-caching-2024-07-31 on"
+    text = "token fake-proxy-token-of-a-test refused; beta prompt-caching-2024-07-31 on"
     assert target.redact(text) == "token [redacted] refused; beta prompt-caching-2024-07-31 on"

@@ -24,7 +24,7 @@ routes:
   auto:
     deployments: [a]
 """
-ENV = {"SECRET": "fake-reloader-secret", "CLIENT_KEY": "fake-reloader-client-key-0123"}
+ENV = {"SECRET": "fake-reloader-secret", "CLIENT_KEY": "fake-reloader-client-key"}
 QUICK = 0.01  # the settle time of reloaders checked by hand
 CLASSIFIER_POLICY = """\
 deployments:
