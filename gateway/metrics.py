@@ -50,6 +50,7 @@ LATENCY_BUCKETS = (
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+CLIENT_CLOSED = "499"  # the status label of a request whose client hung up first
 
 
 class Metrics:
@@ -363,6 +364,11 @@ class Metrics:
             "Budget settlements waiting to be written to the limits store",
             registry=r,
         )
+
+    def count_client_closed(self, route: str, team: str) -> None:
+        """A request whose client hung up before its answer: status 499, as proxies log
+        it, under no deployment (not an error of the gateway's)."""
+        self.child(self.requests, route, "-", team, CLIENT_CLOSED).inc()
 
     def render(self) -> bytes:
         if MULTIPROCESS:

@@ -33,7 +33,7 @@ from gateway.errors import GatewayError, NotFound, PayloadTooLarge
 from gateway.http.request_ids import bind_request_id
 from gateway.http.services import Services, services_of
 from gateway.http.validation import parse_body
-from gateway.pipeline.proxy import CLIENT_CLOSED
+from gateway.metrics import CLIENT_CLOSED
 from gateway.runtime import Runtime
 from gateway.upstreams.base import EndpointType
 
@@ -208,10 +208,7 @@ def client_gone(request: Request) -> Response:
     pipeline counts a client gone before its answer). The response goes nowhere."""
     request_id = getattr(request.state, "request_id", "-")
     log.info("request %s: the client went away before its body was read", request_id)
-    services = services_of(request)
-    team = str(getattr(request.state, "team", "-"))
-    m = services.metrics
-    m.child(m.requests, "-", "-", team, CLIENT_CLOSED).inc()
+    services_of(request).metrics.count_client_closed("-", str(getattr(request.state, "team", "-")))
     return Response(status_code=int(CLIENT_CLOSED), headers={"x-request-id": request_id})
 
 

@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from router.code_examples import ExampleRun
 
 log = logging.getLogger(__name__)
-
 decisions = logging.getLogger("gateway.decisions")  # the proxy's decisions log
 
 

@@ -53,7 +53,6 @@ decisions = logging.getLogger(DECISIONS_LOGGER)  # one line per request when ena
 
 # 429s that mean the route's upstreams could not take the request in time.
 SLA_FAILURES = frozenset({"upstream_rate_limited", "sla_unmeetable"})
-CLIENT_CLOSED = "499"  # the status label of a request whose client hung up first
 # OpenAI's `max_tokens` for a legacy completion that sets none (chat's is the model's).
 LEGACY_COMPLETION_MAX_TOKENS = 16
 
@@ -256,8 +255,7 @@ class Proxy:
         propagates."""
         try:
             if client_hung_up():
-                m = self._metrics
-                m.child(m.requests, call.route.name, "-", call.team, CLIENT_CLOSED).inc()
+                self._metrics.count_client_closed(call.route.name, call.team)
                 self._record_unanswered(runtime, call, planned, False, "cancelled")
             else:
                 self._record_unanswered(runtime, call, planned, missed=False)
